@@ -1,0 +1,19 @@
+import pytest
+
+from traceforge.emit.writer import write_trace_set
+from traceforge.spec import build_spec
+
+
+@pytest.fixture
+def make_set(tmp_path):
+    """Write a trace set for preset + overrides into a fresh directory; return (spec, dir, manifest)."""
+    counter = {"n": 0}
+
+    def make(preset: str = "demo", **overrides):
+        counter["n"] += 1
+        spec = build_spec(preset, overrides=overrides)
+        out = tmp_path / f"set{counter['n']}"
+        doc = write_trace_set(spec, out, jobs=1)
+        return spec, out, doc
+
+    return make

@@ -1,0 +1,3 @@
+from traceforge.cli import main
+
+main()

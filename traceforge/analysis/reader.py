@@ -1,0 +1,120 @@
+"""Read Chakra ET files (ours or anyone's) through traceforge's wire-compatible schema.
+
+A file is a length-delimited GlobalMetadata followed by length-delimited Nodes. Every way a
+file can be broken becomes a TraceReadError naming the file and byte offset.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from google.protobuf.message import DecodeError
+
+from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.emit.wire import read_varint
+from traceforge.errors import TraceReadError
+
+
+def iter_payloads(data: bytes, name: str = "trace") -> Iterator[tuple[int, memoryview]]:
+    """(offset, payload) of each length-delimited message."""
+    view = memoryview(data)
+    pos, end = 0, len(data)
+    while pos < end:
+        start = pos
+        try:
+            size, pos = read_varint(view, pos)
+        except ValueError as exc:
+            raise TraceReadError(f"{name}: bad length prefix at byte {start} ({exc}); the file is corrupt or truncated") from None
+        if pos + size > end:
+            raise TraceReadError(f"{name}: message at byte {start} needs {size} bytes but only {end - pos} remain; the file is truncated")
+        yield start, view[pos:pos + size]
+        pos += size
+
+
+@dataclass
+class Trace:
+    path: Path
+    metadata: pb.GlobalMetadata
+    nodes: list[pb.Node]
+
+
+def parse_metadata(payload: memoryview, name: str) -> pb.GlobalMetadata:
+    meta = pb.GlobalMetadata()
+    try:
+        meta.ParseFromString(payload)
+    except DecodeError:
+        raise TraceReadError(f"{name}: the first message is not a GlobalMetadata; every Chakra ET file starts with one") from None
+    return meta
+
+
+def _open(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]], str]:
+    """Read a file, parse its GlobalMetadata; return it with an iterator over the node payloads."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceReadError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise TraceReadError(f"{name}: cannot read ({exc.strerror})") from None
+    if not data:
+        raise TraceReadError(f"{name}: empty file; a Chakra ET file holds a GlobalMetadata and nodes")
+    payloads = iter_payloads(data, name)
+    _, first = next(payloads)
+    return parse_metadata(first, name), payloads, name
+
+
+def _nodes(payloads: Iterator[tuple[int, memoryview]], name: str) -> Iterator[pb.Node]:
+    for offset, payload in payloads:
+        node = pb.Node()
+        try:
+            node.ParseFromString(payload)
+        except DecodeError:
+            raise TraceReadError(f"{name}: the message at byte {offset} does not parse as a Node; the file is corrupt") from None
+        yield node
+
+
+def iter_nodes(path: Path) -> Iterator[pb.Node]:
+    """Stream a file's nodes (after its GlobalMetadata), one parsed message at a time."""
+    _, payloads, name = _open(path)
+    yield from _nodes(payloads, name)
+
+
+def read_trace(path: Path) -> Trace:
+    meta, payloads, name = _open(path)
+    return Trace(Path(path), meta, list(_nodes(payloads, name)))
+
+
+def attr_value(attr: pb.AttributeProto):
+    which = attr.WhichOneof("value")
+    return None if which is None else getattr(attr, which)
+
+
+def attrs(node: pb.Node) -> dict[str, object]:
+    return {a.name: attr_value(a) for a in node.attr}
+
+
+_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
+
+
+def find_rank_files(directory: Path, prefix: str | None = None) -> tuple[str, dict[int, Path]]:
+    """The trace files of a set: (prefix, {rank: path}). Infers the prefix when not given."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise TraceReadError(f"{directory}: not a directory; give the folder that holds <prefix>.<rank>.et files")
+    found: dict[str, dict[int, Path]] = {}
+    for path in directory.iterdir():
+        match = _RANK_FILE.match(path.name)
+        if match:
+            found.setdefault(match["prefix"], {})[int(match["rank"])] = path
+    if prefix is None:
+        if not found:
+            raise TraceReadError(f"{directory}: no <prefix>.<rank>.et files found")
+        if len(found) > 1:
+            raise TraceReadError(f"{directory}: several trace prefixes ({', '.join(sorted(found))}); choose one with --prefix")
+        prefix = next(iter(found))
+    if prefix not in found:
+        raise TraceReadError(f"{directory}: no {prefix}.<rank>.et files found")
+    return prefix, dict(sorted(found[prefix].items()))

@@ -1,0 +1,142 @@
+"""`traceforge generate` and `traceforge presets`.
+
+The generate command's spec flags are built from spec.FIELDS, so --help, config-file keys and
+validation never drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from traceforge.cli import app, err, out, user_errors
+from traceforge.errors import UserError
+from traceforge.spec import FIELDS, build_spec, load_config_file
+
+# -- generate -------------------------------------------------------------------------------
+
+def _spec_options() -> list[inspect.Parameter]:
+    params = []
+    for f in FIELDS:
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.help + (f" [{'|'.join(f.choices)}]" if f.choices else "")
+        if f.kind is bool:
+            on, off = f.bool_flags or (flag, "--no-" + flag[2:])
+            option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
+        else:
+            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec")
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[f.kind]))
+    return params
+
+
+def _run_options() -> list[inspect.Parameter]:
+    def opt(name: str, annotation: Any, option: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+    return [
+        opt("preset", Optional[str], typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
+        opt("config", Optional[Path], typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON) with keys named like the flags in snake_case.")),
+        opt("out_dir", Path, typer.Option(Path("traces"), "--out", "-o", help="Output directory; must be empty or new unless --force.")),
+        opt("prefix", str, typer.Option("workload", "--prefix", help="Trace file prefix: files are <prefix>.<rank>.et.")),
+        opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
+        opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes writing ranks (default: all cores).")),
+        opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar or summary.")),
+    ]
+
+
+def generate(**kwargs: Any) -> None:
+    """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
+    from traceforge.emit.writer import default_jobs, write_trace_set
+
+    run = {k: kwargs.pop(k) for k in ("preset", "config", "out_dir", "prefix", "force", "jobs", "quiet")}
+    config = load_config_file(run["config"]) if run["config"] else None
+    spec = build_spec(run["preset"], config, kwargs)
+    jobs = run["jobs"] if run["jobs"] is not None else default_jobs()
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if not run["prefix"] or "/" in run["prefix"]:
+        raise UserError(f"--prefix {run['prefix']!r} must be a plain, non-empty file-name prefix")
+    started = time.perf_counter()
+    with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
+        doc = write_trace_set(spec, run["out_dir"], prefix=run["prefix"], force=run["force"], jobs=jobs, on_chunk=on_chunk)
+    if not run["quiet"]:
+        _summary(doc, run["out_dir"], time.perf_counter() - started)
+
+
+generate.__signature__ = inspect.Signature(_run_options() + _spec_options())  # type: ignore[attr-defined]
+app.command("generate")(user_errors(generate))
+
+
+class _progress:
+    """A progress bar on stderr for long runs; silent with -q or when stderr is not a terminal."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.enabled = total, not quiet and sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("writing ranks"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[mbps]:.0f} MB/s"), TimeElapsedColumn(), console=err, transient=True)
+        self.bar.start()
+        self.task = self.bar.add_task("write", total=self.total, mbps=0.0)
+        self.started, self.bytes = time.perf_counter(), 0
+
+        def on_chunk(records) -> None:
+            self.bytes += sum(r.bytes for r in records)
+            rate = self.bytes / 1e6 / max(1e-9, time.perf_counter() - self.started)
+            self.bar.update(self.task, advance=len(records), mbps=rate)
+
+        return on_chunk
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _summary(doc: dict, out_dir: Path, seconds: float) -> None:
+    ranks = doc["ranks"]
+    nodes = sum(r["nodes"] for r in ranks)
+    size = sum(r["bytes"] for r in ranks)
+    spec = doc["spec"]
+    out.print(
+        f"wrote {len(ranks)} ranks to {out_dir}/ ({spec['preset']}: tp={spec['tp']} pp={spec['pp']} dp={spec['dp']}, "
+        f"order {doc['order']}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
+    )
+    out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
+              + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
+
+
+# -- presets --------------------------------------------------------------------------------
+
+@app.command("presets")
+@user_errors
+def presets() -> None:
+    """List the built-in presets with their key numbers."""
+    from traceforge.model import total_params
+    from traceforge.presets import PRESETS
+
+    table = Table(title="traceforge presets")
+    for col in ("preset", "arch", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "pp", "dp", "GPUs", "global batch", "m"):
+        table.add_column(col, justify="left" if col in ("preset", "arch") else "right")
+    for name in PRESETS:
+        s = build_spec(name)
+        table.add_row(
+            name, s.arch, _count(total_params(s)), str(s.layers), str(s.hidden), f"{s.heads}/{s.kv_heads}",
+            str(s.ffn_hidden), str(s.vocab), str(s.seq_len), str(s.tp), str(s.pp), str(s.dp), str(s.world_size),
+            str(s.global_batch), str(s.num_microbatches),
+        )
+    out.print(table)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

@@ -1,0 +1,54 @@
+"""What one op becomes as a Chakra node: its fields and attributes, with rank-specific values
+left as holes (a role to bind per rank). Both encoders (the splicing one and the protobuf
+reference) start from here, so the attribute contract lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from traceforge import schema as S
+from traceforge.plan.ops import NodeType, Op
+
+SELF = "self"
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """A value bound per rank: a rank id (role self/next/prev) or a group id (role tp/dp/...)."""
+
+    role: str
+    as_string: bool  # pg_name is a decimal string; ranks are integers
+
+
+Value = Union[int, str, bool, Hole]
+
+
+def node_attributes(op: Op) -> list[tuple[str, Value]]:
+    attrs: list[tuple[str, Value]] = []
+    if op.type == NodeType.COMP:
+        attrs += [(S.IS_CPU_OP, False), (S.NUM_OPS, op.num_ops), (S.TENSOR_SIZE, op.tensor_size)]
+    elif op.type == NodeType.COLL:
+        attrs += [(S.IS_CPU_OP, False), (S.COMM_TYPE, int(op.comm_type)), (S.COMM_SIZE, op.comm_size),
+                  (S.PG_NAME, Hole(op.group, True))]
+    else:
+        me, peer = Hole(SELF, False), Hole(op.peer, False)
+        src, dst = (me, peer) if op.type == NodeType.SEND else (peer, me)
+        attrs += [(S.IS_CPU_OP, False), (S.COMM_SRC, src), (S.COMM_DST, dst), (S.COMM_SIZE, op.comm_size),
+                  (S.COMM_TAG, op.tag)]
+    attrs += [(S.PHASE, op.phase), (S.STEP, op.step)]
+    if op.dim:
+        attrs.append((S.DIM, op.dim))
+    if op.microbatch is not None:
+        attrs.append((S.MICROBATCH, op.microbatch))
+    if op.layer is not None:
+        attrs.append((S.LAYER, op.layer))
+    return attrs
+
+
+def bind(value: Value, values: dict[str, int]) -> int | str | bool:
+    if isinstance(value, Hole):
+        v = values[value.role]
+        return str(v) if value.as_string else v
+    return value

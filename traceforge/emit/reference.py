@@ -1,0 +1,38 @@
+"""The reference encoder: plain protobuf messages, serialized deterministically.
+
+Slow but obviously right; tests require the splicing encoder to match it byte for byte.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.internal.encoder import _VarintBytes
+
+from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.emit.nodes import bind, node_attributes
+from traceforge.plan.ops import Op, Program
+from traceforge.schema import SCHEMA_VERSION
+
+
+def to_node(op: Op, values: dict[str, int]) -> pb.Node:
+    node = pb.Node(id=op.id, name=op.name, type=int(op.type), data_deps=list(op.deps),
+                   duration_micros=op.duration_micros)
+    for name, value in node_attributes(op):
+        v = bind(value, values)
+        if isinstance(v, bool):
+            node.attr.add(name=name, bool_val=v)
+        elif isinstance(v, int):
+            node.attr.add(name=name, int64_val=v)
+        else:
+            node.attr.add(name=name, string_val=v)
+    return node
+
+
+def _delimited(message) -> bytes:
+    payload = message.SerializeToString(deterministic=True)
+    return _VarintBytes(len(payload)) + payload
+
+
+def encode_rank(program: Program, values: dict[str, int]) -> bytes:
+    parts = [_delimited(pb.GlobalMetadata(version=SCHEMA_VERSION))]
+    parts += [_delimited(to_node(op, values)) for op in program.ops]
+    return b"".join(parts)

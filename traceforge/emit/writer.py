@@ -1,0 +1,170 @@
+"""Write a trace set: one <prefix>.<rank>.et per rank, comm_group.json and manifest.json.
+
+Ranks are written in parallel by plain processes (--jobs), each in stage-sorted chunks so a
+worker reuses its stage templates; memory holds one rank's file at a time per worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from traceforge import __version__
+from traceforge.emit.output import atomic_output_dir
+from traceforge.emit.splice import StageEncoder
+from traceforge.layout import Layout
+from traceforge.model import padded_vocab, stage_layer_ranges, total_params
+from traceforge.plan.ops import Program
+from traceforge.plan.program import stage_program
+from traceforge.spec import Spec
+
+COMM_GROUP_FILE = "comm_group.json"
+MANIFEST_FILE = "manifest.json"
+CHUNK_RANKS = 256
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    nodes: int
+    bytes: int
+    sha256: str
+
+
+def trace_file_name(prefix: str, rank: int) -> str:
+    return f"{prefix}.{rank}.et"
+
+
+def role_values(layout: Layout, rank: int) -> dict[str, int]:
+    """What each role of a program means on this rank."""
+    nxt, prv = layout.pipeline_peers
+    values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank])}
+    for kind, ids in layout.group_id_of.items():
+        values[kind] = int(ids[rank])
+    return values
+
+
+class RankWriter:
+    """Encodes and writes ranks; keeps one StageEncoder per stage it has seen."""
+
+    def __init__(self, spec: Spec, layout: Layout, directory: Path, prefix: str):
+        self.spec, self.layout, self.directory, self.prefix = spec, layout, directory, prefix
+        self._encoders: dict[int, StageEncoder] = {}
+
+    def encoder(self, stage: int) -> StageEncoder:
+        if stage not in self._encoders:
+            self._encoders[stage] = StageEncoder(stage_program(self.spec, stage))
+        return self._encoders[stage]
+
+    def write(self, rank: int) -> RankRecord:
+        stage = int(self.layout.coords["pp"][rank])
+        data, nodes = self.encoder(stage).encode(role_values(self.layout, rank))
+        with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
+            f.write(data)
+        return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
+
+
+# Worker-process state, inherited through fork.
+_worker: RankWriter | None = None
+
+
+def _write_chunk(ranks: list[int]) -> list[RankRecord]:
+    assert _worker is not None
+    return [_worker.write(r) for r in ranks]
+
+
+def _chunks(layout: Layout, ranks: Iterable[int]) -> list[list[int]]:
+    by_stage = sorted(ranks, key=lambda r: (int(layout.coords["pp"][r]), r))
+    return [by_stage[i:i + CHUNK_RANKS] for i in range(0, len(by_stage), CHUNK_RANKS)]
+
+
+def write_ranks(
+    writer: RankWriter, ranks: list[int], jobs: int, on_chunk: Callable[[list[RankRecord]], None] | None = None,
+) -> list[RankRecord]:
+    global _worker
+    chunks = _chunks(writer.layout, ranks)
+    records: list[RankRecord] = []
+    if jobs <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            done = [writer.write(r) for r in chunk]
+            records += done
+            if on_chunk:
+                on_chunk(done)
+    else:
+        _worker = writer
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                for done in pool.map(_write_chunk, chunks):
+                    records += done
+                    if on_chunk:
+                        on_chunk(done)
+        finally:
+            _worker = None
+    return sorted(records, key=lambda rec: rec.rank)
+
+
+def used_group_ids(spec: Spec, layout: Layout, programs: list[Program]) -> list[int]:
+    """Ids of every group that some node names (pg_name): the comm-group file's keys."""
+    ids: set[int] = set()
+    for program in programs:
+        ranks = layout.stage_ranks(program.stage)
+        for role in program.group_roles:
+            ids.update(int(i) for i in set(layout.group_id_of[role][ranks].tolist()) if i)
+    return sorted(ids)
+
+
+def comm_group_json(layout: Layout, ids: list[int]) -> str:
+    by_id = layout.group_by_id()
+    lines = [f'  "{i}": [{", ".join(str(r) for r in by_id[i].ranks)}]' for i in ids]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def manifest(spec: Spec, layout: Layout, prefix: str, records: list[RankRecord], ids: list[int]) -> dict:
+    kinds = {g.kind for i, g in layout.group_by_id().items() if i in set(ids)}
+    return {
+        "tool": "traceforge",
+        "version": __version__,
+        "spec": spec.to_dict(),
+        "world_size": layout.world_size,
+        "order": layout.order,
+        "prefix": prefix,
+        "files": {"traces": f"{prefix}.<rank>.et", "comm_groups": COMM_GROUP_FILE},
+        "model": {
+            "parameters": total_params(spec),
+            "padded_vocab": padded_vocab(spec),
+            "layers_per_stage": [len(r) for r in stage_layer_ranges(spec)],
+        },
+        "groups": {kind: len(layout.groups[kind]) for kind in layout.groups if kind in kinds},
+        "ranks": [
+            {**{"rank": rec.rank}, **layout.coordinate(rec.rank), **{k: v for k, v in asdict(rec).items() if k != "rank"}}
+            for rec in records
+        ],
+    }
+
+
+def write_trace_set(
+    spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
+    on_chunk: Callable[[list[RankRecord]], None] | None = None,
+) -> dict:
+    """Plan and write the whole trace set into OUT atomically; return the manifest."""
+    layout = Layout.from_spec(spec)
+    programs = [stage_program(spec, s) for s in range(spec.pp)]
+    with atomic_output_dir(Path(out), force) as tmp:
+        writer = RankWriter(spec, layout, tmp, prefix)
+        records = write_ranks(writer, list(range(layout.world_size)), jobs, on_chunk)
+        ids = used_group_ids(spec, layout, programs)
+        (tmp / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
+        doc = manifest(spec, layout, prefix, records, ids)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def default_jobs() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -1,0 +1,138 @@
+"""Parameter counts and tensor sizes of the model, per pipeline stage and per TP rank.
+
+Megatron conventions: column/row-parallel weights (and column biases) are split by t; layer
+norms and row-parallel biases are replicated on every TP rank; the vocabulary is padded to a
+multiple of 128*t; a GPT model adds learned positions on the first stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traceforge.spec import Spec
+
+
+def padded_vocab(spec: Spec) -> int:
+    multiple = 128 * spec.tp
+    return -(-spec.vocab // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """One transformer layer: parameters split across TP ranks (full count) and replicated ones."""
+
+    split: int
+    replicated: int
+
+    def per_rank(self, tp: int) -> int:
+        return self.split // tp + self.replicated
+
+
+def layer_params(spec: Spec) -> LayerParams:
+    h, f = spec.hidden, spec.ffn_hidden
+    kv_dim = spec.kv_heads * (h // spec.heads)
+    qkv_out = h + 2 * kv_dim
+    if spec.arch == "gpt":
+        # QKV W+b, proj W, fc1 W+b, fc2 W (split); proj b, fc2 b, two LayerNorms (w+b) (replicated).
+        split = h * qkv_out + qkv_out + h * h + h * f + f + f * h
+        replicated = h + h + 4 * h
+    else:
+        # Llama: Q, K, V, O, gate, up, down without biases (split); two RMSNorm weights (replicated).
+        split = h * qkv_out + h * h + 3 * h * f
+        replicated = 2 * h
+    return LayerParams(split, replicated)
+
+
+def stage_layer_ranges(spec: Spec) -> list[range]:
+    """Global layer indices per stage. An uneven remainder is taken from the outer stages first
+    (last, first, second-last, ...), which hold the LM head and embedding (as Llama 3 405B did)."""
+    p = spec.pp
+    base = -(-spec.layers // p)
+    counts = [base] * p
+    deficit = base * p - spec.layers
+    order = [s for pair in zip(range(p - 1, -1, -1), range(p)) for s in pair]
+    seen: list[int] = []
+    for stage in order:
+        if stage not in seen:
+            seen.append(stage)
+    for stage in seen[:deficit]:
+        counts[stage] -= 1
+    ranges, start = [], 0
+    for count in counts:
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one TP rank of a stage holds, by unit (the unit ZeRO-3 gathers one at a time)."""
+
+    layers: range
+    per_layer: int  # per TP rank
+    per_layer_replicated: int
+    embedding: int  # word (+ position) embedding on the first stage, per TP rank
+    head: int  # output layer (or tied copy) + final norm on the last stage, per TP rank
+    # TP-replicated parameters whose gradients differ across TP ranks under sequence parallelism
+    # (norms, row-parallel biases): Megatron AllReduces them in the TP group at end of step.
+    replicated: int
+
+    @property
+    def total(self) -> int:
+        return len(self.layers) * self.per_layer + self.embedding + self.head
+
+    def units(self) -> list[tuple[str, int | None, int]]:
+        """(unit name, layer index or None, parameters per TP rank) in forward order."""
+        out: list[tuple[str, int | None, int]] = []
+        if self.embedding:
+            out.append(("embedding", None, self.embedding))
+        out += [("layer", layer, self.per_layer) for layer in self.layers]
+        if self.head:
+            out.append(("head", None, self.head))
+        return out
+
+
+def stage_params(spec: Spec, stage: int) -> StageParams:
+    t, h = spec.tp, spec.hidden
+    lp = layer_params(spec)
+    layers = stage_layer_ranges(spec)[stage]
+    first, last = stage == 0, stage == spec.pp - 1
+    word = padded_vocab(spec) * h // t
+    final_norm = 2 * h if spec.arch == "gpt" else h
+    embedding = 0
+    emb_replicated = 0
+    if first:
+        emb_replicated = spec.seq_len * h if spec.arch == "gpt" else 0  # learned positions
+        embedding = word + emb_replicated
+    head = 0
+    if last:
+        # Untied: its own output layer. Tied with p > 1: a second copy of the word embedding.
+        # Tied with p == 1: the first stage's copy serves, nothing more.
+        output = 0 if (spec.tied_embeddings and spec.pp == 1) else word
+        head = output + final_norm
+    replicated = len(layers) * lp.replicated + (final_norm if last else 0)
+    return StageParams(layers, lp.per_rank(t), lp.replicated, embedding, head, replicated)
+
+
+def total_params(spec: Spec) -> int:
+    """Psi: all parameters of the model (one copy of tied embeddings, unpadded vocabulary)."""
+    lp = layer_params(spec)
+    h = spec.hidden
+    n = spec.layers * (lp.split + lp.replicated) + spec.vocab * h
+    n += (2 * h if spec.arch == "gpt" else h)  # final norm
+    if spec.arch == "gpt":
+        n += spec.seq_len * h
+    if not spec.tied_embeddings:
+        n += spec.vocab * h
+    return n
+
+
+def activation_bytes(spec: Spec) -> int:
+    """b*s*h*e: one micro-batch's hidden states, the size of TP AllReduces and full TP tensors."""
+    return spec.micro_batch * spec.seq_len * spec.hidden * spec.act_bytes
+
+
+def p2p_bytes(spec: Spec) -> int:
+    """Activation (or its gradient) crossing a stage boundary; sequence-sharded with SP."""
+    full = activation_bytes(spec)
+    return full // spec.tp if spec.sequence_parallel else full

@@ -1,0 +1,1 @@
+"""The planner: per pipeline stage, a rank-independent program of ops (see ops.py)."""

@@ -1,0 +1,57 @@
+"""Model edges: vocab-parallel word embedding (first stage), LM head and vocab-parallel
+cross-entropy (last stage), and the tied-embedding gradient AllReduce between them.
+
+- Embedding forward: each TP rank looks up its vocabulary slice; AllReduce of b*s*h*e
+  (ReduceScatter with sequence parallelism, whose backward is an AllGather).
+- LM head: column-parallel over the vocabulary; its input-gradient AllReduce in backward
+  (AllGather + ReduceScatter with SP, and a forward AllGather of the sharded input).
+- Cross-entropy over vocab-parallel logits: 3 AllReduce of b*s fp32 values (max logit,
+  predicted logit, sum of exponentials).
+- Tied embeddings with p > 1: at end of step, AllReduce of the word-embedding gradient,
+  (V/t)*h*g bytes, in the embedding group (first and last stage at equal tp, dp).
+"""
+
+from __future__ import annotations
+
+from traceforge.model import padded_vocab
+from traceforge.plan.compute import CostModel
+from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.plan.tensor import TensorParallel
+from traceforge.spec import Spec
+
+CROSS_ENTROPY_REDUCTIONS = ("max", "target", "sumexp")
+FP32 = 4
+
+
+def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
+    b.compute("embed", cost.micros(cost.embed_fwd), cost.embed_fwd.flops, cost.embed_fwd.bytes)
+    tp.row_fwd(b, "embed")
+
+
+def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
+    tp.row_bwd(b, "embed")
+    c = cost.backward(cost.embed_fwd)
+    b.compute("embed_bwd", cost.micros(c), c.flops, c.bytes)
+
+
+def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
+    tp.column_fwd(b, "head")
+    b.compute("head", cost.micros(cost.head_fwd), cost.head_fwd.flops, cost.head_fwd.bytes)
+    for what in CROSS_ENTROPY_REDUCTIONS:
+        b.collective(f"xent_{what}", Coll.ALL_REDUCE, spec.micro_batch * spec.seq_len * FP32, "tp")
+
+
+def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
+    tp.column_bwd_before(b, "head")
+    c = cost.backward(cost.head_fwd)
+    b.compute("head_bwd", cost.micros(c), c.flops, c.bytes)
+    tp.column_bwd_after(b, "head")
+
+
+def tied_embedding_grad_bytes(spec: Spec) -> int:
+    return padded_vocab(spec) // spec.tp * spec.hidden * spec.grad_bytes
+
+
+def tied_embedding_sync(b: ProgramBuilder, spec: Spec, stage: int) -> None:
+    if spec.tied_embeddings and spec.pp > 1 and stage in (0, spec.pp - 1):
+        b.collective("word_embed_grad", Coll.ALL_REDUCE, tied_embedding_grad_bytes(spec), "emb")

@@ -1,0 +1,156 @@
+"""Ops: one stage's rank-independent program, and the builder that records real dependencies.
+
+An op speaks in roles, not ranks: "AllReduce on my TP group", "Send to the next stage". Binding
+a role to a group id or a peer rank happens per rank when the program is emitted.
+
+Dependencies follow the GPU's streams, not a total order:
+- compute is one chain (the cursor);
+- a blocking collective (TP) joins that chain: it follows the cursor and the next compute
+  follows it;
+- an async collective (DP buckets) follows the cursor but nothing waits for it until
+  ``wait_async``;
+- collectives on one communicator run in issue order (NCCL serializes a communicator's
+  stream), so each also follows the previous collective of its group role;
+- a Send follows the cursor and gates nothing; a Recv follows the cursor and gates the next
+  compute, which consumes its data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class NodeType(IntEnum):
+    """Chakra NodeType values (et_def.proto)."""
+
+    COMP = 4
+    SEND = 5
+    RECV = 6
+    COLL = 7
+
+
+class Coll(IntEnum):
+    """Chakra CollectiveCommType values (et_def.proto)."""
+
+    ALL_REDUCE = 0
+    ALL_GATHER = 2
+    ALL_TO_ALL = 6
+    REDUCE_SCATTER = 7
+
+
+COLL_SHORT = {Coll.ALL_REDUCE: "ar", Coll.ALL_GATHER: "ag", Coll.ALL_TO_ALL: "a2a", Coll.REDUCE_SCATTER: "rs"}
+
+# Peer roles of point-to-point ops.
+NEXT, PREV = "next", "prev"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    id: int
+    name: str
+    type: NodeType
+    deps: tuple[int, ...]
+    # annotations (for people and analysis)
+    phase: str
+    dim: str
+    step: int
+    microbatch: int | None = None
+    layer: int | None = None
+    # compute
+    duration_micros: int = 0
+    num_ops: int = 0
+    tensor_size: int = 0
+    # communication
+    comm_type: Coll | None = None
+    comm_size: int = 0
+    group: str | None = None  # group role, e.g. "tp", bound to a group id per rank
+    peer: str | None = None  # NEXT or PREV, bound to a rank per rank
+    tag: int = 0
+
+
+@dataclass
+class Program:
+    """One pipeline stage's ops, in issue order; node id == index."""
+
+    stage: int
+    ops: list[Op] = field(default_factory=list)
+
+    @property
+    def group_roles(self) -> set[str]:
+        return {op.group for op in self.ops if op.group}
+
+    @property
+    def peer_roles(self) -> set[str]:
+        return {op.peer for op in self.ops if op.peer}
+
+
+@dataclass
+class Context:
+    phase: str = "fwd"
+    step: int = 0
+    microbatch: int | None = None
+    layer: int | None = None
+
+
+class ProgramBuilder:
+    def __init__(self, stage: int, group_sizes: dict[str, int]):
+        self.program = Program(stage)
+        self.group_sizes = group_sizes
+        self.ctx = Context()
+        self._cursor: tuple[int, ...] = ()
+        self._pending: list[int] = []  # recvs the next compute consumes
+        self._group_tail: dict[str, int] = {}
+        self._async: list[int] = []
+
+    # -- recording ---------------------------------------------------------------------
+    def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
+        op_id = len(self.program.ops)
+        c = self.ctx
+        label = "/".join(
+            part for part in (
+                c.phase, f"mb{c.microbatch}" if c.microbatch is not None else "",
+                f"L{c.layer}" if c.layer is not None else "", name,
+            ) if part
+        )
+        if c.step:
+            label = f"s{c.step}/{label}"
+        self.program.ops.append(
+            Op(op_id, label, type_, tuple(sorted(set(deps))), c.phase, dim, c.step, c.microbatch, c.layer, **kw)
+        )
+        return op_id
+
+    def compute(self, name: str, duration_micros: int, num_ops: int, tensor_size: int) -> int:
+        deps = self._cursor + tuple(self._pending)
+        self._pending.clear()
+        op_id = self._add(name, NodeType.COMP, deps, "", duration_micros=max(1, duration_micros),
+                          num_ops=num_ops, tensor_size=max(1, tensor_size))
+        self._cursor = (op_id,)
+        return op_id
+
+    def collective(self, name: str, ctype: Coll, size: int, group: str, *, blocking: bool = True) -> int | None:
+        """A collective on a group role; skipped (None) when that group has a single member."""
+        if self.group_sizes.get(group, 1) < 2 or size <= 0:
+            return None
+        deps = self._cursor + ((self._group_tail[group],) if group in self._group_tail else ())
+        op_id = self._add(f"{group}_{COLL_SHORT[ctype]}_{name}", NodeType.COLL, deps, group,
+                          comm_type=ctype, comm_size=size, group=group)
+        self._group_tail[group] = op_id
+        if blocking:
+            self._cursor = (op_id,)
+        else:
+            self._async.append(op_id)
+        return op_id
+
+    def wait_async(self) -> None:
+        """The host waits for every outstanding async collective (e.g. finish_grad_sync)."""
+        self._cursor = self._cursor + tuple(self._async)
+        self._async.clear()
+
+    def send(self, name: str, peer: str, size: int, tag: int) -> int:
+        return self._add(f"send_{name}", NodeType.SEND, self._cursor, "pp", comm_size=size, peer=peer, tag=tag)
+
+    def recv(self, name: str, peer: str, size: int, tag: int) -> int:
+        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor, "pp", comm_size=size, peer=peer, tag=tag)
+        self._pending.append(op_id)
+        return op_id

@@ -1,0 +1,44 @@
+"""Named specs: published model architectures with a common parallel layout.
+
+Each preset is a complete flat spec mapping; flags and config files override any key.
+Architectures follow the models' papers/configs; layouts are typical, not prescriptive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traceforge.errors import SpecError
+
+_TRAINING = dict(
+    micro_batch=1, dtype="bf16", grad_dtype="fp32", sequence_parallel=False, schedule="1f1b",
+    dp_mode="ddp", steps=1, gpu="h100", order="tp-pp-dp",
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Tiny, the default: the seed's 8-GPU example (t=p=d=2), tied embeddings so every group shows.
+    "demo": dict(_TRAINING, arch="gpt", layers=4, hidden=512, ffn_hidden=2048, heads=8, kv_heads=8,
+                 vocab=1024, seq_len=512, tied_embeddings=True, tp=2, pp=2, dp=2, global_batch=8),
+    # GPT-3 (Brown et al. 2020, table 2.1); 175B layout from Narayanan et al. 2021 (t8 p16, b1536).
+    "gpt3-13b": dict(_TRAINING, arch="gpt", layers=40, hidden=5120, ffn_hidden=20480, heads=40, kv_heads=40,
+                     vocab=50257, seq_len=2048, tied_embeddings=True, tp=8, pp=4, dp=4, global_batch=128),
+    "gpt3-175b": dict(_TRAINING, arch="gpt", layers=96, hidden=12288, ffn_hidden=49152, heads=96, kv_heads=96,
+                      vocab=50257, seq_len=2048, tied_embeddings=True, tp=8, pp=16, dp=12, global_batch=1536),
+    # Llama 2 (Touvron et al. 2023): 70B uses GQA with 8 KV heads.
+    "llama2-70b": dict(_TRAINING, arch="llama", layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8,
+                       vocab=32000, seq_len=4096, tied_embeddings=False, tp=8, pp=4, dp=4, global_batch=128),
+    # Llama 3 (Dubey et al. 2024, table 3); 405B layout from section 3.3 (t8 p16 d128 on 16,384 GPUs).
+    "llama3-8b": dict(_TRAINING, arch="llama", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
+                      vocab=128256, seq_len=8192, tied_embeddings=False, tp=4, pp=2, dp=4, global_batch=64),
+    "llama3-70b": dict(_TRAINING, arch="llama", layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8,
+                       vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=4, dp=4, global_batch=128),
+    "llama3-405b": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
+                        vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=16, dp=128, global_batch=2048),
+}
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} (see 'traceforge presets')")
+    return dict(PRESETS[key])
