@@ -59,8 +59,15 @@ def _root(
 
 
 
-def main() -> None:
-    # Importing the command modules registers their commands.
-    from traceforge.cli import generate  # noqa: F401
+def load_commands() -> None:
+    """Import every module of this package: each registers its commands on ``app``."""
+    import importlib
+    import pkgutil
 
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        importlib.import_module(f"{__name__}.{module}")
+
+
+def main() -> None:
+    load_commands()
     app(prog_name="traceforge")
