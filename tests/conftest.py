@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from traceforge.emit.writer import write_trace_set
@@ -13,7 +15,8 @@ def make_set(tmp_path):
         counter["n"] += 1
         spec = build_spec(preset, overrides=overrides)
         out = tmp_path / f"set{counter['n']}"
-        doc = write_trace_set(spec, out, jobs=1)
+        write_trace_set(spec, out, jobs=1)
+        doc = json.loads((out / "manifest.json").read_text())
         return spec, out, doc
 
     return make

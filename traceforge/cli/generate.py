@@ -46,15 +46,17 @@ def _run_options() -> list[inspect.Parameter]:
         opt("prefix", str, typer.Option("workload", "--prefix", help="Trace file prefix: files are <prefix>.<rank>.et.")),
         opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
         opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes writing ranks (default: all cores).")),
+        opt("shard", Optional[str], typer.Option(None, "--shard", help="Write only shard K/N of the ranks (K from 0) plus a shard manifest; join with 'traceforge merge'.")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar or summary.")),
     ]
 
 
 def generate(**kwargs: Any) -> None:
     """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
+    from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import default_jobs, write_trace_set
 
-    run = {k: kwargs.pop(k) for k in ("preset", "config", "out_dir", "prefix", "force", "jobs", "quiet")}
+    run = {k: kwargs.pop(k) for k in ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet")}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
     jobs = run["jobs"] if run["jobs"] is not None else default_jobs()
@@ -63,8 +65,18 @@ def generate(**kwargs: Any) -> None:
     if not run["prefix"] or "/" in run["prefix"]:
         raise UserError(f"--prefix {run['prefix']!r} must be a plain, non-empty file-name prefix")
     started = time.perf_counter()
+    common = dict(prefix=run["prefix"], force=run["force"], jobs=jobs)
+    if run["shard"] is not None:
+        k, n = parse_shard(run["shard"])
+        ranks = shard_ranks(spec.world_size, k, n)
+        with _progress(len(ranks), quiet=run["quiet"]) as on_chunk:
+            write_shard(spec, run["out_dir"], k, n, on_chunk=on_chunk, **common)
+        if not run["quiet"]:
+            out.print(f"wrote shard {k}/{n}: ranks {ranks.start}..{ranks.stop - 1} of {spec.world_size} to {run['out_dir']}/; "
+                      f"run 'traceforge merge {run['out_dir']}' once every shard is done")
+        return
     with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
-        doc = write_trace_set(spec, run["out_dir"], prefix=run["prefix"], force=run["force"], jobs=jobs, on_chunk=on_chunk)
+        doc = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, **common)
     if not run["quiet"]:
         _summary(doc, run["out_dir"], time.perf_counter() - started)
 
@@ -104,16 +116,29 @@ class _progress:
 
 
 def _summary(doc: dict, out_dir: Path, seconds: float) -> None:
-    ranks = doc["ranks"]
-    nodes = sum(r["nodes"] for r in ranks)
-    size = sum(r["bytes"] for r in ranks)
+    nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     out.print(
-        f"wrote {len(ranks)} ranks to {out_dir}/ ({spec['preset']}: tp={spec['tp']} pp={spec['pp']} dp={spec['dp']}, "
+        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: tp={spec['tp']} pp={spec['pp']} dp={spec['dp']}, "
         f"order {doc['order']}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
+
+
+@app.command("merge")
+@user_errors
+def merge(
+    directory: Path = typer.Argument(..., help="The folder every 'generate --shard K/N' wrote into."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
+) -> None:
+    """Join the shards of a trace set: check they are all there, write comm_group.json and manifest.json."""
+    from traceforge.emit.shard import merge_shards
+
+    started = time.perf_counter()
+    doc = merge_shards(directory)
+    if not quiet:
+        _summary(doc, directory, time.perf_counter() - started)
 
 
 # -- presets --------------------------------------------------------------------------------

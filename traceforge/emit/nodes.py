@@ -26,25 +26,30 @@ Value = Union[int, str, bool, Hole]
 
 
 def node_attributes(op: Op) -> list[tuple[str, Value]]:
-    attrs: list[tuple[str, Value]] = []
+    """The node's attributes in write order. Rank-specific ones (holes) come last, so the
+    splicing encoder can keep everything before them as one constant run of bytes."""
+    attrs: list[tuple[str, Value]] = [(S.IS_CPU_OP, False)]
+    holes: list[tuple[str, Value]] = []
     if op.type == NodeType.COMP:
-        attrs += [(S.IS_CPU_OP, False), (S.NUM_OPS, op.num_ops), (S.TENSOR_SIZE, op.tensor_size)]
+        attrs += [(S.NUM_OPS, op.num_ops), (S.TENSOR_SIZE, op.tensor_size)]
     elif op.type == NodeType.COLL:
-        attrs += [(S.IS_CPU_OP, False), (S.COMM_TYPE, int(op.comm_type)), (S.COMM_SIZE, op.comm_size),
-                  (S.PG_NAME, Hole(op.group, True))]
+        attrs += [(S.COMM_TYPE, int(op.comm_type)), (S.COMM_SIZE, op.comm_size)]
+        holes.append((S.PG_NAME, Hole(op.group, True)))
     else:
+        attrs += [(S.COMM_SIZE, op.comm_size), (S.COMM_TAG, op.tag)]
         me, peer = Hole(SELF, False), Hole(op.peer, False)
         src, dst = (me, peer) if op.type == NodeType.SEND else (peer, me)
-        attrs += [(S.IS_CPU_OP, False), (S.COMM_SRC, src), (S.COMM_DST, dst), (S.COMM_SIZE, op.comm_size),
-                  (S.COMM_TAG, op.tag)]
-    attrs += [(S.PHASE, op.phase), (S.STEP, op.step)]
+        holes += [(S.COMM_SRC, src), (S.COMM_DST, dst)]
+    attrs.append((S.PHASE, op.phase))
+    if op.step:  # omitted for step 0, as protobuf omits zero scalars
+        attrs.append((S.STEP, op.step))
     if op.dim:
         attrs.append((S.DIM, op.dim))
     if op.microbatch is not None:
         attrs.append((S.MICROBATCH, op.microbatch))
     if op.layer is not None:
         attrs.append((S.LAYER, op.layer))
-    return attrs
+    return attrs + holes
 
 
 def bind(value: Value, values: dict[str, int]) -> int | str | bool:

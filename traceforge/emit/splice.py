@@ -10,16 +10,14 @@ widths of the rank's role values: ranks with equal widths share every byte but t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from traceforge.emit import wire
-from traceforge.emit.nodes import Hole, Value, node_attributes
+from traceforge.emit.nodes import Hole, node_attributes
 from traceforge.plan.ops import Op, Program
 from traceforge.schema import SCHEMA_VERSION
-
-# (bytes, hole role or None). A hole chunk holds that role's encoded value.
-Chunk = tuple[bytes, str | None]
 
 # Node and AttributeProto field numbers (et_def.proto).
 NODE_ID, NODE_NAME, NODE_TYPE, NODE_DATA_DEPS, NODE_DURATION, NODE_ATTR = 1, 2, 3, 5, 7, 10
@@ -27,51 +25,67 @@ ATTR_NAME, ATTR_INT64, ATTR_BOOL, ATTR_STRING = 1, 9, 27, 29
 META_VERSION = 1
 
 
-def encode_value(value: int | str | bool) -> bytes:
+def encode_value(value: int | str) -> bytes:
     """The bytes a hole's value occupies: a varint, or a decimal string's characters."""
     return value.encode() if isinstance(value, str) else wire.varint(value)
 
 
-def _attr_chunks(name: str, value: Value, values: dict[str, int]) -> list[Chunk]:
-    chunks: list[Chunk] = [(wire.length_delimited(ATTR_NAME, name.encode()), None)]
-    if isinstance(value, Hole):
-        bound = values[value.role]
-        if value.as_string:
-            text = str(bound).encode()
-            chunks += [(wire.key(ATTR_STRING, wire.LEN) + wire.varint(len(text)), None), (text, value.role)]
-        else:
-            chunks += [(wire.key(ATTR_INT64, wire.VARINT), None), (wire.varint(bound), value.role)]
-    elif isinstance(value, bool):
-        chunks.append((wire.key(ATTR_BOOL, wire.VARINT) + wire.varint(int(value)), None))
+def _constant_attr(name: str, value: int | str | bool) -> bytes:
+    return _cached_attr(name, type(value), value)
+
+
+@lru_cache(maxsize=65536)
+def _cached_attr(name: str, kind: type, value: int | str | bool) -> bytes:
+    # kind is part of the key: False == 0 would otherwise share an entry with 0.
+    body = wire.length_delimited(ATTR_NAME, name.encode())
+    if isinstance(value, bool):
+        body += wire.key(ATTR_BOOL, wire.VARINT) + wire.varint(int(value))
     elif isinstance(value, int):
-        chunks.append((wire.key(ATTR_INT64, wire.VARINT) + wire.varint(value), None))
+        body += wire.key(ATTR_INT64, wire.VARINT) + wire.varint(value)
     else:
-        chunks.append((wire.length_delimited(ATTR_STRING, value.encode()), None))
-    return chunks
+        body += wire.length_delimited(ATTR_STRING, value.encode())
+    return wire.length_delimited(NODE_ATTR, body)
 
 
-def _message(field_number: int | None, chunks: list[Chunk]) -> list[Chunk]:
-    """Prefix chunks with their length (and a field key when embedded in a parent)."""
-    size = sum(len(c) for c, _ in chunks)
-    head = (wire.key(field_number, wire.LEN) if field_number else b"") + wire.varint(size)
-    return [(head, None)] + chunks
+@dataclass(frozen=True)
+class NodeShape:
+    """A node split into what never changes and its holes (attributes written last)."""
+
+    fixed: bytes  # id, name, type, deps, duration and every constant attribute
+    holes: tuple[tuple[bytes, Hole], ...]  # (attribute name field + value key, hole)
 
 
-def node_chunks(op: Op, values: dict[str, int]) -> list[Chunk]:
-    """One op as a length-delimited Node, holes filled with this rank's values."""
-    body: list[Chunk] = []
+def node_shape(op: Op) -> NodeShape:
+    fixed = []
     if op.id:
-        body.append((wire.key(NODE_ID, wire.VARINT) + wire.varint(op.id), None))
-    body.append((wire.length_delimited(NODE_NAME, op.name.encode()), None))
-    body.append((wire.key(NODE_TYPE, wire.VARINT) + wire.varint(int(op.type)), None))
+        fixed.append(wire.key(NODE_ID, wire.VARINT) + wire.varint(op.id))
+    fixed.append(wire.length_delimited(NODE_NAME, op.name.encode()))
+    fixed.append(wire.key(NODE_TYPE, wire.VARINT) + wire.varint(int(op.type)))
     if op.deps:
-        packed = b"".join(wire.varint(d) for d in op.deps)
-        body.append((wire.length_delimited(NODE_DATA_DEPS, packed), None))
+        fixed.append(wire.length_delimited(NODE_DATA_DEPS, b"".join(wire.varint(d) for d in op.deps)))
     if op.duration_micros:
-        body.append((wire.key(NODE_DURATION, wire.VARINT) + wire.varint(op.duration_micros), None))
+        fixed.append(wire.key(NODE_DURATION, wire.VARINT) + wire.varint(op.duration_micros))
+    holes = []
     for name, value in node_attributes(op):
-        body += _message(NODE_ATTR, _attr_chunks(name, value, values))
-    return _message(None, body)
+        if isinstance(value, Hole):
+            value_key = wire.key(ATTR_STRING, wire.LEN) if value.as_string else wire.key(ATTR_INT64, wire.VARINT)
+            holes.append((wire.length_delimited(ATTR_NAME, name.encode()) + value_key, value))
+        else:
+            assert not holes, "constant attributes must precede holes"
+            fixed.append(_constant_attr(name, value))
+    return NodeShape(b"".join(fixed), tuple(holes))
+
+
+def shape_chunks(shape: NodeShape, encoded: dict[str, bytes]) -> list[tuple[bytes, str | None]]:
+    """A length-delimited node as (bytes, hole role or None) chunks, holes filled from encoded."""
+    chunks: list[tuple[bytes, str | None]] = [(shape.fixed, None)]
+    for pre, hole in shape.holes:
+        value = encoded[hole.role]
+        length = wire.varint(len(value)) if hole.as_string else b""
+        body_len = len(pre) + len(length) + len(value)
+        chunks += [(wire.key(NODE_ATTR, wire.LEN) + wire.varint(body_len) + pre + length, None), (value, hole.role)]
+    size = sum(len(c) for c, _ in chunks)
+    return [(wire.varint(size), None)] + chunks
 
 
 def metadata_bytes() -> bytes:
@@ -86,34 +100,28 @@ class Template:
     node_count: int
 
 
-def build_template(program: Program, values: dict[str, int]) -> Template:
-    chunks: list[Chunk] = [(metadata_bytes(), None)]
-    for op in program.ops:
-        chunks += node_chunks(op, values)
+def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Template:
+    chunks: list[tuple[bytes, str | None]] = [(metadata_bytes(), None)]
+    for shape in shapes:
+        chunks += shape_chunks(shape, encoded)
     starts: dict[str, list[int]] = {}
-    widths: dict[str, int] = {}
     pos = 0
     for data, role in chunks:
         if role is not None:
             starts.setdefault(role, []).append(pos)
-            widths[role] = len(data)
         pos += len(data)
     buf = np.frombuffer(b"".join(c for c, _ in chunks), dtype=np.uint8).copy()
-    holes = {role: np.asarray(s, dtype=np.int64)[:, None] + np.arange(widths[role]) for role, s in starts.items()}
-    return Template(buf, holes, len(program.ops))
-
-
-def signature(values: dict[str, int], roles: tuple[str, ...], string_roles: frozenset[str]) -> tuple[int, ...]:
-    return tuple(
-        len(str(values[r])) if r in string_roles else len(wire.varint(values[r])) for r in roles
-    )
+    holes = {
+        role: np.asarray(s, dtype=np.int64)[:, None] + np.arange(len(encoded[role])) for role, s in starts.items()
+    }
+    return Template(buf, holes, len(shapes))
 
 
 class StageEncoder:
     """Encodes every rank of one stage, reusing a template per width signature."""
 
     def __init__(self, program: Program):
-        self.program = program
+        self.shapes = [node_shape(op) for op in program.ops]
         self.string_roles = frozenset(program.group_roles)
         peers = program.peer_roles | ({"self"} if program.peer_roles else set())
         self.roles = tuple(sorted(self.string_roles | peers))
@@ -121,13 +129,12 @@ class StageEncoder:
 
     def encode(self, values: dict[str, int]) -> tuple[memoryview, int]:
         """(file bytes, node count) of the rank whose role values are given."""
-        sig = signature(values, self.roles, self.string_roles)
+        encoded = {r: encode_value(str(values[r]) if r in self.string_roles else values[r]) for r in self.roles}
+        sig = tuple(len(encoded[r]) for r in self.roles)
         template = self._templates.get(sig)
         if template is None:
-            template = self._templates[sig] = build_template(self.program, values)
-            return memoryview(template.buf.copy()), template.node_count
+            template = self._templates[sig] = build_template(self.shapes, encoded)
         buf = template.buf.copy()
         for role, idx in template.holes.items():
-            v = values[role]
-            buf[idx] = np.frombuffer(encode_value(str(v) if role in self.string_roles else v), dtype=np.uint8)
+            buf[idx] = np.frombuffer(encoded[role], dtype=np.uint8)
         return memoryview(buf), template.node_count

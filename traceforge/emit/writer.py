@@ -11,9 +11,11 @@ import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
 
 from traceforge import __version__
 from traceforge.emit.output import atomic_output_dir
@@ -35,6 +37,26 @@ class RankRecord:
     nodes: int
     bytes: int
     sha256: str
+
+
+class RankTable:
+    """Per-rank results in flat arrays, so the manifest costs a few bytes per rank."""
+
+    def __init__(self, ranks: range):
+        self.ranks = ranks
+        n = len(ranks)
+        self.nodes = np.zeros(n, dtype=np.int64)
+        self.bytes = np.zeros(n, dtype=np.int64)
+        self.sha256 = np.zeros(n, dtype="S64")
+
+    def add(self, records: Iterable[RankRecord]) -> None:
+        for rec in records:
+            i = rec.rank - self.ranks.start
+            self.nodes[i], self.bytes[i], self.sha256[i] = rec.nodes, rec.bytes, rec.sha256
+
+    def rows(self) -> Iterator[RankRecord]:
+        for i, rank in enumerate(self.ranks):
+            yield RankRecord(rank, int(self.nodes[i]), int(self.bytes[i]), self.sha256[i].decode())
 
 
 def trace_file_name(prefix: str, rank: int) -> str:
@@ -79,35 +101,37 @@ def _write_chunk(ranks: list[int]) -> list[RankRecord]:
     return [_worker.write(r) for r in ranks]
 
 
-def _chunks(layout: Layout, ranks: Iterable[int]) -> list[list[int]]:
+def _chunks(layout: Layout, ranks: range) -> list[list[int]]:
     by_stage = sorted(ranks, key=lambda r: (int(layout.coords["pp"][r]), r))
     return [by_stage[i:i + CHUNK_RANKS] for i in range(0, len(by_stage), CHUNK_RANKS)]
 
 
 def write_ranks(
-    writer: RankWriter, ranks: list[int], jobs: int, on_chunk: Callable[[list[RankRecord]], None] | None = None,
-) -> list[RankRecord]:
+    writer: RankWriter, ranks: range, jobs: int, on_chunk: Callable[[list[RankRecord]], None] | None = None,
+) -> RankTable:
     global _worker
+    table = RankTable(ranks)
     chunks = _chunks(writer.layout, ranks)
-    records: list[RankRecord] = []
+
+    def collect(done: list[RankRecord]) -> None:
+        table.add(done)
+        if on_chunk:
+            on_chunk(done)
+
     if jobs <= 1 or len(chunks) <= 1:
         for chunk in chunks:
-            done = [writer.write(r) for r in chunk]
-            records += done
-            if on_chunk:
-                on_chunk(done)
-    else:
-        _worker = writer
-        try:
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                for done in pool.map(_write_chunk, chunks):
-                    records += done
-                    if on_chunk:
-                        on_chunk(done)
-        finally:
-            _worker = None
-    return sorted(records, key=lambda rec: rec.rank)
+            collect([writer.write(r) for r in chunk])
+        return table
+    for stage in sorted({int(writer.layout.coords["pp"][r]) for r in ranks}):
+        writer.encoder(stage)  # built once here, inherited by every forked worker
+    _worker = writer
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for done in pool.map(_write_chunk, chunks):
+                collect(done)
+    finally:
+        _worker = None
+    return table
 
 
 def used_group_ids(spec: Spec, layout: Layout, programs: list[Program]) -> list[int]:
@@ -126,7 +150,8 @@ def comm_group_json(layout: Layout, ids: list[int]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def manifest(spec: Spec, layout: Layout, prefix: str, records: list[RankRecord], ids: list[int]) -> dict:
+def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, ids: list[int]) -> dict:
+    """Everything in manifest.json but the per-rank rows."""
     kinds = {g.kind for i, g in layout.group_by_id().items() if i in set(ids)}
     return {
         "tool": "traceforge",
@@ -142,28 +167,48 @@ def manifest(spec: Spec, layout: Layout, prefix: str, records: list[RankRecord],
             "layers_per_stage": [len(r) for r in stage_layer_ranges(spec)],
         },
         "groups": {kind: len(layout.groups[kind]) for kind in layout.groups if kind in kinds},
-        "ranks": [
-            {**{"rank": rec.rank}, **layout.coordinate(rec.rank), **{k: v for k, v in asdict(rec).items() if k != "rank"}}
-            for rec in records
-        ],
+        "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
+
+
+def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -> None:
+    """manifest.json: the header, then one line per rank, streamed."""
+    coords = layout.coords
+    dims = list(coords)
+    with open(path, "w") as f:
+        f.write(json.dumps(header, indent=1)[:-2] + ',\n "ranks": [\n')
+        for i, rec in enumerate(table.rows()):
+            row = {"rank": rec.rank, **{d: int(coords[d][rec.rank]) for d in dims},
+                   "nodes": rec.nodes, "bytes": rec.bytes, "sha256": rec.sha256}
+            f.write(("  " if i == 0 else ",\n  ") + json.dumps(row))
+        f.write("\n ]\n}\n")
+
+
+def finish_trace_set(spec: Spec, layout: Layout, directory: Path, prefix: str, table: RankTable) -> dict:
+    """Write comm_group.json and manifest.json for a complete set; return the manifest header."""
+    programs = [stage_program(spec, s) for s in range(spec.pp)]
+    ids = used_group_ids(spec, layout, programs)
+    (directory / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
+    header = manifest_header(spec, layout, prefix, table, ids)
+    write_manifest(directory / MANIFEST_FILE, header, layout, table)
+    return header
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def write_trace_set(
     spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
     on_chunk: Callable[[list[RankRecord]], None] | None = None,
 ) -> dict:
-    """Plan and write the whole trace set into OUT atomically; return the manifest."""
+    """Plan and write the whole trace set into OUT atomically; return the manifest header
+    (manifest.json without its per-rank rows)."""
     layout = Layout.from_spec(spec)
-    programs = [stage_program(spec, s) for s in range(spec.pp)]
     with atomic_output_dir(Path(out), force) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
-        records = write_ranks(writer, list(range(layout.world_size)), jobs, on_chunk)
-        ids = used_group_ids(spec, layout, programs)
-        (tmp / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
-        doc = manifest(spec, layout, prefix, records, ids)
-        (tmp / MANIFEST_FILE).write_text(json.dumps(doc, indent=1) + "\n")
-    return doc
+        table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
+        return finish_trace_set(spec, layout, tmp, prefix, table)
 
 
 def default_jobs() -> int:

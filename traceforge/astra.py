@@ -1,0 +1,261 @@
+"""An ASTRA-sim bundle beside a trace set: network, system and remote-memory configs plus a
+`run_astra_sim.sh` that prints and runs the exact command.
+
+The cluster is `world_size / gpus_per_node` nodes. ASTRA-sim's analytical network numbers NPUs
+dimension by dimension, innermost first, so NPU r sits at position r % gpus_per_node of node
+r // gpus_per_node: dimension 0 is scale-up (inside a node), dimension 1 scale-out. Keys and
+values follow ASTRA-sim's documented inputs (examples/network/analytical, inputs/system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from traceforge import __version__
+from traceforge.errors import UserError
+
+NETWORK_FILE = "astra_network.yml"
+SYSTEM_FILE = "astra_system.json"
+REMOTE_MEMORY_FILE = "astra_remote_memory.json"
+RUN_SCRIPT = "run_astra_sim.sh"
+BUNDLE_FILES = (NETWORK_FILE, SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)
+LOG_DIR = "astra_log"
+
+# ASTRA-sim ignores a --comm-group-configuration path that contains this substring (it is the
+# option's "no file" default) and silently runs every collective on all ranks.
+ASTRA_NO_FILE = "empty"
+
+TOPOLOGIES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnected"}
+
+ASTRA_REPO = "https://github.com/astra-sim/astra-sim"
+ASTRA_BINARY = "AstraSim_Analytical_Congestion_Unaware"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The simulated machine. Defaults follow ASTRA-sim's own HGX-H100 inputs: NVSwitch at
+    400 GB/s and 936.25 ns per link (examples/network/analytical/HGX-H100-validated.yml), one
+    400 Gb/s NIC per GPU across nodes, 50 GB/s and 1000 ns (inputs/network/hgx_h100_32gpu.yml)."""
+
+    gpus_per_node: int = 8
+    scale_up_bw: float = 400.0  # GB/s per link, per direction
+    scale_up_latency: float = 936.25  # ns
+    scale_up_topology: str = "switch"
+    scale_out_bw: float = 50.0
+    scale_out_latency: float = 1000.0
+    scale_out_topology: str = "switch"
+
+
+# Help lines for the CLI flags (--gpus-per-node, --scale-up-bw, ...), kept next to the fields.
+CLUSTER_HELP = {
+    "gpus_per_node": "GPUs per node: NPUs of ASTRA-sim's scale-up dimension (the world size must be a multiple when larger).",
+    "scale_up_bw": "Scale-up (intra-node) link bandwidth in GB/s per direction.",
+    "scale_up_latency": "Scale-up link latency in ns.",
+    "scale_up_topology": "Scale-up topology: switch, ring or fullyconnected.",
+    "scale_out_bw": "Scale-out (inter-node) bandwidth per GPU in GB/s per direction.",
+    "scale_out_latency": "Scale-out link latency in ns.",
+    "scale_out_topology": "Scale-out topology: switch, ring or fullyconnected.",
+}
+
+
+@dataclass(frozen=True)
+class Dimension:
+    topology: str  # ASTRA-sim's spelling
+    npus: int
+    bandwidth: float
+    latency: float
+    role: str  # scale-up | scale-out
+
+
+def _topology(name: str, flag: str) -> str:
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    if key not in TOPOLOGIES:
+        raise UserError(f"{flag} {name!r} is not an ASTRA-sim topology: use switch, ring or fullyconnected")
+    return TOPOLOGIES[key]
+
+
+def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
+    """[scale-up, scale-out], or the single dimension that has more than one NPU.
+
+    ASTRA-sim wants every dimension to hold more than one NPU and their product to be the
+    world size."""
+    gpn = cluster.gpus_per_node
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise UserError(f"--gpus-per-node must be a positive whole number, got {gpn!r}")
+    for name in ("scale_up_bw", "scale_out_bw"):
+        if not getattr(cluster, name) > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be a bandwidth in GB/s above 0, got {getattr(cluster, name)}")
+    for name in ("scale_up_latency", "scale_out_latency"):
+        if not getattr(cluster, name) >= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be a latency in ns, 0 or more, got {getattr(cluster, name)}")
+    up_topo = _topology(cluster.scale_up_topology, "--scale-up-topology")
+    out_topo = _topology(cluster.scale_out_topology, "--scale-out-topology")
+    if world_size < 2:
+        raise UserError(f"ASTRA-sim needs at least 2 NPUs, this trace set has {world_size}: drop --astra-sim or use more GPUs")
+    up = Dimension(up_topo, min(gpn, world_size), float(cluster.scale_up_bw), float(cluster.scale_up_latency), "scale-up")
+    if world_size <= gpn:
+        return [up]
+    if world_size % gpn:
+        raise UserError(
+            f"world size {world_size} is not a multiple of --gpus-per-node {gpn}: ASTRA-sim's network needs whole nodes; "
+            f"choose --gpus-per-node from the divisors of {world_size}"
+        )
+    out = Dimension(out_topo, world_size // gpn, float(cluster.scale_out_bw), float(cluster.scale_out_latency), "scale-out")
+    return [out] if gpn == 1 else [up, out]
+
+
+def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimension]:
+    """Everything that could refuse the bundle, checked before any trace is written."""
+    where = os.path.abspath(out_dir)
+    if ASTRA_NO_FILE in where:
+        raise UserError(
+            f"output path {where} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no comm-group file' "
+            f"(every collective would silently run on all ranks): choose another -o/--out"
+        )
+    return network_dimensions(world_size, cluster)
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def network_yaml(dims: list[Dimension], world_size: int) -> str:
+    shape = " x ".join(f"{d.npus} ({d.role})" for d in dims)
+    row = lambda values: "[ " + ", ".join(values) + " ]"  # noqa: E731
+    return (
+        f"# ASTRA-sim analytical network for {world_size} NPUs: {shape}.\n"
+        "# One entry per dimension, innermost first: NPU r is r % npus_count[0] in dimension 0.\n"
+        f"topology: {row(d.topology for d in dims)}\n"
+        f"npus_count: {row(str(d.npus) for d in dims)}\n"
+        f"bandwidth: {row(_num(d.bandwidth) for d in dims)}  # GB/s per link, per direction\n"
+        f"latency: {row(_num(d.latency) for d in dims)}  # ns\n"
+    )
+
+
+def system_config(dims: list[Dimension], spec: dict) -> dict:
+    """ASTRA-sim's system input. Compute nodes carry their own duration, so the roofline stays
+    off; its peak (the GPU's achieved FLOP/s, as our durations assume) and memory bandwidth
+    are filled in for anyone who turns it on."""
+    from traceforge.hardware import GPUS
+
+    gpu = GPUS.get(spec.get("gpu", ""))
+    per_dim = ["ring"] * len(dims)
+    doc = {
+        "scheduling-policy": "LIFO",
+        "endpoint-delay": 10,
+        "active-chunks-per-dimension": 1,
+        # Chunks per collective; ASTRA-sim divides by it, so it must be >= 1.
+        "preferred-dataset-splits": 4,
+        "all-reduce-implementation": per_dim,
+        "all-gather-implementation": per_dim,
+        "reduce-scatter-implementation": per_dim,
+        "all-to-all-implementation": per_dim,
+        "collective-optimization": "localBWAware",
+        "local-reduction-delay": 1,
+        "roofline-enabled": 0,
+        "boost-mode": 0,
+    }
+    if gpu is not None:
+        dtype = spec.get("dtype", "bf16")
+        doc["peak-perf"] = round(gpu.peak_tflops.get(dtype, gpu.peak_tflops["bf16"]) * gpu.efficiency, 3)
+        doc["local-mem-bw"] = gpu.hbm_gbps
+    return doc
+
+
+REMOTE_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
+
+
+def run_script(prefix: str, comm_group_file: str, world_size: int, dims: list[Dimension]) -> str:
+    """A bash script that works from any directory: it cds into its own and uses relative paths."""
+    args = [
+        f"--workload-configuration={prefix}",
+        f"--comm-group-configuration={comm_group_file}",
+        f"--system-configuration={SYSTEM_FILE}",
+        f"--remote-memory-configuration={REMOTE_MEMORY_FILE}",
+        f"--network-configuration={NETWORK_FILE}",
+    ]
+    quoted = "\n    ".join(shlex.quote(a) for a in args)
+    shape = " x ".join(str(d.npus) for d in dims)
+    return f"""#!/usr/bin/env bash
+# Simulate this trace set with ASTRA-sim's analytical network backend ({world_size} NPUs, network {shape}).
+# Written by traceforge {__version__}.
+#
+# usage: ./{RUN_SCRIPT} [path/to/{ASTRA_BINARY}]   (or set $ASTRA_SIM)
+# Output and logs go to ${{ASTRA_LOG_DIR:-{LOG_DIR}}}/ beside this script. ASTRA-sim exits 0 even when ranks
+# stall, so this script checks that every rank printed "sys[i] finished" and exits 1 otherwise.
+set -euo pipefail
+cd "$(dirname "${{BASH_SOURCE[0]}}")"
+
+bin="${{1:-${{ASTRA_SIM:-}}}}"
+log="${{ASTRA_LOG_DIR:-{LOG_DIR}}}"
+args=(
+    {quoted}
+    --logging-folder="$log"
+)
+
+echo "cd $(pwd) && ${{bin:-\\$ASTRA_SIM}} ${{args[*]}}"
+if [ -z "$bin" ] || ! command -v "$bin" >/dev/null 2>&1; then
+    echo "ASTRA-sim binary not found${{bin:+: $bin}}." >&2
+    echo "Get it: git clone --recursive {ASTRA_REPO} && cd astra-sim && ./build/astra_analytical/build.sh," >&2
+    echo "then pass build/astra_analytical/build/bin/{ASTRA_BINARY} as the first argument or set ASTRA_SIM." >&2
+    exit 127
+fi
+
+mkdir -p "$log"
+status=0
+"$bin" "${{args[@]}}" >"$log/stdout.txt" 2>&1 || status=$?
+grep 'sys\\[[0-9]*\\] finished' "$log/stdout.txt" | head -n 16 || true
+finished=$(grep -c 'sys\\[[0-9]*\\] finished' "$log/stdout.txt" || true)
+if [ "$status" -ne 0 ] || [ "$finished" -ne {world_size} ]; then
+    tail -n 20 "$log/stdout.txt" >&2
+    echo "{RUN_SCRIPT}: only $finished of {world_size} ranks finished (exit code $status); full output in $log/stdout.txt" >&2
+    exit 1
+fi
+echo "{RUN_SCRIPT}: all {world_size} ranks finished; full output in $log/stdout.txt"
+"""
+
+
+def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
+    """File name -> content of every bundle file, for a trace set's manifest."""
+    world = int(manifest["world_size"])
+    prefix = manifest.get("prefix", "workload")
+    comm_groups = manifest.get("files", {}).get("comm_groups", "comm_group.json")
+    if ASTRA_NO_FILE in comm_groups or ASTRA_NO_FILE in prefix:
+        raise UserError(f"trace file names must not contain {ASTRA_NO_FILE!r} (ASTRA-sim treats it as 'no file'): choose another --prefix")
+    dims = network_dimensions(world, cluster)
+    return {
+        NETWORK_FILE: network_yaml(dims, world),
+        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {})), indent=1) + "\n",
+        REMOTE_MEMORY_FILE: json.dumps(REMOTE_MEMORY, indent=1) + "\n",
+        RUN_SCRIPT: run_script(prefix, comm_groups, world, dims),
+    }
+
+
+def write_astra_bundle(out_dir: Path, manifest: dict, cluster: Cluster | None = None) -> list[Path]:
+    """Write the ASTRA-sim bundle into a written trace set's directory; return the files written.
+
+    Call check_bundle before writing the traces so a refusal leaves nothing behind."""
+    out_dir = Path(out_dir)
+    cluster = cluster or Cluster()
+    check_bundle(out_dir, int(manifest["world_size"]), cluster)
+    texts = bundle_texts(manifest, cluster)
+    written = []
+    for name, text in texts.items():
+        path = out_dir / name
+        tmp = out_dir / f".{name}.partial-{os.getpid()}"
+        tmp.write_text(text)
+        if name == RUN_SCRIPT:
+            tmp.chmod(0o755)
+        tmp.replace(path)
+        written.append(path)
+    return written
+
+
+def cluster_from_options(**options) -> Cluster:
+    """A Cluster from CLI options named like its fields; None means the default."""
+    known = {f.name for f in fields(Cluster)}
+    return Cluster(**{k: v for k, v in options.items() if k in known and v is not None})

@@ -1,0 +1,131 @@
+"""Sharded generation: any job runner writes a share of the ranks, `merge` completes the set.
+
+Shard K of N (0-based, as Slurm array and Kubernetes indexed-Job indices are) writes the
+contiguous ranks [K*W/N, (K+1)*W/N) into OUT, then a shard manifest ``shard-K-of-N.json``
+last, so a shard manifest proves its files are complete. Shards may share OUT (a shared file
+system) or be copied together afterwards. ``merge_shards`` checks that every shard of one spec
+is present and writes comm_group.json and manifest.json exactly as a single run would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from traceforge import __version__
+from traceforge.emit.writer import (
+    MANIFEST_FILE, RankRecord, RankTable, RankWriter, finish_trace_set, trace_file_name, write_json, write_ranks,
+)
+from traceforge.errors import UserError
+from traceforge.layout import Layout
+from traceforge.spec import Spec, build_spec
+
+_SHARD_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SHARD_FILE = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    match = _SHARD_ARG.match(text)
+    if not match:
+        raise UserError(f"--shard {text!r} must look like K/N, e.g. 0/8 for the first of 8 shards")
+    k, n = int(match[1]), int(match[2])
+    if n < 1 or not 0 <= k < n:
+        raise UserError(f"--shard {text!r}: K must be in 0..N-1 and N at least 1 (shards are numbered from 0)")
+    return k, n
+
+
+def shard_ranks(world_size: int, k: int, n: int) -> range:
+    return range(k * world_size // n, (k + 1) * world_size // n)
+
+
+def shard_manifest_name(k: int, n: int) -> str:
+    return f"shard-{k}-of-{n}.json"
+
+
+def write_shard(
+    spec: Spec, out: Path, k: int, n: int, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
+    on_chunk: Callable[[list[RankRecord]], None] | None = None,
+) -> dict:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path {out} exists and is not a directory: choose another -o/--out")
+    done = out / shard_manifest_name(k, n)
+    if not force and done.exists():
+        raise UserError(f"{done} exists: shard {k}/{n} is already written; pass --force to write it again")
+    if not force and (out / MANIFEST_FILE).exists():
+        raise UserError(f"{out} already holds a merged trace set; choose another -o/--out or pass --force")
+    layout = Layout.from_spec(spec)
+    ranks = shard_ranks(layout.world_size, k, n)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".shard-{k}-of-{n}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        table = write_ranks(RankWriter(spec, layout, tmp, prefix), ranks, jobs, on_chunk)
+        for rank in ranks:
+            name = trace_file_name(prefix, rank)
+            os.replace(tmp / name, out / name)
+        doc = {
+            "tool": "traceforge", "version": __version__, "shard": [k, n], "prefix": prefix,
+            "spec": spec.to_dict(), "world_size": layout.world_size,
+            "ranks": [[r.rank, r.nodes, r.bytes, r.sha256] for r in table.rows()],
+        }
+        write_json(tmp / "shard.json", doc)
+        os.replace(tmp / "shard.json", done)  # last: the shard is complete
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return doc
+
+
+def merge_shards(out: Path) -> dict:
+    """Join the shard manifests in OUT into the set's comm_group.json and manifest.json."""
+    out = Path(out)
+    if not out.is_dir():
+        raise UserError(f"{out}: not a directory; give the folder the shards wrote into")
+    shards: dict[int, dict] = {}
+    counts: set[int] = set()
+    for path in sorted(out.iterdir()):
+        match = _SHARD_FILE.match(path.name)
+        if match:
+            try:
+                shards[int(match[1])] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{path}: unreadable shard manifest ({exc}); rerun that shard with --force") from None
+            counts.add(int(match[2]))
+    if not shards:
+        raise UserError(f"{out}: no shard-K-of-N.json files; run 'traceforge generate --shard K/N -o {out}' for every K first")
+    if len(counts) != 1:
+        raise UserError(f"{out}: shards of different splits ({', '.join(f'of {c}' for c in sorted(counts))}); remove the stale ones")
+    n = counts.pop()
+    missing = [k for k in range(n) if k not in shards]
+    if missing:
+        raise UserError(f"{out}: shards {', '.join(map(str, missing))} of {n} are missing; run them with --shard K/{n}")
+    first = shards[0]
+    for k, doc in shards.items():
+        for key in ("spec", "prefix", "version", "world_size"):
+            if doc.get(key) != first.get(key):
+                raise UserError(f"{out}: shard {k} was written with a different {key} than shard 0; rerun it with the same spec")
+    spec_dict = dict(first["spec"])
+    preset = spec_dict.pop("preset")
+    spec = build_spec(preset, overrides={k: v for k, v in spec_dict.items() if k != "world_size"})
+    if spec.to_dict() != first["spec"]:
+        raise UserError(f"{out}: the shard manifests' spec does not rebuild identically; regenerate with this traceforge version")
+    layout = Layout.from_spec(spec)
+    records = [RankRecord(*row) for k in range(n) for row in shards[k]["ranks"]]
+    if [r.rank for r in records] != list(range(layout.world_size)):
+        raise UserError(f"{out}: the shards do not cover ranks 0..{layout.world_size - 1} exactly once")
+    prefix = first["prefix"]
+    for rec in records:
+        path = out / trace_file_name(prefix, rec.rank)
+        if not path.is_file() or path.stat().st_size != rec.bytes:
+            raise UserError(f"{path}: missing or of the wrong size; rerun its shard with --force")
+    table = RankTable(range(layout.world_size))
+    table.add(records)
+    doc = finish_trace_set(spec, layout, out, prefix, table)
+    for k in range(n):
+        (out / shard_manifest_name(k, n)).unlink()
+    return doc
