@@ -15,8 +15,10 @@ import numpy as np
 from traceforge.spec import KNOWN_DIMS, Spec
 
 # Group kinds in id order. "emb" joins the first and last pipeline stage at equal tp, dp
-# (Megatron's embedding group) for the tied word-embedding gradient.
-GROUP_KINDS = ("tp", "pp", "dp", "emb")
+# (Megatron's embedding group) for the tied word-embedding gradient. "dps"/"dpr" split each DP
+# group for FSDP HYBRID_SHARD: shard groups of K consecutive DP ranks, and the replica groups
+# of ranks at the same position in every shard group.
+GROUP_KINDS = ("tp", "pp", "dp", "emb", "dps", "dpr")
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,8 @@ class Group:
 
 
 class Layout:
-    def __init__(self, sizes: dict[str, int], order: str):
+    def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None):
+        self.dp_shard = dp_shard
         self.dims = tuple(order.split("-"))
         self.sizes = {d: sizes.get(d, 1) for d in KNOWN_DIMS}
         for dim, size in self.sizes.items():
@@ -40,7 +43,8 @@ class Layout:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "Layout":
-        return cls({"tp": spec.tp, "pp": spec.pp, "dp": spec.dp}, spec.order)
+        return cls({"tp": spec.tp, "pp": spec.pp, "dp": spec.dp}, spec.order,
+                   spec.shard_size if spec.dp_mode == "hsdp" else None)
 
     def _axis(self, dim: str) -> int:
         return len(self.dims) - 1 - self.dims.index(dim)
@@ -81,6 +85,14 @@ class Layout:
             if pp_rows.shape[1] < 2:
                 return np.zeros((0, 2), dtype=np.int64)
             return pp_rows[:, [0, -1]]
+        if kind in ("dps", "dpr"):
+            if not self.dp_shard:
+                return np.zeros((0, 1), dtype=np.int64)
+            dp_rows = self.members("dp")  # each row in dp-coordinate order
+            k = self.dp_shard
+            blocks = dp_rows.reshape(len(dp_rows), -1, k)  # (groups, replicas, shard)
+            rows = blocks.reshape(-1, k) if kind == "dps" else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
+            return rows[np.argsort(rows[:, 0], kind="stable")]
         return self.members(kind)
 
     @cached_property

@@ -44,9 +44,13 @@ def layer_params(spec: Spec) -> LayerParams:
 
 
 def stage_layer_ranges(spec: Spec) -> list[range]:
-    """Global layer indices per stage. An uneven remainder is taken from the outer stages first
-    (last, first, second-last, ...), which hold the LM head and embedding (as Llama 3 405B did)."""
+    """Global layer indices per stage (non-interleaved): --layers-per-stage, or even with any
+    shortfall taken from the outer stages first (last, first, second-last, ...), which hold the
+    LM head and embedding (as Llama 3 405B did)."""
     p = spec.pp
+    if spec.layers_per_stage:
+        starts = [sum(spec.layers_per_stage[:i]) for i in range(p)]
+        return [range(a, a + n) for a, n in zip(starts, spec.layers_per_stage)]
     base = -(-spec.layers // p)
     counts = [base] * p
     deficit = base * p - spec.layers
@@ -65,10 +69,35 @@ def stage_layer_ranges(spec: Spec) -> list[range]:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """A contiguous run of layers one stage executes as a unit (a virtual stage when
+    interleaved). The embedding sits on the model's first chunk, the LM head on its last."""
+
+    stage: int
+    index: int
+    layers: range
+    first: bool
+    last: bool
+
+
+def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
+    p, v = spec.pp, spec.virtual_stages
+    last_stage = stage == p - 1
+    if v == 1:
+        return [Chunk(stage, 0, stage_layer_ranges(spec)[stage], stage == 0, last_stage)]
+    per_chunk = spec.layers // (p * v)
+    return [
+        Chunk(stage, c, range((c * p + stage) * per_chunk, (c * p + stage + 1) * per_chunk),
+              stage == 0 and c == 0, last_stage and c == v - 1)
+        for c in range(v)
+    ]
+
+
+@dataclass(frozen=True)
 class StageParams:
     """Parameters one TP rank of a stage holds, by unit (the unit ZeRO-3 gathers one at a time)."""
 
-    layers: range
+    layers: tuple[int, ...]
     per_layer: int  # per TP rank
     per_layer_replicated: int
     embedding: int  # word (+ position) embedding on the first stage, per TP rank
@@ -81,21 +110,20 @@ class StageParams:
     def total(self) -> int:
         return len(self.layers) * self.per_layer + self.embedding + self.head
 
-    def units(self) -> list[tuple[str, int | None, int]]:
-        """(unit name, layer index or None, parameters per TP rank) in forward order."""
-        out: list[tuple[str, int | None, int]] = []
+    def backward_units(self) -> list[tuple[str, int]]:
+        """(unit, parameters per TP rank) in the order backward finishes their gradients
+        within one chunk-ordered pass: head, layers last to first, embedding."""
+        out: list[tuple[str, int]] = [("head", self.head)] if self.head else []
+        out += [(f"L{layer}", self.per_layer) for layer in reversed(self.layers)]
         if self.embedding:
-            out.append(("embedding", None, self.embedding))
-        out += [("layer", layer, self.per_layer) for layer in self.layers]
-        if self.head:
-            out.append(("head", None, self.head))
+            out.append(("embed", self.embedding))
         return out
 
 
 def stage_params(spec: Spec, stage: int) -> StageParams:
     t, h = spec.tp, spec.hidden
     lp = layer_params(spec)
-    layers = stage_layer_ranges(spec)[stage]
+    layers = tuple(layer for chunk in model_chunks(spec, stage) for layer in chunk.layers)
     first, last = stage == 0, stage == spec.pp - 1
     word = padded_vocab(spec) * h // t
     final_norm = 2 * h if spec.arch == "gpt" else h

@@ -11,8 +11,9 @@ from typing import Any
 from traceforge.errors import SpecError
 
 _TRAINING = dict(
-    micro_batch=1, dtype="bf16", grad_dtype="fp32", sequence_parallel=False, schedule="1f1b",
-    dp_mode="ddp", steps=1, gpu="h100", order="tp-pp-dp",
+    micro_batch=1, dtype="bf16", grad_dtype="fp32", sequence_parallel=False, recompute="none",
+    schedule="1f1b", virtual_stages=1, dp_mode="ddp", overlap_grad_reduce=False, overlap_param_gather=False,
+    steps=1, gpu="h100", order="tp-pp-dp",
 )
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -24,6 +24,7 @@ REQUIRED_DIMS = ("tp", "pp", "dp")
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DP_MODE_ALIASES = {"fsdp": "zero3"}
+SHARDED_OPTIMIZER_MODES = ("zero1", "zero2", "dist-opt")
 
 # ASTRA-sim keeps p2p tags below this; our tags grow with steps x micro-batches.
 MAX_TAG = 500_000_000
@@ -67,12 +68,25 @@ FIELDS: tuple[Field, ...] = (
     Field("grad_dtype", str, "Gradient dtype as reduced (default fp32, as Megatron's main grads).", ("bf16", "fp16", "fp32")),
     Field("sequence_parallel", bool, "Megatron sequence parallelism: TP AllGather/ReduceScatter instead of AllReduce.",
           bool_flags=("--sequence-parallel", "--no-sequence-parallel")),
-    Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe")),
-    Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, zero3 (fsdp is an alias of zero3).",
-          ("ddp", "zero1", "zero2", "zero3", "fsdp")),
+    Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
+          ("none", "selective", "full")),
+    Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe", "interleaved")),
+    Field("virtual_stages", int, "Model chunks per stage for --schedule interleaved (Megatron's virtual pipeline size)."),
+    Field("layers_per_stage", list, "Layers on each stage, comma-separated (e.g. 7,8,...,8,7); default: even, shortfall from the outer stages."),
+    Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
+          ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
+    Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
     Field("bucket_mb", float, "Gradient bucket size in MiB (default: Megatron's max(4e7, 1e6*dp) elements; 0 = one bucket)."),
+    Field("overlap_grad_reduce", bool, "Issue each gradient bucket as soon as the last micro-batch's backward has produced it.",
+          bool_flags=("--overlap-grad-reduce", "--no-overlap-grad-reduce")),
+    Field("overlap_param_gather", bool, "Sharded optimizers: overlap the parameter AllGather with the next forward.",
+          bool_flags=("--overlap-param-gather", "--no-overlap-param-gather")),
     Field("steps", int, "Training steps to emit."),
-    Field("gpu", str, "GPU model for compute durations.", ("h100", "a100")),
+    Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
+          ("h100", "h200", "a100", "b200", "custom")),
+    Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
+    Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure)."),
+    Field("gpu_efficiency", float, "Fraction of peak FLOP/s and bandwidth achieved (default 0.5)."),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -101,11 +115,20 @@ class Spec:
     dtype: str
     grad_dtype: str
     sequence_parallel: bool
+    recompute: str
     schedule: str
+    virtual_stages: int
+    layers_per_stage: tuple[int, ...] | None
     dp_mode: str
+    shard_size: int | None
     bucket_mb: float | None
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
     steps: int
     gpu: str
+    gpu_tflops: float
+    gpu_hbm_gbps: float
+    gpu_efficiency: float
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,6 +201,17 @@ def _coerce(name: str, value: Any) -> Any:
         if value <= 0:
             raise SpecError(f"{name} must be a positive whole number, got {value}")
         return value
+    if field.kind is list:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise SpecError(f"{name} must be a list of whole numbers, e.g. 7,8,8,7; got {value!r}")
+        try:
+            out = tuple(int(str(v).strip()) for v in items)
+        except ValueError:
+            raise SpecError(f"{name} must be a list of whole numbers, e.g. 7,8,8,7; got {value!r}") from None
+        if any(v <= 0 for v in out):
+            raise SpecError(f"{name}: every entry must be at least 1, got {value!r}")
+        return out
     if field.kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{name} must be a number, got {value!r}")
@@ -307,16 +341,67 @@ def _normalize(raw: dict[str, Any], explicit: Mapping[str, Any], preset_name: st
     if sp and seq_len % tp:
         raise SpecError(f"seq_len ({seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
     dp_mode = DP_MODE_ALIASES.get(need("dp_mode"), raw["dp_mode"])
+    shard_size = raw.get("shard_size")
+    if dp_mode == "hsdp":
+        if shard_size is None:
+            raise SpecError("dp_mode hsdp needs --shard-size K: the DP ranks that shard parameters among themselves")
+        if dp % shard_size:
+            raise SpecError(f"shard_size ({shard_size}) must divide dp ({dp}): choose from {_divisors(dp)}")
+    elif shard_size is not None:
+        raise SpecError("shard_size applies only to --dp-mode hsdp: drop --shard-size or use hsdp")
+    overlap_grad = bool(raw.get("overlap_grad_reduce"))
+    overlap_param = bool(raw.get("overlap_param_gather"))
+    if overlap_grad and dp_mode not in ("ddp", *SHARDED_OPTIMIZER_MODES):
+        raise SpecError(f"overlap_grad_reduce applies to ddp, zero1, zero2 and dist-opt; {dp_mode} already reduces per layer")
+    if overlap_param and dp_mode not in SHARDED_OPTIMIZER_MODES:
+        raise SpecError("overlap_param_gather needs a sharded optimizer: use --dp-mode dist-opt, zero1 or zero2")
+
+    schedule = need("schedule")
+    v = raw.get("virtual_stages") or 1
+    layers_per_stage = raw.get("layers_per_stage")
+    if schedule == "interleaved":
+        if v < 2:
+            raise SpecError("schedule interleaved needs --virtual-stages V with V >= 2 model chunks per stage")
+        if pp < 2:
+            raise SpecError("schedule interleaved needs pp >= 2")
+        if m % pp:
+            raise SpecError(f"interleaved schedule: num_microbatches ({m}) must be divisible by pp ({pp}), as Megatron requires")
+        if layers % (pp * v):
+            raise SpecError(f"interleaved schedule: layers ({layers}) must be divisible by pp*virtual_stages ({pp}*{v} = {pp * v})")
+        if layers_per_stage is not None:
+            raise SpecError("layers_per_stage cannot be combined with the interleaved schedule: drop one of them")
+    elif v != 1:
+        raise SpecError(f"virtual_stages ({v}) needs --schedule interleaved")
+    if layers_per_stage is not None:
+        if len(layers_per_stage) != pp:
+            raise SpecError(f"layers_per_stage has {len(layers_per_stage)} entries; give one per stage (pp = {pp})")
+        if sum(layers_per_stage) != layers:
+            raise SpecError(f"layers_per_stage sums to {sum(layers_per_stage)} but layers is {layers}: make them agree")
+
+    from traceforge.hardware import GPUS
+
+    gpu = need("gpu")
+    base_gpu = GPUS.get(gpu)
+    tflops = raw.get("gpu_tflops") or (base_gpu.peak_tflops[dtype] if base_gpu else None)
+    hbm = raw.get("gpu_hbm_gbps") or (base_gpu.hbm_gbps if base_gpu else None)
+    if tflops is None or hbm is None:
+        raise SpecError("gpu custom needs --gpu-tflops and --gpu-hbm-gbps")
+    efficiency = raw.get("gpu_efficiency") or 0.5
+    if not 0 < efficiency <= 1:
+        raise SpecError(f"gpu_efficiency must be in (0, 1], got {efficiency}")
     steps = need("steps")
-    if steps * m * 2 >= MAX_TAG:
+    if steps * m * v * 2 >= MAX_TAG:
         raise SpecError(f"steps*num_microbatches ({steps}*{m}) is too large for p2p tags below {MAX_TAG}: emit fewer steps")
 
     return Spec(
         arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads, kv_heads=kv_heads,
         vocab=vocab, seq_len=seq_len, tied_embeddings=tied, tp=tp, pp=pp, dp=dp, world_size=world,
         order=order, micro_batch=micro_batch, global_batch=gb, num_microbatches=m, dtype=dtype,
-        grad_dtype=grad_dtype, sequence_parallel=sp, schedule=need("schedule"), dp_mode=dp_mode,
-        bucket_mb=raw.get("bucket_mb"), steps=steps, gpu=need("gpu"), preset=preset_name,
+        grad_dtype=grad_dtype, sequence_parallel=sp, recompute=raw.get("recompute") or "none", schedule=schedule,
+        virtual_stages=v, layers_per_stage=layers_per_stage, dp_mode=dp_mode, shard_size=shard_size,
+        bucket_mb=raw.get("bucket_mb"), overlap_grad_reduce=overlap_grad, overlap_param_gather=overlap_param,
+        steps=steps, gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm), gpu_efficiency=float(efficiency),
+        preset=preset_name,
     )
 
 

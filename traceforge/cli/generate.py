@@ -31,7 +31,8 @@ def _spec_options() -> list[inspect.Parameter]:
             option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
         else:
             option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec")
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[f.kind]))
+        kind = str if f.kind is list else f.kind  # lists arrive comma-separated
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[kind]))
     return params
 
 

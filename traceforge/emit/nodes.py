@@ -40,9 +40,7 @@ def node_attributes(op: Op) -> list[tuple[str, Value]]:
         me, peer = Hole(SELF, False), Hole(op.peer, False)
         src, dst = (me, peer) if op.type == NodeType.SEND else (peer, me)
         holes += [(S.COMM_SRC, src), (S.COMM_DST, dst)]
-    attrs.append((S.PHASE, op.phase))
-    if op.step:  # omitted for step 0, as protobuf omits zero scalars
-        attrs.append((S.STEP, op.step))
+    attrs += [(S.PHASE, op.phase), (S.STEP, op.step)]
     if op.dim:
         attrs.append((S.DIM, op.dim))
     if op.microbatch is not None:

@@ -1,64 +1,103 @@
-"""Compute costs: FLOPs and bytes per piece of work, and its time on the modelled GPU.
+"""Compute costs: per-kernel FLOPs and bytes, timed by a roofline on the modelled GPU.
 
-A simple roofline: time = max(FLOPs / achieved peak, bytes / achieved HBM bandwidth). GEMMs cost
-2*m*n*k; backward costs twice forward (input and weight gradients).
+Each kernel takes max(FLOPs / achieved peak, bytes / achieved HBM bandwidth); a compute node's
+duration is the sum over its kernels. GEMMs cost 2*m*n*k FLOPs; backward splits into the
+input-gradient (dgrad) and weight-gradient (wgrad) GEMMs, each as costly as the forward GEMM.
+Attention is FlashAttention with a causal mask: the score and value products cost
+4*b*s*s_kv*h/t FLOPs, halved because masked blocks are skipped; its backward costs 2.5x its
+forward (dQ, dK, dV plus recomputing the scores).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.hardware import GPUS
-from traceforge.model import layer_params, padded_vocab
+from traceforge.model import padded_vocab
 from traceforge.spec import Spec
 
-# Adam with fp32 master weights touches ~18 bytes per parameter (bf16 param, fp32 grad,
-# master, two moments), each read and most written back.
+# Adam with fp32 master weights: bf16 param, fp32 grad, master and two moments, read and
+# mostly written back; ~12 FLOPs per parameter.
 OPTIMIZER_BYTES_PER_PARAM = 32
 OPTIMIZER_FLOPS_PER_PARAM = 12
+CAUSAL_FRACTION = 0.5
+ATTENTION_BACKWARD_FACTOR = 2.5
 
 
 @dataclass(frozen=True)
 class Cost:
     flops: int
     bytes: int
+    micros: float
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.flops + other.flops, self.bytes + other.bytes, self.micros + other.micros)
+
+    def scaled(self, factor: float) -> "Cost":
+        return Cost(round(self.flops * factor), round(self.bytes * factor), self.micros * factor)
+
+
+ZERO = Cost(0, 0, 0.0)
 
 
 class CostModel:
     def __init__(self, spec: Spec):
         self.spec = spec
-        self.gpu = GPUS[spec.gpu]
-        s = spec
-        self.tokens = s.micro_batch * s.seq_len
-        self.t = s.tp
-        self.e = s.act_bytes
-        kv_dim = s.kv_heads * (s.hidden // s.heads)
-        h, f, T, t = s.hidden, s.ffn_hidden, self.tokens, s.tp
-        act = T * h * self.e
-        qkv_gemm = 2 * T * h * (h + 2 * kv_dim) // t
-        proj_gemm = 2 * T * h * h // t
-        scores = 4 * s.micro_batch * s.seq_len * s.seq_len * h // t  # QK^T and AV
-        mlp_gemms = (3 if s.arch == "llama" else 2) * 2 * T * h * f // t
-        lp = layer_params(s)
-        attn_params = (h * (h + 2 * kv_dim) + h * h) // t
-        mlp_params = lp.split // t - attn_params
-        self.attn_fwd = Cost(qkv_gemm + proj_gemm + scores, attn_params * self.e + 4 * act)
-        self.mlp_fwd = Cost(mlp_gemms, mlp_params * self.e + 2 * act + 2 * T * f // t * self.e)
+        self.flops_per_us = spec.gpu_tflops * 1e6 * spec.gpu_efficiency
+        self.bytes_per_us = spec.gpu_hbm_gbps * 1e3 * spec.gpu_efficiency
+        s, t, e = spec, spec.tp, spec.act_bytes
+        T = s.micro_batch * s.seq_len  # tokens per micro-batch
+        h, f = s.hidden, s.ffn_hidden
+        kv_dim = s.kv_heads * (h // s.heads)
+        qkv_out = h + 2 * kv_dim
+        mlp_in = (2 if s.arch == "llama" else 1) * f  # SwiGLU's gate and up projections
+
+        def gemm(m: int, k: int, n: int) -> Cost:
+            return self.kernel(2 * m * k * n, (m * k + k * n + m * n) * e)
+
+        def elementwise(elements: int, passes: int = 2) -> Cost:
+            return self.kernel(4 * elements, passes * elements * e)
+
+        self.qkv = gemm(T, h, qkv_out // t)
+        self.proj = gemm(T, h // t, h)
+        self.fc1 = gemm(T, h, mlp_in // t)
+        self.fc2 = gemm(T, f // t, h)
+        self.norm = elementwise(T * h)
+        self.act = elementwise(T * mlp_in // t)
+        score_flops = 4 * s.micro_batch * s.seq_len * s.seq_len * h // t
+        self.core = self.kernel(round(score_flops * CAUSAL_FRACTION), 4 * T * h // t * e)
         vocab = padded_vocab(s) // t
-        self.embed_fwd = Cost(T * h, T * h * self.e + act)
-        self.head_fwd = Cost(2 * T * h * vocab, vocab * h * self.e + act + T * vocab * 4)
+        self.embed = self.kernel(T * h, 2 * T * h * e)
+        self.head = gemm(T, h, vocab) + self.kernel(5 * T * vocab, 3 * T * vocab * 4)  # logits + fp32 softmax-CE
 
-    def micros(self, cost: Cost) -> int:
-        gpu = self.gpu
-        seconds = max(
-            gpu.seconds(cost.flops, self.spec.dtype),
-            cost.bytes / (gpu.hbm_gbps * 1e9 * gpu.efficiency),
-        )
-        return max(1, round(seconds * 1e6))
+    def kernel(self, flops: int, nbytes: int) -> Cost:
+        micros = max(flops / self.flops_per_us, nbytes / self.bytes_per_us)
+        return Cost(int(flops), int(nbytes), micros)
 
-    @staticmethod
-    def backward(cost: Cost) -> Cost:
-        return Cost(2 * cost.flops, 2 * cost.bytes)
+    # -- per layer ---------------------------------------------------------------------
+    @property
+    def attn_fwd(self) -> Cost:
+        return self.norm + self.qkv + self.core + self.proj
+
+    @property
+    def mlp_fwd(self) -> Cost:
+        return self.norm + self.fc1 + self.act + self.fc2
+
+    @property
+    def attn_dgrad(self) -> Cost:
+        """proj and QKV input gradients, attention backward, norm backward."""
+        return self.proj + self.core.scaled(ATTENTION_BACKWARD_FACTOR) + self.qkv + self.norm
+
+    @property
+    def attn_wgrad(self) -> Cost:
+        return self.proj + self.qkv
+
+    @property
+    def mlp_dgrad(self) -> Cost:
+        return self.fc2 + self.act + self.fc1 + self.norm
+
+    @property
+    def mlp_wgrad(self) -> Cost:
+        return self.fc2 + self.fc1
 
     def optimizer(self, params: int) -> Cost:
-        return Cost(OPTIMIZER_FLOPS_PER_PARAM * params, OPTIMIZER_BYTES_PER_PARAM * params)
+        return self.kernel(OPTIMIZER_FLOPS_PER_PARAM * params, OPTIMIZER_BYTES_PER_PARAM * params)

@@ -24,28 +24,24 @@ FP32 = 4
 
 
 def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
-    b.compute("embed", cost.micros(cost.embed_fwd), cost.embed_fwd.flops, cost.embed_fwd.bytes)
+    b.compute("embed", cost.embed)
     tp.row_fwd(b, "embed")
 
 
 def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
     tp.row_bwd(b, "embed")
-    c = cost.backward(cost.embed_fwd)
-    b.compute("embed_bwd", cost.micros(c), c.flops, c.bytes)
+    b.compute("embed_wgrad", cost.embed)
 
 
 def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
     tp.column_fwd(b, "head")
-    b.compute("head", cost.micros(cost.head_fwd), cost.head_fwd.flops, cost.head_fwd.bytes)
+    b.compute("head", cost.head)
     for what in CROSS_ENTROPY_REDUCTIONS:
         b.collective(f"xent_{what}", Coll.ALL_REDUCE, spec.micro_batch * spec.seq_len * FP32, "tp")
 
 
 def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
-    tp.column_bwd_before(b, "head")
-    c = cost.backward(cost.head_fwd)
-    b.compute("head_bwd", cost.micros(c), c.flops, c.bytes)
-    tp.column_bwd_after(b, "head")
+    tp.column_bwd(b, "head", ("head_dgrad", cost.head), ("head_wgrad", cost.head))
 
 
 def tied_embedding_grad_bytes(spec: Spec) -> int:

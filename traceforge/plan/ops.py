@@ -7,18 +7,25 @@ Dependencies follow the GPU's streams, not a total order:
 - compute is one chain (the cursor);
 - a blocking collective (TP) joins that chain: it follows the cursor and the next compute
   follows it;
-- an async collective (DP buckets) follows the cursor but nothing waits for it until
-  ``wait_async``;
+- a non-blocking collective follows the cursor; either the next compute waits for it
+  (``gate``: TP input-gradient reductions overlapped with the weight-gradient GEMM, ZeRO-3
+  prefetches) or nothing does until ``wait_async`` (``defer``: DP buckets);
 - collectives on one communicator run in issue order (NCCL serializes a communicator's
   stream), so each also follows the previous collective of its group role;
 - a Send follows the cursor and gates nothing; a Recv follows the cursor and gates the next
-  compute, which consumes its data.
+  blocking op, which consumes its data.
+Every new op also waits for what is gated; a blocking op (compute, blocking collective)
+absorbs the gated ops, so later ops wait for them through it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traceforge.plan.compute import Cost
 
 
 class NodeType(IntEnum):
@@ -120,37 +127,55 @@ class ProgramBuilder:
         )
         return op_id
 
-    def compute(self, name: str, duration_micros: int, num_ops: int, tensor_size: int) -> int:
-        deps = self._cursor + tuple(self._pending)
-        self._pending.clear()
-        op_id = self._add(name, NodeType.COMP, deps, "", duration_micros=max(1, duration_micros),
-                          num_ops=num_ops, tensor_size=max(1, tensor_size))
+    def _follows(self) -> tuple[int, ...]:
+        """What any new op waits for: the stream position and the ops gated onto it."""
+        return self._cursor + tuple(self._pending)
+
+    def _advance(self, op_id: int) -> None:
+        """A blocking op becomes the stream position; it has absorbed everything gated."""
         self._cursor = (op_id,)
+        self._pending.clear()
+
+    def compute(self, name: str, cost: "Cost") -> int:
+        op_id = self._add(name, NodeType.COMP, self._follows(), "", duration_micros=max(1, round(cost.micros)),
+                          num_ops=cost.flops, tensor_size=max(1, cost.bytes))
+        self._advance(op_id)
         return op_id
 
     def collective(self, name: str, ctype: Coll, size: int, group: str, *, blocking: bool = True) -> int | None:
-        """A collective on a group role; skipped (None) when that group has a single member."""
+        """A collective on a group role; skipped (None) when that group has a single member.
+
+        Blocking: the next op waits for it. Otherwise the caller decides who waits: ``gate``
+        (the next compute) or ``defer`` (whatever follows ``wait_async``)."""
         if self.group_sizes.get(group, 1) < 2 or size <= 0:
             return None
-        deps = self._cursor + ((self._group_tail[group],) if group in self._group_tail else ())
+        deps = self._follows() + ((self._group_tail[group],) if group in self._group_tail else ())
         op_id = self._add(f"{group}_{COLL_SHORT[ctype]}_{name}", NodeType.COLL, deps, group,
                           comm_type=ctype, comm_size=size, group=group)
         self._group_tail[group] = op_id
         if blocking:
-            self._cursor = (op_id,)
-        else:
-            self._async.append(op_id)
+            self._advance(op_id)
         return op_id
 
+    def gate(self, op_id: int | None) -> None:
+        """The next compute waits for this op (e.g. an overlapped collective or a prefetch)."""
+        if op_id is not None:
+            self._pending.append(op_id)
+
+    def defer(self, op_id: int | None) -> None:
+        """Nothing waits for this op until ``wait_async`` (e.g. DP buckets)."""
+        if op_id is not None:
+            self._async.append(op_id)
+
     def wait_async(self) -> None:
-        """The host waits for every outstanding async collective (e.g. finish_grad_sync)."""
+        """The host waits for every deferred op (e.g. finish_grad_sync)."""
         self._cursor = self._cursor + tuple(self._async)
         self._async.clear()
 
-    def send(self, name: str, peer: str, size: int, tag: int) -> int:
-        return self._add(f"send_{name}", NodeType.SEND, self._cursor, "pp", comm_size=size, peer=peer, tag=tag)
+    def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp") -> int:
+        return self._add(f"send_{name}", NodeType.SEND, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
 
-    def recv(self, name: str, peer: str, size: int, tag: int) -> int:
-        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor, "pp", comm_size=size, peer=peer, tag=tag)
+    def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp") -> int:
+        op_id = self._add(f"recv_{name}", NodeType.RECV, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
         self._pending.append(op_id)
         return op_id

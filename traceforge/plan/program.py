@@ -3,102 +3,154 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Callable
 
-from traceforge.model import activation_bytes, p2p_bytes, stage_params
+from traceforge.model import Chunk, activation_bytes, model_chunks, p2p_bytes, stage_params
 from traceforge.plan.compute import CostModel
-from traceforge.plan.data import Zero3, gather_parameters, reduce_gradients
+from traceforge.plan.data import DataParallel
 from traceforge.plan.embedding import (
     embedding_backward, embedding_forward, head_backward, head_forward, tied_embedding_sync,
 )
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
-from traceforge.plan.pipeline import SCHEDULES, p2p_tag
+from traceforge.plan.pipeline import p2p_tag, schedule
 from traceforge.plan.tensor import TensorParallel
 from traceforge.spec import Spec
 
+Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
+
 
 def group_sizes(spec: Spec) -> dict[str, int]:
-    return {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp, "emb": 2 if spec.pp > 1 else 1}
+    sizes = {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp, "emb": 2 if spec.pp > 1 else 1}
+    if spec.dp_mode == "hsdp":
+        sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
+    return sizes
+
+
+class StagePlanner:
+    def __init__(self, spec: Spec, stage: int):
+        self.spec, self.stage = spec, stage
+        self.b = b = ProgramBuilder(stage, group_sizes(spec))
+        self.cost = CostModel(spec)
+        self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
+        self.params = stage_params(spec, stage)
+        self.chunks = model_chunks(spec, stage)
+        self.dp = DataParallel(b, spec, self.params, self.chunks)
+
+    # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
+    def forward_units(self, chunk: Chunk) -> list[Unit]:
+        b, tp, cost, params = self.b, self.tp, self.cost, self.params
+        units: list[Unit] = []
+        if chunk.first:
+            units.append(("embed", params.embedding, lambda: embedding_forward(b, tp, cost)))
+        for layer in chunk.layers:
+            units.append((f"L{layer}", params.per_layer, self._layer_forward(layer)))
+        if chunk.last:
+            units.append(("head", params.head, lambda: head_forward(b, tp, cost, self.spec)))
+        return units
+
+    def backward_units(self, chunk: Chunk) -> list[Unit]:
+        b, tp, cost, params = self.b, self.tp, self.cost, self.params
+        units: list[Unit] = []
+        if chunk.last:
+            units.append(("head", params.head, lambda: head_backward(b, tp, cost)))
+        for layer in reversed(chunk.layers):
+            units.append((f"L{layer}", params.per_layer, self._layer_backward(layer)))
+        if chunk.first:
+            units.append(("embed", params.embedding, lambda: embedding_backward(b, tp, cost)))
+        return units
+
+    def _layer_forward(self, layer: int) -> Callable[[], None]:
+        def run() -> None:
+            self.b.ctx.layer = layer
+            self.tp.layer_forward(self.b, self.cost)
+            self.b.ctx.layer = None
+        return run
+
+    def _layer_backward(self, layer: int) -> Callable[[], None]:
+        def run() -> None:
+            self.b.ctx.layer = layer
+            extra = None
+            if self.spec.recompute == "full":  # replay the forward, TP collectives included
+                self.tp.layer_forward(self.b, self.cost, name="_recompute")
+            elif self.spec.recompute == "selective":
+                extra = self.cost.core
+            self.tp.layer_backward(self.b, self.cost, extra)
+            self.b.ctx.layer = None
+        return run
+
+    # -- passes ---------------------------------------------------------------------------
+    def forward(self, chunk: Chunk, mb: int) -> None:
+        self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
+        self._p2p(chunk, mb, backward=False, send=False)
+        units = self.forward_units(chunk)
+        for i, (name, n, body) in enumerate(units):
+            self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
+            body()
+        self._p2p(chunk, mb, backward=False, send=True)
+
+    def backward(self, chunk: Chunk, mb: int) -> None:
+        self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb
+        self._p2p(chunk, mb, backward=True, send=False)
+        self.dp.begin_backward(chunk.index)
+        units = self.backward_units(chunk)
+        last_mb = mb == self.spec.num_microbatches - 1
+        for i, (name, n, body) in enumerate(units):
+            self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
+            body()
+            self.dp.after_unit_backward(chunk.index, name, n, last_mb)
+        self._p2p(chunk, mb, backward=True, send=True)
+
+    def _p2p(self, chunk: Chunk, mb: int, backward: bool, send: bool) -> None:
+        """Activations flow to the next stage (and from the last stage to chunk+1 on the first
+        when interleaved); their gradients flow back. The tag carries the sender's chunk."""
+        p, stage = self.spec.pp, self.stage
+        if p == 1:
+            return
+        toward_next = send != backward  # forward sends and backward receives face the next stage
+        if toward_next and chunk.last or not toward_next and chunk.first:
+            return  # the model's edge: nothing beyond it
+        if send:
+            sender_chunk = chunk.index
+        elif not backward:  # receiving activations from the previous stage (or wrap)
+            sender_chunk = chunk.index - (1 if stage == 0 else 0)
+        else:  # receiving gradients from the next stage (or wrap)
+            sender_chunk = chunk.index + (1 if stage == p - 1 else 0)
+        tag = p2p_tag(self.spec, self.b.ctx.step, sender_chunk, mb, backward)
+        peer = NEXT if toward_next else PREV
+        what = "grad" if backward else "act"
+        if send:
+            self.b.send(what, peer, p2p_bytes(self.spec), tag)
+        else:
+            self.b.recv(what, peer, p2p_bytes(self.spec), tag)
+
+    # -- the step -------------------------------------------------------------------------
+    def build(self) -> Program:
+        b, spec = self.b, self.spec
+        passes = schedule(spec, self.stage)
+        for step in range(spec.steps):
+            b.ctx.step = step
+            started: set[int] = set()
+            for kind, c, mb in passes:
+                chunk = self.chunks[c]
+                if kind == "F":
+                    if c not in started:
+                        started.add(c)
+                        self.dp.begin_chunk_forward(c)
+                    self.forward(chunk, mb)
+                else:
+                    self.backward(chunk, mb)
+            b.ctx.phase, b.ctx.microbatch, b.ctx.layer = "step", None, None
+            self.dp.end_of_backward()
+            if spec.sequence_parallel:
+                b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp")
+            tied_embedding_sync(b, spec, self.stage)
+            b.compute("optimizer", self.cost.optimizer(self.dp.optimizer_params()))
+            self.dp.after_optimizer()
+        return b.program
 
 
 def build_program(spec: Spec, stage: int) -> Program:
-    b = ProgramBuilder(stage, group_sizes(spec))
-    cost = CostModel(spec)
-    tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
-    params = stage_params(spec, stage)
-    zero3 = Zero3(spec)
-    first, last = stage == 0, stage == spec.pp - 1
-    m = spec.num_microbatches
-    p2p = p2p_bytes(spec)
-    schedule = SCHEDULES[spec.schedule](stage, spec.pp, m)
-
-    def forward(mb: int) -> None:
-        b.ctx.phase, b.ctx.microbatch = "fwd", mb
-        if first:
-            zero3.gather(b, "embed", params.embedding)
-            embedding_forward(b, tp, cost)
-        for layer in params.layers:
-            b.ctx.layer = layer
-            zero3.gather(b, "layer", params.per_layer)
-            tp.layer_forward(b, cost)
-        b.ctx.layer = None
-        if last:
-            zero3.gather(b, "head", params.head)
-            head_forward(b, tp, cost, spec)
-
-    def backward(mb: int) -> None:
-        b.ctx.phase, b.ctx.microbatch = "bwd", mb
-        if last:
-            zero3.gather(b, "head", params.head)
-            head_backward(b, tp, cost)
-            zero3.reduce(b, "head", params.head)
-        for layer in reversed(params.layers):
-            b.ctx.layer = layer
-            zero3.gather(b, "layer", params.per_layer)
-            tp.layer_backward(b, cost)
-            zero3.reduce(b, "layer", params.per_layer)
-        b.ctx.layer = None
-        if first:
-            zero3.gather(b, "embed", params.embedding)
-            embedding_backward(b, tp, cost)
-            zero3.reduce(b, "embed", params.embedding)
-
-    for step in range(spec.steps):
-        b.ctx.step = step
-        for slot in schedule:
-            for action, mb in slot:
-                if action == "F":
-                    forward(mb)
-                elif action == "B":
-                    backward(mb)
-                else:
-                    _p2p(b, action, mb, step, m, p2p, first, last)
-        b.ctx.phase, b.ctx.microbatch, b.ctx.layer = "step", None, None
-        reduce_gradients(b, spec, params)
-        b.wait_async()
-        if spec.sequence_parallel:
-            b.collective("norm_grads", Coll.ALL_REDUCE, params.replicated * spec.grad_bytes, "tp")
-        tied_embedding_sync(b, spec, stage)
-        opt_params = params.total // spec.dp if spec.dp_mode != "ddp" else params.total
-        opt = cost.optimizer(opt_params)
-        b.compute("optimizer", cost.micros(opt), opt.flops, opt.bytes)
-        gather_parameters(b, spec, params)
-    return b.program
-
-
-def _p2p(b: ProgramBuilder, action: str, mb: int, step: int, m: int, size: int, first: bool, last: bool) -> None:
-    kind, direction = action.split("_")
-    backward = direction == "bwd"
-    # Activations flow first -> last stage, their gradients last -> first.
-    peer = (PREV if kind == "recv" else NEXT) if not backward else (NEXT if kind == "recv" else PREV)
-    if (peer == PREV and first) or (peer == NEXT and last):
-        return
-    b.ctx.phase, b.ctx.microbatch, b.ctx.layer = direction, mb, None
-    tag = p2p_tag(step, m, mb, backward)
-    name = "act" if not backward else "grad"
-    if kind == "send":
-        b.send(name, peer, size, tag)
-    else:
-        b.recv(name, peer, size, tag)
+    return StagePlanner(spec, stage).build()
 
 
 @lru_cache(maxsize=None)

@@ -8,11 +8,15 @@ With sequence parallelism (10 per layer): forward AllGather before QKV and fc1, 
 after proj and fc2; backward AllGather of the ReduceScatters' output gradients, AllGather that
 re-gathers the column-parallel inputs for the weight gradient, ReduceScatter of the
 column-parallel input gradients. Full tensor b*s*h*e; AllGather comm_size is the shard (/t).
+
+Backward overlaps as Megatron's column-parallel backward does: the input-gradient reduction
+runs during the weight-gradient GEMM (and the SP re-gather during the input-gradient GEMM);
+the next layer's compute waits for both.
 """
 
 from __future__ import annotations
 
-from traceforge.plan.compute import CostModel
+from traceforge.plan.compute import Cost, CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
 
 
@@ -22,20 +26,20 @@ class TensorParallel:
         self.shard = full_bytes // tp
         self.sp = sequence_parallel
 
-    # Column-parallel entry (QKV, fc1, LM head): input must be whole on every TP rank.
+    # Column-parallel entry (QKV, fc1, LM head): its input must be whole on every TP rank.
     def column_fwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:
             b.collective(what, Coll.ALL_GATHER, self.shard, "tp")
 
-    def column_bwd_before(self, b: ProgramBuilder, what: str) -> None:
-        if self.sp:  # re-gather the sharded input for the weight gradient
-            b.collective(f"{what}_regather", Coll.ALL_GATHER, self.shard, "tp")
-
-    def column_bwd_after(self, b: ProgramBuilder, what: str) -> None:
-        if self.sp:
-            b.collective(f"{what}_dgrad", Coll.REDUCE_SCATTER, self.full, "tp")
-        else:
-            b.collective(f"{what}_dgrad", Coll.ALL_REDUCE, self.full, "tp")
+    def column_bwd(self, b: ProgramBuilder, what: str, dgrad: tuple[str, Cost], wgrad: tuple[str, Cost]) -> None:
+        """Input-gradient GEMM, then its reduction overlapped with the weight-gradient GEMM."""
+        regather = b.collective(f"{what}_regather", Coll.ALL_GATHER, self.shard, "tp", blocking=False) if self.sp else None
+        b.compute(*dgrad)
+        ctype, size = (Coll.REDUCE_SCATTER, self.full) if self.sp else (Coll.ALL_REDUCE, self.full)
+        reduction = b.collective(f"{what}_dgrad", ctype, size, "tp", blocking=False)
+        b.gate(regather)
+        b.compute(*wgrad)
+        b.gate(reduction)
 
     # Row-parallel exit (proj, fc2, vocab-parallel embedding): partial sums are reduced.
     def row_fwd(self, b: ProgramBuilder, what: str) -> None:
@@ -49,21 +53,18 @@ class TensorParallel:
             b.collective(f"{what}_grad", Coll.ALL_GATHER, self.shard, "tp")
 
     # -- one layer ----------------------------------------------------------------------
-    def layer_forward(self, b: ProgramBuilder, cost: CostModel) -> None:
+    def layer_forward(self, b: ProgramBuilder, cost: CostModel, name: str = "") -> None:
         self.column_fwd(b, "qkv")
-        b.compute("attn", cost.micros(cost.attn_fwd), cost.attn_fwd.flops, cost.attn_fwd.bytes)
+        b.compute(f"attn{name}", cost.attn_fwd)
         self.row_fwd(b, "proj")
         self.column_fwd(b, "fc1")
-        b.compute("mlp", cost.micros(cost.mlp_fwd), cost.mlp_fwd.flops, cost.mlp_fwd.bytes)
+        b.compute(f"mlp{name}", cost.mlp_fwd)
         self.row_fwd(b, "fc2")
 
-    def layer_backward(self, b: ProgramBuilder, cost: CostModel) -> None:
-        mlp, attn = cost.backward(cost.mlp_fwd), cost.backward(cost.attn_fwd)
+    def layer_backward(self, b: ProgramBuilder, cost: CostModel, extra_attn: Cost | None = None) -> None:
+        """extra_attn: selective recomputation of attention's core, done before its backward."""
         self.row_bwd(b, "fc2")
-        self.column_bwd_before(b, "fc1")
-        b.compute("mlp_bwd", cost.micros(mlp), mlp.flops, mlp.bytes)
-        self.column_bwd_after(b, "fc1")
+        self.column_bwd(b, "fc1", ("mlp_dgrad", cost.mlp_dgrad), ("mlp_wgrad", cost.mlp_wgrad))
         self.row_bwd(b, "proj")
-        self.column_bwd_before(b, "qkv")
-        b.compute("attn_bwd", cost.micros(attn), attn.flops, attn.bytes)
-        self.column_bwd_after(b, "qkv")
+        attn_dgrad = cost.attn_dgrad + extra_attn if extra_attn else cost.attn_dgrad
+        self.column_bwd(b, "qkv", ("attn_dgrad", attn_dgrad), ("attn_wgrad", cost.attn_wgrad))

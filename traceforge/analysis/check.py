@@ -1,0 +1,263 @@
+"""`traceforge check`: is a Chakra ET trace set (ours or anyone's) something ASTRA-sim can run to
+the end? ASTRA-sim itself does not say: a collective without partners, a Recv without a Send or
+a size mismatch just never finishes and it exits 0, and a Send without a Recv passes silently.
+
+    result = check_trace_set("traces")          # -> CheckResult
+    result.ok, result.exit_code, result.findings, result.to_json(), result.table()
+
+Pipeline (each rank's file is read exactly once, in worker processes):
+  check_rank   per file: framing, GlobalMetadata, nodes, ids, dependencies, cycles, attributes
+  check_cross  across ranks: group membership, per-group collective sequences, Send/Recv pairs
+  check_replay abstract replay of all ranks together: does every communication finish?
+Memory stays at a few ranks' decoded nodes plus compact per-rank arrays over communication
+nodes and each group's distinct collective sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from traceforge.analysis.check_cross import CrossRank
+from traceforge.analysis.check_findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
+from traceforge.analysis.check_rank import RankSummary, node_name, scan_rank
+from traceforge.analysis.check_replay import GENERAL, MODELS, Replay
+from traceforge.analysis.reader import find_rank_files
+from traceforge.errors import TraceReadError, UserError
+
+__all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
+
+COMM_GROUP_FILE = "comm_group.json"
+MANIFEST_FILE = "manifest.json"
+CHUNK_RANKS = 32  # ranks per worker task: neighbours share most node bytes (cache hits)
+PARALLEL_MIN_RANKS = 64
+NAME_LOOKUPS = 5_000  # node names fetched back from files for cross-rank findings
+
+
+@dataclass
+class CheckResult:
+    directory: str
+    prefix: str
+    world: int
+    model: str
+    ranks_read: int = 0
+    nodes: int = 0
+    groups: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        """No errors (warnings allowed)."""
+        return not self.errors
+
+    @property
+    def exit_code(self) -> int:
+        """0 clean (warnings allowed), 1 findings, 2 some input could not be read."""
+        if any(f.kind in FILE_KINDS for f in self.errors):
+            return 2
+        return 1 if self.errors else 0
+
+    def to_dict(self) -> dict:
+        return {
+            "directory": self.directory, "prefix": self.prefix, "world_size": self.world, "model": self.model,
+            "ok": self.ok, "exit_code": self.exit_code, "ranks_read": self.ranks_read, "nodes": self.nodes,
+            "groups": self.groups, "errors": len(self.errors), "warnings": len(self.warnings),
+            "seconds": round(self.seconds, 3), "notes": self.notes,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def summary(self) -> str:
+        verdict = "clean" if not self.findings else (
+            f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)" if self.errors else
+            f"clean but {len(self.warnings)} warning(s)")
+        return (f"checked {self.ranks_read:,}/{self.world:,} ranks, {self.nodes:,} nodes, {self.groups:,} groups "
+                f"({self.model} model) in {self.seconds:.2f} s: {verdict}")
+
+    def table(self, max_rows: int = 40):
+        """The findings as a rich Table (first max_rows, errors first)."""
+        from rich.table import Table
+
+        table = Table(title=f"traceforge check {self.directory}", show_lines=False)
+        for name, justify in (("severity", "left"), ("kind", "left"), ("rank", "right"), ("node", "right"),
+                              ("name", "left"), ("message", "left")):
+            table.add_column(name, justify=justify, overflow="fold")
+        for f in self.findings[:max_rows]:
+            table.add_row(
+                f"[red]{f.severity}[/]" if f.severity == ERROR else f"[yellow]{f.severity}[/]", f.kind,
+                "" if f.rank is None else str(f.rank), "" if f.node_id is None else str(f.node_id),
+                _escape(f.node_name or ""), _escape(f.message))
+        hidden = len(self.findings) - max_rows
+        if hidden > 0:
+            by_kind: dict[str, int] = {}
+            for f in self.findings[max_rows:]:
+                by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+            table.caption = (f"{hidden:,} more not shown (" + ", ".join(f"{k} {n:,}" for k, n in by_kind.items())
+                             + "); use --json for all")
+        return table
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def check_trace_set(directory: Path | str, prefix: str | None = None,
+                    comm_groups: Path | str | Mapping | None = None, ranks: int | None = None,
+                    model: str = GENERAL, jobs: int | None = None) -> CheckResult:
+    """Check a trace set; set-level problems (no such directory, no trace files, an unreadable
+    group file, bad arguments) raise TraceReadError/UserError, everything else is a Finding."""
+    started = time.perf_counter()
+    if model not in MODELS:
+        raise UserError(f"unknown model {model!r}: choose one of {', '.join(MODELS)}")
+    directory = Path(directory)
+    prefix, files = find_rank_files(directory, prefix)
+    groups, group_file = load_comm_groups(directory, comm_groups)
+    world = _world_size(directory, prefix, files, ranks)
+    result = CheckResult(str(directory), prefix, world, model)
+    findings = result.findings
+    for r in range(world):
+        if r not in files:
+            findings.append(Finding("missing-rank", r, None, None,
+                                    f"{prefix}.{r}.et is missing from a {world}-rank set; ASTRA-sim exits when a rank's "
+                                    "file does not exist"))
+    for r in sorted(files):
+        if r >= world:
+            findings.append(Finding("extra-rank", r, None, None,
+                                    f"{files[r].name} is beyond the expected {world} ranks (--ranks or manifest.json)"))
+    if groups is not None:
+        findings += _group_file_findings(groups, world, group_file)
+    cross = CrossRank(world, groups, group_file)
+    jobs = jobs if jobs is not None else _cores()
+    for summary in _scan_all([(r, files[r]) for r in sorted(files) if r < world], world, jobs):
+        result.ranks_read += 0 if summary.fatal else 1
+        result.nodes += summary.nodes
+        findings += summary.findings
+        cross.add(summary)
+    findings += cross.check_groups()
+    coll_findings, poisoned = cross.check_collectives()
+    findings += coll_findings
+    findings += cross.check_p2p()
+    result.groups = len(cross.seqs)
+    blockers = sorted({f.kind for f in findings if f.severity == ERROR and f.kind in REPLAY_BLOCKING},
+                      key=KINDS.index)
+    if blockers:
+        result.notes.append("deadlock replay skipped: ASTRA-sim would abort on the " + ", ".join(blockers)
+                            + " errors before any communication could stall; fix those first")
+    else:
+        findings += Replay(cross, poisoned, model).run()
+    findings.sort(key=Finding.sort_key)
+    _fill_names(findings, cross)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:
+    """The communicator groups {id: ranks} and where they came from; None when there is no file."""
+    if isinstance(source, Mapping):
+        return _parse_groups(source, "the given groups"), "the given groups"
+    path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
+    if source is None and not path.exists():
+        return None, COMM_GROUP_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceReadError(f"{path}: no such comm-group file") from None
+    except OSError as exc:
+        raise TraceReadError(f"{path}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceReadError(f"{path}: not valid JSON ({exc}); a comm-group file is {{\"<group id>\": [rank, ...]}}") from None
+    return _parse_groups(doc, str(path)), path.name
+
+
+def _parse_groups(doc, name: str) -> dict[int, list[int]]:
+    if not isinstance(doc, Mapping):
+        raise TraceReadError(f"{name}: expected an object {{\"<group id>\": [rank, ...]}}")
+    groups: dict[int, list[int]] = {}
+    for key, members in doc.items():
+        text = str(key)
+        if not (text.isascii() and text.isdigit()):
+            raise TraceReadError(f"{name}: group key {key!r} is not a decimal id (ASTRA-sim parses keys as integers)")
+        if not isinstance(members, list) or not all(isinstance(m, int) and not isinstance(m, bool) for m in members):
+            raise TraceReadError(f"{name}: group {key} must map to a list of integer ranks")
+        groups[int(text)] = members
+    return groups
+
+
+def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) -> list[Finding]:
+    out = []
+    for gid, members in sorted(groups.items()):
+        bad = [m for m in members if not 0 <= m < world]
+        if bad:
+            out.append(Finding("group", None, None, None, f"group {gid} in {name} lists rank(s) {bad[:5]} outside this "
+                                                           f"{world}-rank set", group=gid))
+        if len(set(members)) != len(members):
+            out.append(Finding("group", None, None, None, f"group {gid} in {name} lists a rank twice", group=gid))
+    return out
+
+
+def _world_size(directory: Path, prefix: str, files: dict[int, Path], ranks: int | None) -> int:
+    if ranks is not None:
+        if ranks < 1:
+            raise UserError(f"--ranks must be at least 1, got {ranks}")
+        return ranks
+    try:
+        doc = json.loads((directory / MANIFEST_FILE).read_text())
+        if doc.get("prefix", prefix) == prefix and isinstance(doc.get("world_size"), int) and doc["world_size"] > 0:
+            return max(doc["world_size"], max(files) + 1)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return max(files) + 1
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _scan_chunk(world: int, chunk: list[tuple[int, Path]]) -> list[RankSummary]:
+    return [scan_rank(r, p, world) for r, p in chunk]
+
+
+def _scan_all(items: list[tuple[int, Path]], world: int, jobs: int) -> Iterator[RankSummary]:
+    if jobs <= 1 or len(items) < PARALLEL_MIN_RANKS:
+        for r, p in items:
+            yield scan_rank(r, p, world)
+        return
+    chunks = [items[i:i + CHUNK_RANKS] for i in range(0, len(items), CHUNK_RANKS)]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for batch in pool.imap(partial(_scan_chunk, world), chunks):
+            yield from batch
+
+
+def _fill_names(findings: list[Finding], cross: CrossRank) -> None:
+    """Cross-rank findings know a node id; fetch its name back from the file."""
+    budget = NAME_LOOKUPS
+    for f in findings:
+        if f.node_name is not None or f.node_id is None or f.rank not in cross.graphs or budget <= 0:
+            continue
+        graph = cross.graphs[f.rank]
+        try:
+            c = graph.node_id.index(f.node_id)
+        except ValueError:
+            continue
+        budget -= 1
+        f.node_name = node_name(cross.paths[f.rank], graph.offset[c])

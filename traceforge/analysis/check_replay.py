@@ -1,0 +1,245 @@
+"""Abstract replay of every rank together, without timing: does every communication finish?
+
+Each rank runs its communication nodes (compute always finishes, so only communication
+ancestors matter; see check_rank). A node issues once its dependencies are done:
+- a collective completes when every member of its group has issued its matching collective
+  (the k-th on that group on each member);
+- a Send is eager: it completes when issued; a Recv completes once a Send with the same
+  (src, dst, tag, size) has been issued (FIFO per key, as ASTRA-sim's analytical network).
+Model "astra-sim" adds ASTRA-sim's HardwareResource rule: one non-receive communication in
+flight per rank; whenever that slot frees, the rank issues its lowest-id ready one (the order
+of ASTRA-sim's issue loop). A set can be deadlock-free in general yet stall there.
+
+If the replay stalls, every stuck rank is reported with the node it is stuck at and the ranks
+it waits for, and a wait-for cycle among ranks when there is one.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from traceforge.analysis.check_cross import CrossRank
+from traceforge.analysis.check_findings import WARNING, Finding
+from traceforge.analysis.check_nodes import COLL, RECV, SEND, coll_label, p2p_label
+
+GENERAL, ASTRA = "general", "astra-sim"
+MODELS = (GENERAL, ASTRA)
+SLOT_FREE = -1
+START = -1  # work item meaning "the rank's communication slot may have freed"
+
+
+class Replay:
+    def __init__(self, cross: CrossRank, poisoned: set[tuple[int, int]], model: str = GENERAL):
+        self.cross, self.poisoned, self.astra = cross, poisoned, model == ASTRA
+        self.ranks = sorted(cross.graphs)
+        self.group_size = {g: len(cross.members(g) or ()) for g in cross.seqs}
+        self.findings: list[Finding] = []
+
+    def run(self) -> list[Finding]:
+        cross, astra = self.cross, self.astra
+        graphs, p2p_id = cross.graphs, cross.p2p_id
+        top = (max(self.ranks) + 1) if self.ranks else 0
+        kind = [b""] * top
+        key: list = [None] * top
+        seq: list = [None] * top
+        npred: list = [None] * top
+        ptr: list = [None] * top
+        succ: list = [None] * top
+        pid: list = [None] * top
+        nid: list = [None] * top
+        done = [0] * top
+        slot = [SLOT_FREE] * top
+        heap: list[list] = [[] for _ in range(top)]
+        work: list[tuple[int, int]] = []
+        for r in self.ranks:
+            g = graphs[r]
+            kind[r], key[r], seq[r], ptr[r], succ[r], pid[r], nid[r] = \
+                g.kind, g.key, g.seq, g.succ_ptr, g.succ, p2p_id[r], g.node_id
+            npred[r] = g.npred.tolist()
+            work.extend((r, c) for c in range(len(g) - 1, -1, -1) if npred[r][c] == 0)
+        arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        sent: dict[int, int] = {}
+        waiting: dict[int, list[tuple[int, int]]] = {}
+        outstanding: dict[tuple[int, int], int] = {}
+        next_k: dict[tuple[int, int], int] = {}
+        warned: set[tuple[int, int]] = set()
+        group_size, poisoned = self.group_size, self.poisoned
+
+        def complete(r: int, c: int) -> None:
+            done[r] += 1
+            if astra and slot[r] == c:
+                slot[r] = SLOT_FREE
+                work.append((r, START))
+            counts, s_ptr, s_list = npred[r], ptr[r], succ[r]
+            for i in range(s_ptr[c], s_ptr[c + 1]):
+                s = s_list[i]
+                counts[s] -= 1
+                if counts[s] == 0:
+                    work.append((r, s))
+
+        def issue(r: int, c: int) -> None:
+            t = kind[r][c]
+            if t == COLL:
+                g, k = key[r][c], seq[r][c]
+                rg = (r, g)
+                if (k != next_k.get(rg, 0) or outstanding.get(rg, 0)) and rg not in warned:
+                    warned.add(rg)
+                    self._order_warning(r, c, g, k)
+                next_k[rg] = max(next_k.get(rg, 0), k + 1)
+                outstanding[rg] = outstanding.get(rg, 0) + 1
+                if astra:
+                    slot[r] = c
+                inst = (g, k)
+                members = arrivals.get(inst)
+                if members is None:
+                    members = arrivals[inst] = []
+                members.append((r, c))
+                if len(members) == group_size[g] and inst not in poisoned:
+                    del arrivals[inst]
+                    for r2, c2 in members:
+                        outstanding[(r2, g)] -= 1
+                        complete(r2, c2)
+            elif t == SEND:
+                complete(r, c)
+                k = pid[r][c]
+                queue = waiting.get(k)
+                if queue:
+                    r2, c2 = queue.pop(0)
+                    complete(r2, c2)
+                else:
+                    sent[k] = sent.get(k, 0) + 1
+            else:
+                k = pid[r][c]
+                if sent.get(k, 0):
+                    sent[k] -= 1
+                    complete(r, c)
+                else:
+                    waiting.setdefault(k, []).append((r, c))
+
+        # In the astra-sim model a rank picks from everything that became ready together: drain
+        # the zero-time cascade first, then let each rank with a free slot issue its lowest id.
+        starting: set[int] = set()
+        while work or starting:
+            while work:
+                r, c = work.pop()
+                if not astra:
+                    issue(r, c)
+                elif c == START:
+                    starting.add(r)
+                elif kind[r][c] == RECV:
+                    issue(r, c)
+                else:
+                    heapq.heappush(heap[r], (nid[r][c], c))
+                    starting.add(r)
+            for r in sorted(starting):
+                if slot[r] == SLOT_FREE and heap[r]:
+                    issue(r, heapq.heappop(heap[r])[1])
+                    if slot[r] == SLOT_FREE:  # a Send: done at once, the slot is free again
+                        work.append((r, START))
+            starting.clear()
+
+        stuck = [r for r in self.ranks if done[r] < len(kind[r])]
+        if stuck:
+            self._report(stuck, arrivals, waiting, heap, slot)
+        return self.findings
+
+    # -- reporting --------------------------------------------------------------------------
+    def _label(self, r: int, c: int) -> str:
+        g = self.cross.graphs[r]
+        t = g.kind[c]
+        if t == COLL:
+            return f"{coll_label(g.ctype[c], g.size[c])} on group {g.key[c]} (its collective #{g.seq[c]} there)"
+        src, dst, tag, size = g.key[c]
+        return p2p_label(t, src, dst, tag, size)
+
+    def _order_warning(self, r: int, c: int, group: int, k: int) -> None:
+        g = self.cross.graphs[r]
+        self.findings.append(Finding(
+            "order", r, g.node_id[c], None,
+            f"collective #{k} on group {group} can issue before #{k - 1 if k else 0} on that group completes: no "
+            "dependency orders them, and ASTRA-sim matches a group's collectives by issue order, so the result "
+            "depends on timing; make each collective depend on the previous one on its group",
+            WARNING, group=group))
+
+    def _report(self, stuck, arrivals, waiting, heap, slot) -> None:
+        cross = self.cross
+        blocked: dict[int, list[tuple[int, int, list[tuple[int, str]]]]] = {}  # rank -> [(node id, c, waits)]
+        for (g, k), members in arrivals.items():
+            posted = {r for r, _ in members}
+            missing = [q for q in (cross.members(g) or ()) if q not in posted]
+            for r, c in members:
+                if (g, k) in self.poisoned and not missing:
+                    waits = [(-1, "all members posted it but disagree on its type or size (see the collective findings)")]
+                else:
+                    waits = [(q, self._why_coll(q, g, k)) for q in missing]
+                blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, waits))
+        for queue in waiting.values():
+            for r, c in queue:
+                src, dst, tag, size = cross.graphs[r].key[c]
+                sends = cross.p2p.get((src, dst, tag, size), [0])[0]
+                why = ("never posts the matching Send" if not sends else
+                       "has the matching Send but never issues it")
+                blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, [(src, why)]))
+        edges = {r: sorted({q for _, _, waits in items for q, _ in waits if q >= 0}) for r, items in blocked.items()}
+        stuck_set = set(stuck)
+        for r in stuck:
+            items = sorted(blocked.get(r, []))
+            g = cross.graphs[r]
+            if not items:  # only possible in the astra-sim model: everything waits for the slot
+                continue
+            node, c, waits = items[0]
+            parts = []
+            for q, why in waits[:3]:
+                state = " (itself stuck)" if q in stuck_set and "never posts" not in why else ""
+                parts.append(why if q < 0 else f"rank {q} {why}{state}")
+            more = f"; and {len(waits) - 3} more rank(s)" if len(waits) > 3 else ""
+            extra = f" (+{len(items) - 1} more blocked node(s))" if len(items) > 1 else ""
+            queued = heap[r] if self.astra else []
+            if queued:
+                extra += (f"; {len(queued)} ready communication(s) wait for the rank's single communication slot, "
+                          f"held by node {g.node_id[slot[r]]}")
+            self.findings.append(Finding(
+                "deadlock", r, node, None,
+                f"stuck at {self._label(r, c)}: " + "; ".join(parts) + more + extra,
+                peer=next((q for q, _ in waits if q >= 0), None)))
+        cycle = _find_cycle(edges)
+        if cycle:
+            first = {r: min(blocked[r])[0] for r in cycle}
+            chain = " -> ".join(f"rank {r} (node {first[r]})" for r in cycle + [cycle[0]])
+            self.findings.append(Finding(
+                "deadlock", cycle[0], first[cycle[0]], None,
+                f"wait-for cycle ({len(cycle)} ranks), each waiting for the next: {chain}",
+                peer=cycle[1] if len(cycle) > 1 else None))
+
+    def _why_coll(self, q: int, group: int, k: int) -> str:
+        posted = self.cross.posted.get(q, {}).get(group, 0)
+        if posted <= k:
+            return f"never posts it (it posts {posted} collective(s) on group {group})"
+        return f"has not issued its collective #{k} on group {group}"
+
+
+def _find_cycle(edges: dict[int, list[int]]) -> list[int] | None:
+    """A cycle in the wait-for graph (iterative depth-first search), or None."""
+    state: dict[int, int] = {}  # 1 on the stack, 2 done
+    for root in sorted(edges):
+        if root in state:
+            continue
+        stack = [(root, iter(edges.get(root, ())))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+                state[node] = 2
+                continue
+            s = state.get(nxt)
+            if s == 1:
+                return path[path.index(nxt):]
+            if s is None and nxt in edges:
+                state[nxt] = 1
+                stack.append((nxt, iter(edges[nxt])))
+                path.append(nxt)
+    return None

@@ -1,0 +1,160 @@
+"""Human output of a report (rich tables): one set, or two side by side (--compare)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from traceforge.analysis.traffic import DimTraffic
+
+TEST_ROWS_SHOWN = 16
+NODE_MATRIX_SHOWN = 16
+
+
+def fmt_bytes(value: float) -> str:
+    if value == 0:
+        return "0"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            v = value / scale
+            return f"{v:.4g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_count(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+SHORT = {"AllReduce": "AR", "AllGather": "AG", "ReduceScatter": "RS", "AllToAll": "A2A"}
+
+
+def _range(values: list[float], fmt) -> str:
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _groups(d: DimTraffic) -> str:
+    sizes = "/".join(map(str, sorted(d.group_sizes)))
+    noun = "pairs" if d.kinds == {"p2p"} else "groups"
+    return f"{len(d.groups)} {noun} of {sizes}, {len(d.crossing)} cross"
+
+
+def _sizes(d: DimTraffic) -> str:
+    top = sorted(d.histogram.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{fmt_bytes(k)}+: {fmt_count(v)}" for k, v in top)
+
+
+def _header(report) -> str:
+    src = report.source()
+    text = f"{src['directory']} ({src['prefix']}.<rank>.et, {report.world} ranks, {src['steps']} step(s)"
+    if "spec" in src:
+        s = src["spec"]
+        text += f"; {s['preset']}: tp={s['tp']} pp={s['pp']} dp={s['dp']}, order {src.get('order')}"
+    return text + f") on {report.nodes} node(s) of {report.gpus_per_node} GPUs"
+
+
+def dimension_table(report) -> Table:
+    t = Table(title="Traffic per dimension, per step (ranges over ranks; wire bytes under ring algorithms; "
+                    "scale-up/out summed over ranks)", title_justify="left")
+    for col in ("dim", "groups (cross = span nodes)", "ops/rank", "bytes/rank by type", "wire/rank", "scale-up",
+                "scale-out", "ops by size (all ranks)"):
+        t.add_column(col, justify="left" if col[0] in "dgbo" else "right")
+    for d in report.dims:
+        by_type = "\n".join(f"{SHORT.get(ty, ty)} {_range(d.type_bytes(ty), fmt_bytes)}" for ty in d.types())
+        t.add_row(d.dim + ("*" if d.inferred else ""), _groups(d), _range(d.per_rank("ops"), fmt_count),
+                  by_type, _range(d.per_rank("wire"), fmt_bytes), fmt_bytes(d.intra_total), fmt_bytes(d.inter_total), _sizes(d))
+    intra = sum(d.intra_total for d in report.dims)
+    inter = sum(d.inter_total for d in report.dims)
+    t.add_row("all", "", "", "", "", fmt_bytes(intra), fmt_bytes(inter), "", style="bold")
+    return t
+
+
+def node_table(report) -> Table | None:
+    m = report.node_matrix()
+    if m.shape[0] > NODE_MATRIX_SHOWN or m.shape[0] < 2:
+        return None
+    t = Table(title="Node x node wire bytes per step (row sends to column; diagonal = inside the node)", title_justify="left")
+    t.add_column("src \\ dst")
+    for j in range(m.shape[1]):
+        t.add_column(f"node {j}", justify="right")
+    for i, row in enumerate(m):
+        t.add_row(f"node {i}", *(fmt_bytes(v) for v in row))
+    return t
+
+
+def test_table(report) -> Table:
+    rows = report.tests
+    t = Table(title=f"Collective test matrix ({len(rows)} rows; full memberships in test_matrix.csv/json)", title_justify="left")
+    for col in ("dim", "op", "size", "group", "groups", "x/step", "cross", "first memberships"):
+        t.add_column(col, justify="left" if col in ("dim", "op", "first memberships") else "right")
+    for r in rows[:TEST_ROWS_SHOWN]:
+        shown = " ".join("{" + ",".join(map(str, m)) + "}" for m in r.memberships[:3])
+        if len(r.memberships) > 3:
+            shown += " ..."
+        t.add_row(r.dim, r.collective, fmt_bytes(r.comm_size), str(r.group_size), str(r.groups), fmt_count(r.per_step),
+                  str(r.groups_crossing_nodes), shown)
+    if len(rows) > TEST_ROWS_SHOWN:
+        t.caption = f"... {len(rows) - TEST_ROWS_SHOWN} more rows"
+    return t
+
+
+def estimate_lines(report) -> list[str]:
+    e = report.estimate
+    if e is None:
+        return []
+    c, m = e.critical, e.mean
+    link = report.link
+
+    def pct(x: float, total: float) -> str:
+        return f"{100 * x / total:.0f}%" if total else "-"
+
+    return [
+        f"Step time estimate {c.total / 1e3:,.2f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
+        f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "
+        f"idle {c.idle / 1e3:,.2f} ms ({pct(c.idle, c.total)})",
+        f"  mean over ranks: compute {pct(m.compute, m.total)}, exposed communication {pct(m.exposed_comm, m.total)}, "
+        f"idle {pct(m.idle, m.total)}; {e.classes} distinct rank behaviours replayed",
+        f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
+        f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank",
+    ]
+
+
+def render_report(report, console) -> None:
+    console.print(_header(report), markup=False)
+    console.print(dimension_table(report))
+    if any(d.inferred for d in report.dims):
+        console.print("* inferred from group membership (no dim annotation): sizeN-strideS names the group shape", markup=False)
+    nodes = node_table(report)
+    if nodes is not None:
+        console.print(nodes)
+    console.print(test_table(report))
+    for line in estimate_lines(report):
+        console.print(line, markup=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def render_comparison(a, b, console) -> None:
+    """Two sets side by side: where each dimension's wire bytes land, and the step estimates."""
+    console.print(f"A: {_header(a)}", markup=False)
+    console.print(f"B: {_header(b)}", markup=False)
+    t = Table(title="Scale-up vs scale-out wire bytes per step, all ranks", title_justify="left")
+    for col in ("dim", "A groups crossing", "A scale-up", "A scale-out", "B groups crossing", "B scale-up", "B scale-out",
+                "scale-out B-A"):
+        t.add_column(col, justify="left" if col == "dim" else "right")
+    names = list(dict.fromkeys([d.dim for d in a.dims] + [d.dim for d in b.dims]))
+    for name in names:
+        da, db = a.dim(name), b.dim(name)
+
+        def cells(d):
+            return ("-", "-", "-") if d is None else (f"{len(d.crossing)}/{len(d.groups)}", fmt_bytes(d.intra_total), fmt_bytes(d.inter_total))
+
+        delta = (db.inter_total if db else 0.0) - (da.inter_total if da else 0.0)
+        t.add_row(name, *cells(da), *cells(db), ("+" if delta > 0 else "") + fmt_bytes(delta) if delta else "0")
+    totals = [sum(d.intra_total for d in r.dims) for r in (a, b)], [sum(d.inter_total for d in r.dims) for r in (a, b)]
+    t.add_row("all", "", fmt_bytes(totals[0][0]), fmt_bytes(totals[1][0]), "", fmt_bytes(totals[0][1]),
+              fmt_bytes(totals[1][1]), fmt_bytes(totals[1][1] - totals[1][0]), style="bold")
+    console.print(t)
+    for label, r in (("A", a), ("B", b)):
+        lines = estimate_lines(r)
+        if lines:
+            console.print(f"{label}: {lines[0]}", markup=False)

@@ -1,0 +1,215 @@
+"""`traceforge report`: what each parallel dimension puts on which links, from any trace set.
+
+build_report(directory, ...) scans the set once and assembles the per-dimension traffic, the
+traffic matrices, the collective test matrix and (optionally) the replayed step-time estimate.
+Report.render(console) prints it; Report.to_json() is the machine form; Report.write(out_dir)
+writes the CSV / JSON / PNG artifacts (all or nothing).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from traceforge.analysis.matrix import (
+    MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
+    write_matrix_csv,
+)
+from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
+from traceforge.analysis.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
+from traceforge.analysis.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
+from traceforge.analysis.traceset import TraceSet, load_trace_set
+from traceforge.analysis.traffic import DimTraffic, dimension_traffic, node_of
+from traceforge.emit.output import atomic_output_dir
+from traceforge.errors import UserError
+
+# The node matrix goes into report.json up to this many nodes (always into its CSV).
+JSON_NODE_MATRIX_LIMIT = 256
+
+
+@dataclass
+class Report:
+    traces: TraceSet
+    gpus_per_node: int
+    dims: list[DimTraffic]
+    edges: dict[tuple[str, int, int], float]
+    tests: list[MatrixRow]
+    link: LinkModel
+    replay: ReplayResult | None = None
+    estimate: StepEstimate | None = None
+    track_ranks: int = DEFAULT_TRACK_RANKS
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.traces.world
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.world // self.gpus_per_node)
+
+    def dim(self, name: str) -> DimTraffic | None:
+        return next((d for d in self.dims if d.dim == name), None)
+
+    def node_matrix(self, dim: str | None = None) -> np.ndarray:
+        return node_matrix(self.edges, self.world, self.gpus_per_node, dim)
+
+    def rank_matrix(self, dim: str | None = None) -> np.ndarray:
+        if self.world > MAX_DENSE_RANKS:
+            raise UserError(f"a rank x rank matrix of {self.world} ranks is too large; use the node matrix or links.csv")
+        return rank_matrix(self.edges, self.world, dim)
+
+    def source(self) -> dict:
+        ts = self.traces
+        out = {"directory": str(ts.directory), "prefix": ts.prefix, "world_size": ts.world, "steps": ts.steps,
+               "annotated": ts.annotated, "groups": len(ts.groups)}
+        m = ts.manifest or {}
+        spec = m.get("spec") if isinstance(m.get("spec"), dict) else None
+        if spec:
+            out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule", "dp_mode",
+                                                     "sequence_parallel")}
+            out["order"] = m.get("order")
+        return out
+
+    def chrome_trace(self) -> dict | None:
+        if self.replay is None:
+            return None
+        ranks = sample_ranks(self.replay, self.track_ranks)
+        meta = {"traceforge": "analytical replay, an estimate, not a simulation", "link_model": self.link_json(),
+                "ranks_shown": ranks, "step_estimate": self.estimate.to_json() if self.estimate else None}
+        return chrome_trace(self.replay, ranks, self.gpus_per_node, meta)
+
+    def link_json(self) -> dict:
+        return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps, "latency_us": self.link.latency_us}
+
+    def to_json(self) -> dict:
+        wire = sum(sum(d.per_rank("wire")) for d in self.dims)
+        intra = sum(d.intra_total for d in self.dims)
+        doc = {
+            "traceforge_report": 1,
+            "source": self.source(),
+            "gpus_per_node": self.gpus_per_node,
+            "nodes": self.nodes,
+            "units": "bytes and operations per training step; wire bytes under ring algorithms",
+            "dimensions": [d.to_json() for d in self.dims],
+            "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
+                       "scale_out_wire_bytes_per_step": wire - intra},
+            "test_matrix": [asdict(r) for r in self.tests],
+            "timeline": None if self.estimate is None else {**self.estimate.to_json(), "link_model": self.link_json()},
+            "notes": self.notes,
+        }
+        if self.nodes <= JSON_NODE_MATRIX_LIMIT:
+            doc["node_matrix_bytes_per_step"] = self.node_matrix().tolist()
+        return doc
+
+    # -- output --------------------------------------------------------------------------
+    def render(self, console) -> None:
+        from traceforge.analysis.render import render_report
+
+        render_report(self, console)
+
+    def write(self, out_dir: Path, force: bool = False) -> list[str]:
+        """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG)."""
+        notes: list[str] = []
+        with atomic_output_dir(Path(out_dir), force) as tmp:
+            (tmp / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            self._write_dimension_csv(tmp / "traffic_by_dimension.csv")
+            self._write_rank_csv(tmp / "traffic_per_rank.csv")
+            write_links_csv(self.edges, tmp / "links.csv", self.gpus_per_node)
+            nodes = self.node_matrix()
+            write_matrix_csv(nodes, tmp / "matrix_nodes.csv", "node")
+            heatmaps = [(f"node x node ({self.gpus_per_node} GPUs/node)", nodes, 0)]
+            if self.world <= MAX_DENSE_RANKS:
+                ranks = self.rank_matrix()
+                write_matrix_csv(ranks, tmp / "matrix_ranks.csv", "rank")
+                heatmaps.insert(0, ("rank x rank (lines: node boundaries)", ranks, self.gpus_per_node))
+            else:
+                notes.append(f"no matrix_ranks.csv above {MAX_DENSE_RANKS} ranks; links.csv has every rank pair")
+            write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
+            trace = self.chrome_trace()
+            if trace is not None:
+                (tmp / "timeline.json").write_text(json.dumps(trace) + "\n")
+            try:
+                write_heatmap(heatmaps, tmp / "traffic_heatmap.png")
+            except PlotUnavailable as exc:
+                notes.append(str(exc))
+        return notes
+
+    def _write_dimension_csv(self, path: Path) -> None:
+        types = sorted({t for d in self.dims for t in d.types()})
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["dim", "inferred", "kinds", "groups", "group_sizes", "groups_crossing_nodes", "ranks",
+                        "ops_per_rank_min", "ops_per_rank_max"] + [f"bytes_{t}_per_rank_max" for t in types]
+                       + ["wire_per_rank_min", "wire_per_rank_max", "scale_up_wire_total", "scale_out_wire_total",
+                          "size_histogram"])
+            for d in self.dims:
+                ops, wire = d.per_rank("ops"), d.per_rank("wire")
+                w.writerow([d.dim, d.inferred, "+".join(sorted(d.kinds)), len(d.groups),
+                            " ".join(map(str, sorted(d.group_sizes))), len(d.crossing), len(d.rows), _n(min(ops)), _n(max(ops))]
+                           + [_n(max(d.type_bytes(t))) for t in types]
+                           + [_n(min(wire)), _n(max(wire)), _n(d.intra_total), _n(d.inter_total),
+                              ";".join(f"{k}:{_n(v)}" for k, v in sorted(d.histogram.items()))])
+
+    def _write_rank_csv(self, path: Path) -> None:
+        types = sorted({t for d in self.dims for t in d.types()})
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["rank", "node", "dim", "ops"] + [f"bytes_{t}" for t in types] + ["wire", "wire_scale_up", "wire_scale_out"])
+            rows = sorted((r for d in self.dims for r in d.rows.values()), key=lambda r: r.rank)
+            for r in rows:
+                w.writerow([r.rank, node_of(r.rank, self.gpus_per_node), r.dim, _n(r.ops)]
+                           + [_n(r.bytes_by_type.get(t, 0.0)) for t in types] + [_n(r.wire), _n(r.wire_intra), _n(r.wire_inter)])
+
+
+def _n(value: float):
+    return int(value) if float(value).is_integer() else round(float(value), 3)
+
+
+def build_report(
+    directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
+    timeline: bool = True, track_ranks: int = DEFAULT_TRACK_RANKS, jobs: int | None = None,
+) -> Report:
+    """Scan a trace set once and assemble its report. Raises UserError on unreadable input."""
+    if gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    link = link or LinkModel(gpus_per_node=gpus_per_node)
+    for name, value in (("--intra-bw", link.intra_gbps), ("--inter-bw", link.inter_gbps)):
+        if not value > 0:
+            raise UserError(f"{name} must be a positive bandwidth in GB/s, got {value}")
+    if link.latency_us < 0:
+        raise UserError(f"--latency must be >= 0 microseconds, got {link.latency_us}")
+    link = LinkModel(link.intra_gbps, link.inter_gbps, link.latency_us, gpus_per_node)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    ts = load_trace_set(Path(directory), prefix, jobs)
+    seconds["scan"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dims = dimension_traffic(ts, gpus_per_node)
+    edges = traffic_edges(ts)
+    tests = collective_test_matrix(ts, gpus_per_node)
+    seconds["traffic"] = time.perf_counter() - t0
+    report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, notes=list(ts.notes),
+                    seconds=seconds)
+    if ts.world % gpus_per_node:
+        report.notes.append(f"{ts.world} ranks do not fill nodes of {gpus_per_node} GPUs; the last node is partial")
+    if timeline:
+        t0 = time.perf_counter()
+        try:
+            report.replay = replay(ts, link)
+        except ReplayTooBig as exc:
+            report.notes.append(f"timeline skipped: {exc}")
+        else:
+            report.estimate = step_estimate(report.replay, ts.steps)
+            if report.replay.stalled:
+                report.notes.append(f"replay stalled: {len(report.replay.stalled)} nodes never ran (a collective or "
+                                    f"recv without its partner); run 'traceforge check'")
+        seconds["replay"] = time.perf_counter() - t0
+    return report

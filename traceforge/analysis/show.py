@@ -1,0 +1,252 @@
+"""One rank's nodes as rows a person can read: a fixed-width table or JSON, streamed node by node.
+
+Rows work for any Chakra ET file; our annotations (phase, micro-batch, layer, dim) fill their
+columns when present, and a comm_group.json beside the traces shows each group's members.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, TextIO
+
+from traceforge import schema as S
+from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.analysis.reader import attrs, iter_payloads, parse_metadata
+from traceforge.errors import TraceReadError, UserError
+
+COMM_GROUP_FILE = "comm_group.json"
+MANIFEST_FILE = "manifest.json"
+
+TYPE_SHORT = {"COMP_NODE": "COMP", "COMM_COLL_NODE": "COLL", "COMM_SEND_NODE": "SEND", "COMM_RECV_NODE": "RECV",
+              "MEM_LOAD_NODE": "LOAD", "MEM_STORE_NODE": "STORE"}
+COLL_LABEL = {"ALL_REDUCE": "AllReduce", "ALL_GATHER": "AllGather", "REDUCE_SCATTER": "ReduceScatter",
+              "ALL_TO_ALL": "AllToAll", "BROADCAST": "Broadcast", "REDUCE": "Reduce", "BARRIER": "Barrier"}
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]]]:
+    """A file's GlobalMetadata and an iterator over its node payloads (offset, bytes)."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceReadError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise TraceReadError(f"{name}: cannot read ({exc.strerror})") from None
+    if not data:
+        raise TraceReadError(f"{name}: empty file; a Chakra ET file holds a GlobalMetadata and nodes")
+    payloads = iter_payloads(data, name)
+    _, first = next(payloads)
+    return parse_metadata(first, name), payloads
+
+
+def parse_node(payload: memoryview, offset: int, name: str) -> pb.Node:
+    node = pb.Node()
+    try:
+        node.ParseFromString(payload)
+    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
+        raise TraceReadError(f"{name}: the message at byte {offset} does not parse as a Node; the file is corrupt") from None
+    return node
+
+
+def read_json_file(path: Path) -> object | None:
+    """A JSON side file of a trace set, or None when absent; unreadable JSON is a TraceReadError."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceReadError(f"{path}: not readable JSON ({' '.join(str(exc).split())})") from None
+
+
+def load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
+    """comm_group.json as {id: members}, or None when the set has none."""
+    doc = read_json_file(Path(directory) / COMM_GROUP_FILE)
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not all(isinstance(v, list) for v in doc.values()):
+        raise TraceReadError(f"{Path(directory) / COMM_GROUP_FILE}: expected {{\"<group id>\": [rank, ...]}}")
+    return {str(k): tuple(int(r) for r in v) for k, v in doc.items()}
+
+
+# -- rows -----------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """What a person wants to see of one node; None where it does not apply."""
+
+    id: int
+    type: str
+    name: str
+    deps: list[int] = field(default_factory=list)
+    duration_micros: int | None = None
+    phase: str | None = None
+    step: int | None = None
+    microbatch: int | None = None
+    layer: int | None = None
+    dim: str | None = None
+    comm_type: str | None = None
+    comm_size: int | None = None
+    pg_name: str | None = None
+    group: list[int] | None = None
+    src: int | None = None
+    dst: int | None = None
+    tag: int | None = None
+    num_ops: int | None = None
+    tensor_size: int | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) -> Row:
+    a = attrs(node)
+    type_name = S.NODE_TYPE_NAMES.get(node.type, str(node.type))
+    row = Row(
+        id=node.id, type=TYPE_SHORT.get(type_name, type_name), name=node.name,
+        deps=sorted(set(node.data_deps) | set(node.ctrl_deps)),
+        phase=a.get(S.PHASE), step=a.get(S.STEP), microbatch=a.get(S.MICROBATCH), layer=a.get(S.LAYER), dim=a.get(S.DIM),
+    )
+    if row.type == "COMP":
+        row.duration_micros = node.duration_micros
+        row.num_ops, row.tensor_size = a.get(S.NUM_OPS), a.get(S.TENSOR_SIZE)
+    elif node.duration_micros:
+        row.duration_micros = node.duration_micros
+    if S.COMM_SIZE in a:
+        row.comm_size = a[S.COMM_SIZE]
+    if row.type == "COLL":
+        comm = a.get(S.COMM_TYPE)
+        row.comm_type = S.COLL_TYPE_NAMES.get(comm, str(comm)) if comm is not None else None
+        row.pg_name = a.get(S.PG_NAME)
+        if groups is not None and row.pg_name in groups:
+            row.group = list(groups[row.pg_name])
+    elif row.type in ("SEND", "RECV"):
+        row.src, row.dst, row.tag = a.get(S.COMM_SRC), a.get(S.COMM_DST), a.get(S.COMM_TAG)
+    return row
+
+
+def parse_range(text: str | None) -> tuple[int, int | None]:
+    """'A:B' (ids A..B-1, like a Python slice), 'A:', ':B' or one id 'A' -> (start, stop)."""
+    if text is None or text.strip() in ("", ":"):
+        return 0, None
+    try:
+        if ":" not in text:
+            start = int(text)
+            return start, start + 1
+        lo, hi = text.split(":", 1)
+        start, stop = int(lo) if lo.strip() else 0, int(hi) if hi.strip() else None
+    except ValueError:
+        raise UserError(f"--range {text!r}: give node ids as START:END (END excluded), START:, :END or one id") from None
+    if start < 0 or (stop is not None and stop < start):
+        raise UserError(f"--range {text!r}: ids are >= 0 and END must not be below START")
+    return start, stop
+
+
+def iter_rows(path: Path, groups: dict[str, tuple[int, ...]] | None = None,
+              start: int = 0, stop: int | None = None) -> Iterator[Row]:
+    """Rows of the nodes whose id is in [start, stop), in file order."""
+    _, payloads = open_trace(path)
+    for offset, payload in payloads:
+        node = parse_node(payload, offset, str(path))
+        if node.id >= start and (stop is None or node.id < stop):
+            yield node_row(node, groups)
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+def _count(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _members(ranks: list[int], most: int = 6) -> str:
+    shown = ",".join(str(r) for r in ranks[:most])
+    return "{" + shown + (f",...}}({len(ranks)})" if len(ranks) > most else "}")
+
+
+def _list(values: list[int], most: int = 4) -> str:
+    shown = ",".join(str(v) for v in values[:most])
+    return shown + (f",+{len(values) - most}" if len(values) > most else "")
+
+
+def _op(row: Row) -> str:
+    if row.type == "COLL":
+        return COLL_LABEL.get(row.comm_type or "", row.comm_type or "?")
+    return {"COMP": "compute", "SEND": "send", "RECV": "recv"}.get(row.type, "")
+
+
+def _with(row: Row) -> str:
+    if row.type == "COLL":
+        label = f"g{row.pg_name}" if row.pg_name not in (None, "") else "all ranks"
+        return f"{label} {_members(row.group)}" if row.group else label
+    if row.type == "SEND":
+        return f"-> {row.dst} tag {row.tag}"
+    if row.type == "RECV":
+        return f"<- {row.src} tag {row.tag}"
+    return ""
+
+
+def _opt(v: object) -> str:
+    return "" if v is None else str(v)
+
+
+# (header, width, right-aligned, cell)
+COLUMNS = (
+    ("id", 6, True, lambda r: str(r.id)),
+    ("type", 4, False, lambda r: r.type),
+    ("op", 13, False, _op),
+    ("bytes", 13, True, lambda r: f"{r.comm_size:,}" if r.comm_size is not None else ""),
+    ("with", 22, False, _with),
+    ("flops", 7, True, lambda r: _count(r.num_ops)),
+    ("us", 7, True, lambda r: _opt(r.duration_micros)),
+    ("deps", 14, False, lambda r: _list(r.deps)),
+    ("phase", 5, False, lambda r: _opt(r.phase)),
+    ("mb", 3, True, lambda r: _opt(r.microbatch)),
+    ("layer", 5, True, lambda r: _opt(r.layer)),
+    ("dim", 4, False, lambda r: _opt(r.dim)),
+    ("name", 0, False, lambda r: r.name),
+)
+
+
+def _line(cells: Iterable[str]) -> str:
+    parts = []
+    for (_, width, right, _), cell in zip(COLUMNS, cells):
+        parts.append(cell.rjust(width) if right else cell.ljust(width) if width else cell)
+    return "  ".join(parts).rstrip()
+
+
+def table_header() -> str:
+    return _line(c[0] for c in COLUMNS)
+
+
+def table_line(row: Row) -> str:
+    return _line(c[3](row) for c in COLUMNS)
+
+
+def write_table(rows: Iterable[Row], stream: TextIO) -> int:
+    """Header plus one line per row; returns the number of rows."""
+    stream.write(table_header() + "\n")
+    n = 0
+    for row in rows:
+        stream.write(table_line(row) + "\n")
+        n += 1
+    return n
+
+
+def write_json(rows: Iterable[Row], stream: TextIO) -> int:
+    """A JSON array of row objects, one per line, written as the rows come."""
+    n = 0
+    stream.write("[")
+    for row in rows:
+        stream.write(("\n" if n == 0 else ",\n") + json.dumps(row.to_dict(), separators=(",", ":")))
+        n += 1
+    stream.write("\n]\n" if n else "]\n")
+    return n

@@ -1,0 +1,313 @@
+"""Analytical replay of a trace set's DAG with time: an estimate of when every node runs, not a
+simulation (check_replay.py is the untimed one that looks for deadlocks).
+
+Timing model (alpha-beta, per link class):
+- compute takes its duration_micros; a rank runs one compute node at a time;
+- a collective starts when every member has issued it (its deps done and the rank's comm slot
+  free) and takes latency + ring wire bytes / bandwidth: intra-node bandwidth when the whole
+  group sits in one node, inter-node otherwise; a send takes latency + size / bandwidth of its
+  pair's link class and is eager; a recv completes once posted and its send has arrived;
+- like ASTRA-sim, a rank keeps one non-recv communication (send or collective) in flight and,
+  when the slot frees, issues its lowest-id ready one. A collective holds the slot from issue
+  (waiting for its peers) to completion. Recvs need no slot.
+
+Exact and cheap for big sets: ranks are partitioned into classes that provably behave alike
+(same rank-independent program and link classes, refined until every member of a class sees
+the same classes in each of its groups and peers: an equitable partition), and only one
+representative per class is replayed. A 16-stage pipeline replays 16 programs at any width.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from traceforge.analysis.ring import wire_bytes
+from traceforge.analysis.scan import COLL, COMP, RECV, SEND, Program
+from traceforge.analysis.traceset import TraceSet
+from traceforge.analysis.traffic import crosses_nodes, node_of
+
+# Replays bigger than this many nodes (classes x nodes per program) are refused.
+REPLAY_NODE_LIMIT = 4_000_000
+
+
+class ReplayTooBig(Exception):
+    """The set has too many distinct rank programs to replay in reasonable time."""
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    intra_gbps: float = 360.0  # GB/s per GPU per direction, achieved (NVLink-class)
+    inter_gbps: float = 45.0  # GB/s per GPU per direction, achieved (a 400 Gb/s NIC)
+    latency_us: float = 5.0
+    gpus_per_node: int = 8
+
+    def micros(self, wire: float, inter: bool) -> float:
+        return self.latency_us + wire / ((self.inter_gbps if inter else self.intra_gbps) * 1e3)
+
+
+def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
+    """Class of each rank: equal program, link classes and (recursively) neighbour classes."""
+    world = ts.world
+    crossing = {g: crosses_nodes(m, gpus_per_node) for g, m in ts.groups.items()}
+
+    def peer_color(p: int, color: list[int]) -> int:
+        return color[p] if 0 <= p < world else -1
+
+    first: dict[tuple, int] = {}
+    color = []
+    for s in ts.scans:
+        inter = tuple(not (0 <= p < world) or node_of(p, gpus_per_node) != node_of(s.rank, gpus_per_node) for p in s.peer_roles)
+        key = (s.shape, tuple(crossing[g] for g in s.group_roles), inter)
+        color.append(first.setdefault(key, len(first)))
+    count = len(first)
+    while True:
+        group_sig = {g: tuple(sorted(color[m] for m in members)) for g, members in ts.groups.items()}
+        seen: dict[tuple, int] = {}
+        new = [seen.setdefault((color[s.rank], tuple(group_sig[g] for g in s.group_roles),
+                                tuple(peer_color(p, color) for p in s.peer_roles)), len(seen)) for s in ts.scans]
+        if len(seen) == count:
+            return color
+        color, count = new, len(seen)
+
+
+class _ClassProgram:
+    """One representative's program with the lookups the replay needs."""
+
+    def __init__(self, rank: int, program: Program):
+        self.rank, self.p = rank, program
+        n = len(program)
+        self.types = program.types.tolist()
+        self.durations = program.durations.tolist()
+        self.sizes = program.sizes.tolist()
+        self.roles = program.roles.tolist()
+        self.tags = program.tags.tolist()
+        ptr, idx = program.dep_ptr.tolist(), program.dep_idx.tolist()
+        self.indeg = [ptr[i + 1] - ptr[i] for i in range(n)]
+        self.children: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            for d in idx[ptr[i]:ptr[i + 1]]:
+                self.children[d].append(i)
+        self.coll_lists: dict[int, list[int]] = defaultdict(list)  # group role -> its collectives in order
+        self.p2p_lists: dict[tuple, list[int]] = defaultdict(list)  # (type, peer role, tag, size) -> nodes
+        self.position = [0] * n  # index within its list
+        for i, t in enumerate(self.types):
+            if t == COLL:
+                lst = self.coll_lists[self.roles[i]]
+            elif t in (SEND, RECV):
+                lst = self.p2p_lists[(t, self.roles[i], self.tags[i], self.sizes[i])]
+            else:
+                continue
+            self.position[i] = len(lst)
+            lst.append(i)
+
+
+@dataclass
+class ReplayResult:
+    link: LinkModel
+    color: list[int]  # class of each rank
+    reps: list[int]  # representative rank of each class
+    programs: list[Program]
+    issue: list[list[float | None]]  # per class, per node: when a comm node got its slot (or was posted)
+    start: list[list[float | None]]  # when it ran (the transfer, for communication)
+    finish: list[list[float | None]]
+    makespan: float = 0.0
+    stalled: list[tuple[int, int]] = field(default_factory=list)  # (class, node) never finished
+
+    def class_size(self) -> list[int]:
+        sizes = [0] * len(self.reps)
+        for c in self.color:
+            sizes[c] += 1
+        return sizes
+
+
+class _Replay:
+    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int]):
+        self.ts, self.link, self.color = ts, link, color
+        self.gpn = link.gpus_per_node
+        self.classes = [_ClassProgram(r, ts.programs[ts.scans[r].shape]) for r in reps]
+        sizes = [len(cp.types) for cp in self.classes]
+        self.issue = [[None] * n for n in sizes]
+        self.start = [[None] * n for n in sizes]
+        self.finish = [[None] * n for n in sizes]
+        self.ready_at = [[0.0] * n for n in sizes]
+        self.indeg = [list(cp.indeg) for cp in self.classes]
+        self.busy = [[False, False] for _ in sizes]  # compute, comm slot
+        self.queues: list[list[list]] = [[[], []] for _ in sizes]
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.coll_waiters: dict[tuple[int, int], list] = defaultdict(list)
+        self.recv_waiters: dict[tuple[int, int], list] = defaultdict(list)
+        self.partner_cache: dict[tuple[int, int], list | None] = {}
+        self._roles: dict[int, dict] = {}
+        self._peers: dict[int, dict] = {}
+        # Per (class, group role): the (class, role) of every member, group size, link class.
+        self.coll_info: dict[tuple[int, int], tuple[set, int, bool]] = {}
+        for c, cp in enumerate(self.classes):
+            for role in cp.coll_lists:
+                g = ts.scans[cp.rank].group_roles[role]
+                members = ts.groups[g]
+                mates = {(color[m], self._group_role(m, g)) for m in members}
+                self.coll_info[(c, role)] = (mates, len(members), crosses_nodes(members, self.gpn))
+
+    # -- lookups ------------------------------------------------------------------------
+    def _group_role(self, rank: int, group: str) -> int:
+        if rank not in self._roles:
+            self._roles[rank] = {g: i for i, g in enumerate(self.ts.scans[rank].group_roles)}
+        return self._roles[rank].get(group, -1)
+
+    def _peer_role(self, rank: int, peer: int) -> int:
+        if rank not in self._peers:
+            self._peers[rank] = {p: i for i, p in enumerate(self.ts.scans[rank].peer_roles)}
+        return self._peers[rank].get(peer, -1)
+
+    def partners(self, c: int, i: int) -> list[tuple[int, int]] | None:
+        """The matching collective of every member (the k-th on the group, as NCCL matches)."""
+        if (c, i) not in self.partner_cache:
+            mates, _, _ = self.coll_info[(c, self.classes[c].roles[i])]
+            k = self.classes[c].position[i]
+            out: list[tuple[int, int]] | None = []
+            for c2, r2 in mates:
+                lst = self.classes[c2].coll_lists.get(r2, [])
+                if k >= len(lst):
+                    out = None  # a member posts fewer collectives on this group: never starts
+                    break
+                out.append((c2, lst[k]))
+            self.partner_cache[(c, i)] = out
+        return self.partner_cache[(c, i)]
+
+    def matching_send(self, c: int, i: int) -> tuple[int, int] | None:
+        cp = self.classes[c]
+        src = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+        if not 0 <= src < self.ts.world:
+            return None
+        cs = self.color[src]
+        key = (SEND, self._peer_role(src, cp.rank), cp.tags[i], cp.sizes[i])
+        lst = self.classes[cs].p2p_lists.get(key, [])
+        k = cp.position[i]
+        return (cs, lst[k]) if k < len(lst) else None
+
+    def send_is_inter(self, c: int, i: int) -> bool:
+        cp = self.classes[c]
+        dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+        return not 0 <= dst < self.ts.world or node_of(dst, self.gpn) != node_of(cp.rank, self.gpn)
+
+    # -- events -------------------------------------------------------------------------
+    def done_at(self, c: int, i: int, t: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, c, i))
+
+    def try_collective(self, c: int, i: int) -> None:
+        mates = self.partners(c, i)
+        if mates is None or self.start[c][i] is not None:
+            return
+        for m in mates:
+            if self.issue[m[0]][m[1]] is None:
+                self.coll_waiters[m].append((c, i))
+                return
+        t0 = max(self.issue[m[0]][m[1]] for m in mates)
+        cp = self.classes[c]
+        _, n, inter = self.coll_info[(c, cp.roles[i])]
+        self.start[c][i] = t0
+        self.done_at(c, i, t0 + self.link.micros(wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n), inter))
+
+    def run(self, c: int, i: int, t: float) -> None:
+        """Node i of class c got its resource at time t."""
+        cp = self.classes[c]
+        kind = cp.types[i]
+        if kind == COMP:
+            self.start[c][i] = t
+            self.done_at(c, i, t + cp.durations[i])
+        elif kind == SEND:
+            self.issue[c][i] = self.start[c][i] = t
+            self.done_at(c, i, t + self.link.micros(cp.sizes[i], self.send_is_inter(c, i)))
+        else:  # COLL
+            self.issue[c][i] = t
+            self.try_collective(c, i)
+            for waiter in self.coll_waiters.pop((c, i), ()):
+                self.try_collective(*waiter)
+
+    def acquire(self, c: int, i: int, t: float, which: int) -> None:
+        if self.busy[c][which]:
+            heapq.heappush(self.queues[c][which], i)  # lowest id first, as ASTRA-sim issues
+        else:
+            self.busy[c][which] = True
+            self.run(c, i, t)
+
+    def release(self, c: int, t: float, which: int) -> None:
+        q = self.queues[c][which]
+        if q:
+            self.run(c, heapq.heappop(q), t)
+        else:
+            self.busy[c][which] = False
+
+    def post_recv(self, c: int, i: int, t: float) -> None:
+        self.issue[c][i] = t
+        send = self.matching_send(c, i)
+        if send is None:
+            return
+        if self.finish[send[0]][send[1]] is None:
+            self.recv_waiters[send].append((c, i))
+        else:
+            self.finish_recv(c, i, send)
+
+    def finish_recv(self, c: int, i: int, send: tuple[int, int]) -> None:
+        posted = self.issue[c][i]
+        s_start, s_end = self.start[send[0]][send[1]], self.finish[send[0]][send[1]]
+        self.start[c][i] = max(posted, s_start) if s_end > posted else posted
+        self.done_at(c, i, max(posted, s_end))
+
+    def became_ready(self, c: int, i: int, t: float) -> None:
+        kind = self.classes[c].types[i]
+        if kind == COMP:
+            self.acquire(c, i, t, 0)
+        elif kind in (SEND, COLL):
+            self.acquire(c, i, t, 1)
+        elif kind == RECV:
+            self.post_recv(c, i, t)
+        else:
+            self.start[c][i] = t
+            self.done_at(c, i, t + self.classes[c].durations[i])
+
+    def run_all(self) -> float:
+        for c, cp in enumerate(self.classes):
+            for i, d in enumerate(cp.indeg):
+                if d == 0:
+                    self.became_ready(c, i, 0.0)
+        makespan = 0.0
+        while self.events:
+            t, _, c, i = heapq.heappop(self.events)
+            self.finish[c][i] = t
+            makespan = max(makespan, t)
+            cp = self.classes[c]
+            kind = cp.types[i]
+            if kind == COMP:
+                self.release(c, t, 0)
+            elif kind in (SEND, COLL):
+                self.release(c, t, 1)
+            if kind == SEND:
+                for waiter in self.recv_waiters.pop((c, i), ()):
+                    self.finish_recv(*waiter, (c, i))
+            ready_at, indeg = self.ready_at[c], self.indeg[c]
+            for j in cp.children[i]:
+                ready_at[j] = max(ready_at[j], t)
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    self.became_ready(c, j, ready_at[j])
+        return makespan
+
+
+def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT) -> ReplayResult:
+    color = rank_classes(ts, link.gpus_per_node)
+    reps: list[int] = []
+    for rank, c in enumerate(color):
+        if c == len(reps):
+            reps.append(rank)
+    size = sum(ts.scans[r].nodes for r in reps)
+    if size > node_limit:
+        raise ReplayTooBig(f"{len(reps)} distinct rank programs, {size:,} nodes to replay (limit {node_limit:,})")
+    sim = _Replay(ts, link, color, reps)
+    makespan = sim.run_all()
+    stalled = [(c, i) for c, fin in enumerate(sim.finish) for i, f in enumerate(fin) if f is None]
+    return ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish, makespan, stalled)

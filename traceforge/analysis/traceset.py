@@ -1,0 +1,153 @@
+"""A scanned trace set: every rank's compact scan, the groups and what dimension each serves.
+
+Group membership (in ring order) comes from comm_group.json when the set has one; a group a
+node names but the file lacks is taken from usage (the ranks whose nodes name it, ascending).
+A collective without pg_name runs on all ranks. Dimensions come from our `dim` annotation, or
+are inferred from membership for foreign traces (see dims.py). Foreign traces count as one step.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traceforge.analysis.dims import infer_group_dims
+from traceforge.analysis.reader import find_rank_files
+from traceforge.analysis.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
+from traceforge.errors import TraceReadError
+
+COMM_GROUP_FILE = "comm_group.json"
+MANIFEST_FILE = "manifest.json"
+P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
+
+
+@dataclass
+class TraceSet:
+    directory: Path
+    prefix: str
+    world: int
+    scans: list[RankScan]  # indexed by rank
+    programs: dict[bytes, Program]  # one per distinct rank-independent program
+    groups: dict[str, tuple[int, ...]]  # pg name -> members in ring order
+    group_dims: dict[str, str]  # pg name -> dimension label
+    steps: int
+    annotated: bool
+    inferred_dims: set[str] = field(default_factory=set)
+    manifest: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def p2p_dim(self, dim: str) -> str:
+        return dim or P2P_DIM
+
+    def coll_dim(self, dim: str, group: str) -> str:
+        return dim or self.group_dims.get(group, "unknown")
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceReadError(f"{path}: cannot read {what} ({exc}); fix or remove it") from None
+
+
+def _load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
+    path = directory / COMM_GROUP_FILE
+    if not path.is_file():
+        return None
+    doc = _read_json(path, "the communicator-group file")
+    if not isinstance(doc, dict) or not all(isinstance(v, list) and all(isinstance(r, int) for r in v) for v in doc.values()):
+        raise TraceReadError(f"{path}: expected {{\"<group id>\": [rank, ...]}}; fix or remove the file")
+    return {str(k): tuple(v) for k, v in doc.items()}
+
+
+def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
+    items = list(files.items())
+    if jobs <= 1 or len(items) < 32:
+        return scan_ranks(items)
+    chunk = max(1, min(64, len(items) // (4 * jobs)))
+    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+    ctx = multiprocessing.get_context("fork")
+    out: list[RankScan] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for done in pool.map(scan_ranks, chunks):
+            out += done
+    return out
+
+
+def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
+    directory = Path(directory)
+    prefix, files = find_rank_files(directory, prefix)
+    world = len(files)
+    missing = sorted(set(range(world)) - set(files))
+    if missing:
+        raise TraceReadError(f"{directory}: ranks must be numbered 0..{world - 1}; missing {prefix}.{missing[0]}.et "
+                             f"({len(missing)} missing)")
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
+    programs: dict[bytes, Program] = {}
+    for scan in scans:
+        if scan.program is not None:
+            programs.setdefault(scan.shape, scan.program)
+            scan.program = None
+    notes: list[str] = []
+    groups = _groups(directory, scans, world, notes)
+    annotated = any(s.has_annotations for s in scans)
+    steps = max(s.max_step for s in scans) + 1 if annotated else 1
+    group_dims, inferred = _group_dims(scans, groups, world)
+    dangling = sum(s.dangling_deps for s in scans)
+    if dangling:
+        notes.append(f"{dangling} dependencies name no node of their file (ignored); run 'traceforge check'")
+    manifest_path = directory / MANIFEST_FILE
+    manifest = _read_json(manifest_path, "the manifest") if manifest_path.is_file() else None
+    return TraceSet(directory, prefix, world, scans, programs, groups, group_dims, steps, annotated,
+                    inferred, manifest if isinstance(manifest, dict) else None, notes)
+
+
+def _groups(directory: Path, scans: list[RankScan], world: int, notes: list[str]) -> dict[str, tuple[int, ...]]:
+    declared = _load_groups(directory)
+    used: dict[str, set[int]] = defaultdict(set)
+    for scan in scans:
+        for name in scan.group_roles:
+            used[name].add(scan.rank)
+    groups: dict[str, tuple[int, ...]] = {}
+    inferred = []
+    for name in sorted(used, key=_group_sort_key):
+        if name == WORLD:
+            groups[name] = tuple(range(world))
+        elif declared is not None and name in declared:
+            groups[name] = declared[name]
+        else:
+            groups[name] = tuple(sorted(used[name]))
+            inferred.append(name)
+        strangers = used[name] - set(groups[name])
+        if strangers:
+            raise TraceReadError(f"{directory}: rank {min(strangers)} runs a collective on group {name!r}, "
+                                 f"which does not include it ({COMM_GROUP_FILE}); run 'traceforge check'")
+    if inferred and declared is not None:
+        notes.append(f"{len(inferred)} groups are missing from {COMM_GROUP_FILE}; their members were taken from usage")
+    elif inferred:
+        notes.append(f"no {COMM_GROUP_FILE}: group members were taken from usage, ascending")
+    return groups
+
+
+def _group_sort_key(name: str):
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def _group_dims(scans: list[RankScan], groups: dict[str, tuple[int, ...]], world: int) -> tuple[dict[str, str], set[str]]:
+    """A group's dimension: the most common `dim` its nodes carry, else inferred from membership."""
+    votes: dict[str, Counter] = defaultdict(Counter)
+    for scan in scans:
+        for (dim, kind, _, _, target), count in scan.traffic.items():
+            if kind == "coll" and dim != NO_DIM:
+                votes[target][dim] += count
+    dims = {name: votes[name].most_common(1)[0][0] for name in groups if votes[name]}
+    unlabelled = {name: members for name, members in groups.items() if name not in dims}
+    guessed = infer_group_dims(unlabelled, world)
+    dims.update(guessed)
+    return dims, set(guessed.values())

@@ -1,0 +1,48 @@
+"""`traceforge check`: report what would make ASTRA-sim abort, hang or silently drop traffic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from traceforge.cli import app, out, user_errors
+from traceforge.errors import UserError
+
+
+@app.command("check")
+@user_errors
+def check(
+    directory: Path = typer.Argument(..., help="The trace set: a folder of <prefix>.<rank>.et files."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+    comm_groups: Optional[Path] = typer.Option(None, "--comm-groups", help="Communicator-group file {\"<id>\": [ranks]} (default: DIR/comm_group.json when present)."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="Expected number of ranks (default: manifest.json's world size, else the highest rank file + 1)."),
+    model: str = typer.Option("general", "--model", help="Deadlock replay model: general, or astra-sim (one non-receive communication in flight per rank, as ASTRA-sim issues)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
+    max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+) -> None:
+    """Check a Chakra ET trace set (ours or any other) for what ASTRA-sim would not report.
+
+    Files (missing ranks, truncated or corrupt files, no GlobalMetadata), each rank's graph
+    (unique ids, dependencies, cycles, the attributes ASTRA-sim reads), groups and
+    collective sequences across ranks, Send/Recv pairs, and an abstract deadlock replay.
+    Exit 0 clean (warnings allowed), 1 findings, 2 unreadable input.
+    """
+    from traceforge.analysis.check import check_trace_set
+
+    if max_rows < 0:
+        raise UserError(f"--max-rows must be at least 0, got {max_rows}")
+    if jobs is not None and jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs)
+    if as_json:
+        print(result.to_json())
+    else:
+        if result.findings:
+            out.print(result.table(max_rows=max_rows))
+        for note in result.notes:
+            out.print(f"note: {note}", markup=False, soft_wrap=True)
+        out.print(result.summary(), markup=False)
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,241 @@
+"""`traceforge diff`, `traceforge show` and `traceforge export`: read trace sets without code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from traceforge.cli import app, out, user_errors
+from traceforge.errors import UserError
+
+# -- diff -----------------------------------------------------------------------------------
+
+
+@app.command("diff")
+@user_errors
+def diff(
+    a: Path = typer.Argument(..., help="First trace set (a folder of <prefix>.<rank>.et files)."),
+    b: Path = typer.Argument(..., help="Second trace set."),
+    exact: bool = typer.Option(False, "--bytes", help="Compare every file byte for byte (traces, comm_group.json, manifest.json) instead of semantically."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix in both sets (default: the one prefix each set holds)."),
+    limit: int = typer.Option(8, "--limit", help="Show details for at most this many differing ranks or files."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes comparing ranks (default: all cores)."),
+) -> None:
+    """Compare two trace sets; exit 0 when equal, 1 when they differ, 2 when one is unreadable.
+
+    Semantically (default): world size and layout, comm groups by membership, per-rank node
+    counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
+    """
+    from traceforge.analysis.diff import byte_differences, diff_sets, open_set
+
+    from traceforge.emit.writer import default_jobs
+
+    if limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    set_a, set_b = open_set(a, prefix), open_set(b, prefix)
+    if exact:
+        differing = list(byte_differences(set_a, set_b))
+        _print_byte_diff(set_a, set_b, differing, limit)
+        raise typer.Exit(1 if differing else 0)
+    result = diff_sets(set_a, set_b, keep=limit, jobs=jobs)
+    _print_diff(result, limit)
+    raise typer.Exit(1 if result.differs else 0)
+
+
+def _mark(equal: bool) -> str:
+    return "[green]=[/]" if equal else "[red]≠[/]"
+
+
+def _print_byte_diff(set_a, set_b, differing: list[tuple[str, str]], limit: int) -> None:
+    out.print(Text(f"A  {set_a.directory}  ({set_a.world_size} ranks, prefix {set_a.prefix})"))
+    out.print(Text(f"B  {set_b.directory}  ({set_b.world_size} ranks, prefix {set_b.prefix})"))
+    if not differing:
+        out.print("[green]identical[/]: every trace file, comm_group.json and manifest.json match byte for byte")
+        return
+    for role, what in differing[:limit]:
+        out.print(Text(f"  {role}: {what}"))
+    if len(differing) > limit:
+        out.print(f"  ... and {len(differing) - limit} more files")
+    out.print(f"[red]differ[/]: {len(differing)} files are not identical")
+
+
+def _ranks(ranks: list[int], most: int = 12) -> str:
+    shown = ", ".join(str(r) for r in ranks[:most])
+    return shown + (f", ... ({len(ranks)} in all)" if len(ranks) > most else "")
+
+
+def _group(members: tuple[int, ...], most: int = 8) -> str:
+    inner = ",".join(str(r) for r in members[:most])
+    return "{" + inner + (",...}" if len(members) > most else "}")
+
+
+def _value(v: object) -> str:
+    if isinstance(v, tuple):
+        return _group(v)
+    text = str(v).replace("\n", " ").strip()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_diff(d, limit: int) -> None:
+    from traceforge.analysis.show import table_header, table_line
+
+    a, b = d.a, d.b
+    out.print(Text(f"A  {a.directory}  ({a.world_size} ranks, prefix {a.prefix}, {d.nodes_a:,} nodes compared)"))
+    out.print(Text(f"B  {b.directory}  ({b.world_size} ranks, prefix {b.prefix}, {d.nodes_b:,} nodes compared)"))
+
+    out.print(f"world size   {a.world_size} {_mark(a.world_size == b.world_size)} {b.world_size}")
+    if d.only_a or d.only_b:
+        if d.only_a:
+            out.print(f"  ranks only in A: {_ranks(d.only_a)}")
+        if d.only_b:
+            out.print(f"  ranks only in B: {_ranks(d.only_b)}")
+    if a.manifest is None or b.manifest is None:
+        out.print("layout       unknown (a set has no manifest.json)")
+    else:
+        line = f"layout       order {d.order[0]} {_mark(d.order[0] == d.order[1])} {d.order[1]}"
+        if d.coords_differ:
+            line += f"; coordinates differ on {len(d.coords_differ)} ranks ({_ranks(d.coords_differ)})"
+        out.print(Text.from_markup(line))
+        if d.spec:
+            changes = "; ".join(f"{k} {_value(va)} -> {_value(vb)}" for k, va, vb in ((k, *v) for k, v in d.spec.items()))
+            out.print(Text(f"spec         {changes}"))
+
+    if a.groups is None and b.groups is None:
+        out.print("comm groups  none in either set")
+    else:
+        na, nb = len(a.groups or {}), len(b.groups or {})
+        same = not d.groups_only_a and not d.groups_only_b
+        out.print(f"comm groups  {na} {_mark(same)} {nb}" + (" (same members)" if same else ""))
+        for label, groups in (("only in A", d.groups_only_a), ("only in B", d.groups_only_b)):
+            if groups:
+                shown = " ".join(_group(g) for g in groups[:limit])
+                out.print(Text(f"  {label}: {shown}" + (f" ... ({len(groups)} in all)" if len(groups) > limit else "")))
+
+    if not d.count_differ:
+        out.print(f"node counts  equal on all {d.ranks_compared} compared ranks")
+    else:
+        shown = ", ".join(f"rank {r}: {x} -> {y}" for r, x, y in d.count_differ[:limit])
+        more = f", ... ({len(d.count_differ)} ranks in all)" if len(d.count_differ) > limit else ""
+        out.print(Text(f"node counts  differ on {len(d.count_differ)} of {d.ranks_compared} ranks: {shown}{more}"))
+
+    dims = sorted(set(d.traffic_a) | set(d.traffic_b), key=_dim_order)
+    if dims:
+        out.print("traffic      bytes posted by all ranks (collectives + sends), by dimension")
+        table = Table()
+        for col in ("dim", "A bytes", "B bytes", "B - A"):
+            table.add_column(col, justify="left" if col == "dim" else "right")
+        for dim in dims:
+            x, y = d.traffic_a.get(dim, 0), d.traffic_b.get(dim, 0)
+            table.add_row(dim, f"{x:,}", f"{y:,}", "" if x == y else f"{y - x:+,}", style=None if x == y else "red")
+        out.print(table)
+
+    if d.ranks_differ:
+        out.print(f"first differing node per rank ({d.ranks_differ} of {d.ranks_compared} ranks differ):")
+        header = table_header()
+        for rd in d.rank_diffs:
+            if not rd.metadata_equal:
+                out.print(f"  rank {rd.rank}: GlobalMetadata differs")
+            nd = rd.first
+            if nd is None:
+                continue
+            out.print(Text(f"  rank {rd.rank}, node #{nd.index}:", style="bold"))
+            out.print(Text(f"       {header}", style="dim"), soft_wrap=True)
+            out.print(Text(f"    A  {table_line(nd.a)}" if nd.a else f"    A  (ends after {rd.nodes_a} nodes)"), soft_wrap=True)
+            out.print(Text(f"    B  {table_line(nd.b)}" if nd.b else f"    B  (ends after {rd.nodes_b} nodes)"), soft_wrap=True)
+            if nd.a and nd.b and nd.a.type != nd.b.type:
+                out.print(Text(f"    changed: a different kind of node ({nd.a.type} -> {nd.b.type})"))
+            elif nd.fields:
+                out.print(Text("    changed: " + "; ".join(f"{k} {_value(x)} -> {_value(y)}" for k, x, y in nd.fields)), soft_wrap=True)
+        if d.ranks_differ > len(d.rank_diffs):
+            out.print(f"  ... and {d.ranks_differ - len(d.rank_diffs)} more ranks (see --limit)")
+    verdict = "[red]differ[/]" if d.differs else "[green]equal[/]: same ranks, groups and nodes"
+    out.print(verdict)
+
+
+def _dim_order(dim: str) -> tuple[int, str]:
+    known = ("tp", "cp", "ep", "pp", "dp", "emb", "coll", "p2p")
+    return (known.index(dim) if dim in known else len(known), dim)
+
+
+# -- show -----------------------------------------------------------------------------------
+
+
+@app.command("show")
+@user_errors
+def show(
+    directory: Path = typer.Argument(..., help="Trace set folder."),
+    rank: int = typer.Option(0, "--rank", "-r", help="Rank whose trace to print."),
+    node_range: Optional[str] = typer.Option(None, "--range", help="Node ids START:END (END excluded), START:, :END or one id."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array of row objects instead of a table."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+) -> None:
+    """Print one rank's nodes as a readable table: type, collective, bytes, group members or peer,
+    dependencies, duration and annotations."""
+    from traceforge.analysis.reader import find_rank_files
+    from traceforge.analysis.show import iter_rows, load_groups, parse_range, write_json, write_table
+
+    start, stop = parse_range(node_range)
+    prefix, files = find_rank_files(directory, prefix)
+    if rank not in files:
+        raise UserError(f"{directory}: no trace file for rank {rank} (ranks {min(files)}-{max(files)})")
+    groups = load_groups(directory)
+    rows = iter_rows(files[rank], groups, start, stop)
+    if as_json:
+        write_json(rows, sys.stdout)
+        return
+    sys.stdout.write(f"# rank {rank}{_coordinates(directory, rank)}: {files[rank]}\n")
+    n = write_table(rows, sys.stdout)
+    sys.stdout.write(f"# {n} nodes{'' if node_range is None else f' in range {node_range}'}\n")
+
+
+def _coordinates(directory: Path, rank: int) -> str:
+    """' (tp 0, pp 1, dp 0)' from the set's manifest, or '' without one."""
+    from traceforge.analysis.show import MANIFEST_FILE, read_json_file
+
+    doc = read_json_file(Path(directory) / MANIFEST_FILE)
+    ranks = doc.get("ranks") if isinstance(doc, dict) else None
+    entry = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) and isinstance(ranks[rank], dict) else {}
+    dims = (doc.get("order") or "").split("-") if entry.get("rank") == rank else []
+    sizes = doc.get("spec") or {}
+    shown = [f"{d} {entry[d]}" for d in dims if d in entry and sizes.get(d, 1) > 1]  # dims in use only
+    return f" ({', '.join(shown)})" if shown else ""
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+@app.command("export")
+@user_errors
+def export(
+    directory: Path = typer.Argument(..., help="Trace set folder."),
+    fmt: str = typer.Option("json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each node)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for <prefix>.<rank>.json files and comm_group.json."),
+    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="Export only this rank; without --out it goes to stdout."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+) -> None:
+    """Write a trace set as JSON for simulators and scripts without protobuf, node by node."""
+    from traceforge.analysis.export import FORMATS, export_json, write_rank_json
+    from traceforge.analysis.reader import find_rank_files
+
+    if fmt.lower() not in FORMATS:
+        raise UserError(f"--format {fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
+    if out_dir is None:
+        if rank is None:
+            raise UserError("give -o/--out DIR for the whole set, or --rank R to print one rank to stdout")
+        prefix, files = find_rank_files(directory, prefix)
+        if rank not in files:
+            raise UserError(f"{directory}: no trace file for rank {rank} (ranks {min(files)}-{max(files)})")
+        write_rank_json(files[rank], rank, sys.stdout)
+        return
+    written = export_json(directory, out_dir, prefix=prefix, ranks=None if rank is None else [rank], force=force)
+    ranks = sum(1 for p in written if p.suffix == ".json" and p.name != "comm_group.json")
+    out.print(Text(f"wrote {ranks} rank files to {out_dir}/"))

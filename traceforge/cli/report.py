@@ -1,0 +1,61 @@
+"""`traceforge report DIR`: per-dimension traffic, matrices, test matrix and a step estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from traceforge.cli import app, err, out, user_errors
+from traceforge.errors import UserError
+
+
+@app.command("report")
+@user_errors
+def report(
+    directory: Path = typer.Argument(..., help="Trace set directory (<prefix>.<rank>.et files; ours or any Chakra ET)."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix when the directory holds several."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", "-g", help="GPUs per node: groups inside one node are scale-up, others scale-out."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A second trace set to show side by side (e.g. the same spec with another --order)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV/JSON/PNG artifacts here (new or empty directory)."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
+    intra_bw: float = typer.Option(360.0, "--intra-bw", help="Timeline: intra-node bandwidth per GPU, GB/s (achieved)."),
+    inter_bw: float = typer.Option(45.0, "--inter-bw", help="Timeline: inter-node bandwidth per GPU, GB/s (achieved)."),
+    latency: float = typer.Option(5.0, "--latency", help="Timeline: latency per collective or send, microseconds."),
+    timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
+    track_ranks: int = typer.Option(32, "--timeline-ranks", help="Ranks shown in timeline.json (all when the set is smaller)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+) -> None:
+    """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
+    from traceforge.analysis.render import render_comparison
+    from traceforge.analysis.timing_replay import LinkModel
+    from traceforge.analysis.report import build_report
+
+    if jobs is not None and jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if track_ranks < 1:
+        raise UserError(f"--timeline-ranks must be at least 1, got {track_ranks}")
+    link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
+
+    def build(path: Path):
+        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=track_ranks, jobs=jobs)
+
+    main = build(directory)
+    other = build(compare) if compare is not None else None
+    notes = main.write(out_dir, force=force) if out_dir is not None else []
+    if as_json:
+        doc = main.to_json() if other is None else {"a": main.to_json(), "b": other.to_json()}
+        out.print_json(json.dumps(doc))
+    elif other is not None:
+        render_comparison(main, other, out)
+    else:
+        main.render(out)
+    if out_dir is not None:
+        err.print(f"wrote report artifacts to {out_dir}/", markup=False)
+    elif not as_json:
+        err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR", markup=False)
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
