@@ -2,7 +2,11 @@
 
 The world is a numpy grid of rank ids, one axis per parallel dimension. The order string names
 dimensions innermost (fastest-varying) first, so rank = sum(coordinate * stride). Every kind of
-group is the grid with that dimension's axis moved last and reshaped to (groups, size).
+group is the grid with that kind's axes moved last and reshaped to (groups, size).
+
+Mixture-of-experts layers see the same ranks through a second grid, as Megatron's expert rank
+generator does: the data-parallel slab (cp x dp ranks) is refactored as ep x expert-dp, so the
+order string must keep cp, ep and dp adjacent (the spec checks it).
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import numpy as np
 
 from traceforge.spec import KNOWN_DIMS, Spec
 
-# Group kinds in id order. "emb" joins the first and last pipeline stage at equal tp, dp
-# (Megatron's embedding group) for the tied word-embedding gradient. "dps"/"dpr" split each DP
-# group for FSDP HYBRID_SHARD: shard groups of K consecutive DP ranks, and the replica groups
-# of ranks at the same position in every shard group.
-GROUP_KINDS = ("tp", "pp", "dp", "emb", "dps", "dpr")
+# Group kinds in id order, with the grid axes each varies along:
+# tp, cp, pp: one dimension each. dp: the gradient-reduction group, DP x CP (Megatron reduces
+# dense gradients over both). emb: the first and last pipeline stage at equal tp, dp (the tied
+# word-embedding gradient). dps/dpr: FSDP HYBRID_SHARD's shard groups of K consecutive DP ranks
+# and the replica groups across them. ep: expert parallel (MoE AllToAll). edp: expert data
+# parallel (expert gradients).
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp")
 
 
 @dataclass(frozen=True)
@@ -28,72 +34,101 @@ class Group:
     ranks: tuple[int, ...]
 
 
+class Grid:
+    """Rank ids laid out over some dimensions (innermost first)."""
+
+    def __init__(self, dims: tuple[str, ...], sizes: dict[str, int]):
+        self.dims, self.sizes = dims, sizes
+        shape = [sizes[d] for d in reversed(dims)]  # numpy's C order wants the outermost first
+        self.ids = np.arange(int(np.prod(shape))).reshape(shape)
+
+    def _axis(self, dim: str) -> int:
+        return len(self.dims) - 1 - self.dims.index(dim)
+
+    def rows(self, along: tuple[str, ...]) -> np.ndarray:
+        """Groups varying along these dimensions, as (groups, size), rows sorted by first rank."""
+        along = tuple(d for d in self.dims if d in along)  # innermost first, as in the order
+        if not along:
+            return self.ids.reshape(-1, 1)
+        axes = [self._axis(d) for d in reversed(along)]  # innermost last: it varies fastest
+        moved = np.moveaxis(self.ids, axes, list(range(-len(axes), 0)))
+        rows = moved.reshape(-1, int(np.prod([self.sizes[d] for d in along])))
+        return rows[np.argsort(rows[:, 0], kind="stable")]
+
+    def coords(self) -> dict[str, np.ndarray]:
+        ranks, stride, out = self.ids.size, 1, {}
+        r = np.arange(ranks)
+        for dim in self.dims:
+            out[dim] = (r // stride) % self.sizes[dim]
+            stride *= self.sizes[dim]
+        return out
+
+
 class Layout:
     def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None):
-        self.dp_shard = dp_shard
+        self.order = order
         self.dims = tuple(order.split("-"))
         self.sizes = {d: sizes.get(d, 1) for d in KNOWN_DIMS}
         for dim, size in self.sizes.items():
             if size > 1 and dim not in self.dims:
                 raise ValueError(f"order {order!r} lacks dimension {dim} of size {size}")
-        self.order = order
-        self.world_size = int(np.prod([self.sizes[d] for d in self.dims]))
-        # Outermost axis first, as numpy's C order wants.
-        self.grid = np.arange(self.world_size).reshape([self.sizes[d] for d in reversed(self.dims)])
+        self.dp_shard = dp_shard
+        s = self.sizes
+        self.dense = Grid(tuple(d for d in self.dims if d != "ep"), {**s, "ep": 1})
+        self.world_size = self.dense.ids.size
+        self.expert = None
+        if s["ep"] > 1:
+            expert_dp = s["cp"] * s["dp"] // s["ep"]
+            self.expert = Grid(tuple(d for d in self.dims if d != "cp"), {**s, "cp": 1, "dp": expert_dp})
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "Layout":
-        return cls({"tp": spec.tp, "pp": spec.pp, "dp": spec.dp}, spec.order,
+        return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
                    spec.shard_size if spec.dp_mode == "hsdp" else None)
-
-    def _axis(self, dim: str) -> int:
-        return len(self.dims) - 1 - self.dims.index(dim)
-
-    def members(self, dim: str) -> np.ndarray:
-        """All groups along one dimension as a (groups, size) array, rows sorted by first rank."""
-        if dim not in self.dims:
-            return np.arange(self.world_size).reshape(-1, 1)
-        rows = np.moveaxis(self.grid, self._axis(dim), -1).reshape(-1, self.sizes[dim])
-        return rows[np.argsort(rows[:, 0], kind="stable")]
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:
-        """coordinate along each dimension, indexed by rank."""
-        out = {}
-        stride = 1
-        ranks = np.arange(self.world_size)
-        for dim in KNOWN_DIMS:
-            out[dim] = np.zeros(self.world_size, dtype=np.int64)
-        for dim in self.dims:
-            out[dim] = (ranks // stride) % self.sizes[dim]
-            stride *= self.sizes[dim]
+        """Coordinate along each dimension, indexed by rank (ep from the expert grid)."""
+        zero = np.zeros(self.world_size, dtype=np.int64)
+        dense = self.dense.coords()
+        out = {dim: dense.get(dim, zero) for dim in KNOWN_DIMS}
+        if self.expert is not None:
+            out["ep"] = self.expert.coords()["ep"]
         return out
 
     def coordinate(self, rank: int) -> dict[str, int]:
         return {dim: int(self.coords[dim][rank]) for dim in KNOWN_DIMS}
 
     def rank_of(self, **coord: int) -> int:
+        """Rank at dense coordinates (tp, cp, dp, pp)."""
         rank, stride = 0, 1
-        for dim in self.dims:
+        for dim in self.dense.dims:
             rank += coord.get(dim, 0) * stride
-            stride *= self.sizes[dim]
+            stride *= self.dense.sizes[dim]
         return rank
 
+    def members(self, dim: str) -> np.ndarray:
+        return self._rows(dim)
+
     def _rows(self, kind: str) -> np.ndarray:
+        empty = np.zeros((0, 1), dtype=np.int64)
+        if kind in ("tp", "cp", "pp"):
+            return self.dense.rows((kind,))
+        if kind == "dp":
+            return self.dense.rows(("cp", "dp"))
         if kind == "emb":
-            pp_rows = self.members("pp")
-            if pp_rows.shape[1] < 2:
-                return np.zeros((0, 2), dtype=np.int64)
-            return pp_rows[:, [0, -1]]
+            pp_rows = self.dense.rows(("pp",))
+            return pp_rows[:, [0, -1]] if pp_rows.shape[1] > 1 else empty
         if kind in ("dps", "dpr"):
             if not self.dp_shard:
-                return np.zeros((0, 1), dtype=np.int64)
-            dp_rows = self.members("dp")  # each row in dp-coordinate order
-            k = self.dp_shard
-            blocks = dp_rows.reshape(len(dp_rows), -1, k)  # (groups, replicas, shard)
-            rows = blocks.reshape(-1, k) if kind == "dps" else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
+                return empty
+            dp_rows = self._rows("dp")
+            blocks = dp_rows.reshape(len(dp_rows), -1, self.dp_shard)  # (groups, replicas, shard)
+            rows = blocks.reshape(-1, self.dp_shard) if kind == "dps" else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
             return rows[np.argsort(rows[:, 0], kind="stable")]
-        return self.members(kind)
+        if self.expert is None:
+            return empty
+        return self.expert.rows(("ep",) if kind == "ep" else ("dp",))
 
     @cached_property
     def groups(self) -> dict[str, list[Group]]:
@@ -123,15 +158,23 @@ class Layout:
     def group_by_id(self) -> dict[int, Group]:
         return {g.id: g for groups in self.groups.values() for g in groups}
 
-    @cached_property
-    def pipeline_peers(self) -> tuple[np.ndarray, np.ndarray]:
-        """(next, prev): each rank's neighbour one stage later / earlier, wrapping around."""
-        rows = self.members("pp")
+    def _ring(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.dense.rows((kind,))
         nxt = np.zeros(self.world_size, dtype=np.int64)
         prv = np.zeros(self.world_size, dtype=np.int64)
         nxt[rows] = np.roll(rows, -1, axis=1)
         prv[rows] = np.roll(rows, 1, axis=1)
         return nxt, prv
+
+    @cached_property
+    def pipeline_peers(self) -> tuple[np.ndarray, np.ndarray]:
+        """(next, prev): each rank's neighbour one stage later / earlier, wrapping around."""
+        return self._ring("pp")
+
+    @cached_property
+    def context_peers(self) -> tuple[np.ndarray, np.ndarray]:
+        """(next, prev) in each rank's context-parallel ring."""
+        return self._ring("cp")
 
     def stage_ranks(self, stage: int) -> np.ndarray:
         return np.flatnonzero(self.coords["pp"] == stage)

@@ -19,28 +19,41 @@ def padded_vocab(spec: Spec) -> int:
 
 @dataclass(frozen=True)
 class LayerParams:
-    """One transformer layer: parameters split across TP ranks (full count) and replicated ones."""
+    """One transformer layer: dense parameters split across TP ranks (full count), replicated
+    ones, and the experts one EP rank holds (full count before the TP split; 0 if dense)."""
 
     split: int
     replicated: int
+    expert: int = 0
 
     def per_rank(self, tp: int) -> int:
         return self.split // tp + self.replicated
 
 
-def layer_params(spec: Spec) -> LayerParams:
+def is_moe_layer(spec: Spec, layer: int) -> bool:
+    return spec.experts > 0 and layer % spec.moe_layer_freq == 0
+
+
+def mlp_params(spec: Spec) -> int:
+    """One MLP (or one expert): gpt fc1 W+b and fc2 W; llama gate, up, down."""
     h, f = spec.hidden, spec.ffn_hidden
+    return h * f + f + f * h if spec.arch == "gpt" else 3 * h * f
+
+
+def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
+    h = spec.hidden
     kv_dim = spec.kv_heads * (h // spec.heads)
     qkv_out = h + 2 * kv_dim
     if spec.arch == "gpt":
-        # QKV W+b, proj W, fc1 W+b, fc2 W (split); proj b, fc2 b, two LayerNorms (w+b) (replicated).
-        split = h * qkv_out + qkv_out + h * h + h * f + f + f * h
-        replicated = h + h + 4 * h
+        # QKV W+b, proj W (split); proj b, fc2 b, two LayerNorms w+b (replicated).
+        attention, replicated = h * qkv_out + qkv_out + h * h, h + h + 4 * h
     else:
-        # Llama: Q, K, V, O, gate, up, down without biases (split); two RMSNorm weights (replicated).
-        split = h * qkv_out + h * h + 3 * h * f
-        replicated = 2 * h
-    return LayerParams(split, replicated)
+        # Llama: Q, K, V, O without biases (split); two RMSNorm weights (replicated).
+        attention, replicated = h * qkv_out + h * h, 2 * h
+    if is_moe_layer(spec, layer):
+        # The router (h x E) is replicated on every TP rank; each EP rank holds E/ep experts.
+        return LayerParams(attention, replicated + h * spec.experts, spec.experts // spec.ep * mlp_params(spec))
+    return LayerParams(attention + mlp_params(spec), replicated)
 
 
 def stage_layer_ranges(spec: Spec) -> list[range]:
@@ -95,59 +108,60 @@ def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
 
 @dataclass(frozen=True)
 class StageParams:
-    """Parameters one TP rank of a stage holds, by unit (the unit ZeRO-3 gathers one at a time)."""
+    """Parameters one TP rank of a stage holds, by unit (the unit ZeRO-3 gathers one at a time).
+    Dense parameters are reduced over the DP group, expert ones over the expert-DP group."""
 
     layers: tuple[int, ...]
-    per_layer: int  # per TP rank
-    per_layer_replicated: int
+    dense: dict[int, int]  # layer -> dense parameters per TP rank
+    expert: dict[int, int]  # layer -> expert parameters per TP rank (0 for dense layers)
     embedding: int  # word (+ position) embedding on the first stage, per TP rank
     head: int  # output layer (or tied copy) + final norm on the last stage, per TP rank
     # TP-replicated parameters whose gradients differ across TP ranks under sequence parallelism
-    # (norms, row-parallel biases): Megatron AllReduces them in the TP group at end of step.
+    # (norms, row-parallel biases, routers): Megatron AllReduces them in the TP group at end of step.
     replicated: int
 
     @property
     def total(self) -> int:
-        return len(self.layers) * self.per_layer + self.embedding + self.head
+        """Dense parameters of the stage on this rank (what the DP group reduces)."""
+        return sum(self.dense.values()) + self.embedding + self.head
 
-    def backward_units(self) -> list[tuple[str, int]]:
-        """(unit, parameters per TP rank) in the order backward finishes their gradients
-        within one chunk-ordered pass: head, layers last to first, embedding."""
-        out: list[tuple[str, int]] = [("head", self.head)] if self.head else []
-        out += [(f"L{layer}", self.per_layer) for layer in reversed(self.layers)]
-        if self.embedding:
-            out.append(("embed", self.embedding))
-        return out
+    @property
+    def expert_total(self) -> int:
+        return sum(self.expert.values())
 
 
 def stage_params(spec: Spec, stage: int) -> StageParams:
     t, h = spec.tp, spec.hidden
-    lp = layer_params(spec)
     layers = tuple(layer for chunk in model_chunks(spec, stage) for layer in chunk.layers)
+    params = {layer: layer_params(spec, layer) for layer in layers}
     first, last = stage == 0, stage == spec.pp - 1
     word = padded_vocab(spec) * h // t
     final_norm = 2 * h if spec.arch == "gpt" else h
     embedding = 0
-    emb_replicated = 0
     if first:
-        emb_replicated = spec.seq_len * h if spec.arch == "gpt" else 0  # learned positions
-        embedding = word + emb_replicated
+        positions = spec.seq_len * h if spec.arch == "gpt" else 0  # learned, replicated
+        embedding = word + positions
     head = 0
     if last:
         # Untied: its own output layer. Tied with p > 1: a second copy of the word embedding.
         # Tied with p == 1: the first stage's copy serves, nothing more.
         output = 0 if (spec.tied_embeddings and spec.pp == 1) else word
         head = output + final_norm
-    replicated = len(layers) * lp.replicated + (final_norm if last else 0)
-    return StageParams(layers, lp.per_rank(t), lp.replicated, embedding, head, replicated)
+    replicated = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
+    return StageParams(
+        layers, {layer: lp.per_rank(t) for layer, lp in params.items()},
+        {layer: lp.expert // t for layer, lp in params.items()}, embedding, head, replicated,
+    )
 
 
 def total_params(spec: Spec) -> int:
     """Psi: all parameters of the model (one copy of tied embeddings, unpadded vocabulary)."""
-    lp = layer_params(spec)
     h = spec.hidden
-    n = spec.layers * (lp.split + lp.replicated) + spec.vocab * h
-    n += (2 * h if spec.arch == "gpt" else h)  # final norm
+    n = 0
+    for layer in range(spec.layers):
+        lp = layer_params(spec, layer)
+        n += lp.split + lp.replicated + lp.expert * spec.ep
+    n += spec.vocab * h + (2 * h if spec.arch == "gpt" else h)  # word embedding, final norm
     if spec.arch == "gpt":
         n += spec.seq_len * h
     if not spec.tied_embeddings:
@@ -155,9 +169,15 @@ def total_params(spec: Spec) -> int:
     return n
 
 
+def local_tokens(spec: Spec) -> int:
+    """Tokens of one micro-batch on one rank before any TP sharding: b*s/cp."""
+    return spec.micro_batch * spec.seq_len // spec.cp
+
+
 def activation_bytes(spec: Spec) -> int:
-    """b*s*h*e: one micro-batch's hidden states, the size of TP AllReduces and full TP tensors."""
-    return spec.micro_batch * spec.seq_len * spec.hidden * spec.act_bytes
+    """b*(s/cp)*h*e: one micro-batch's hidden states on a rank, the size of TP AllReduces and
+    of full TP tensors."""
+    return local_tokens(spec) * spec.hidden * spec.act_bytes
 
 
 def p2p_bytes(spec: Spec) -> int:

@@ -35,6 +35,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                        vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=4, dp=4, global_batch=128),
     "llama3-405b": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
                         vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=16, dp=128, global_batch=2048),
+    # Mixtral 8x7B (Jiang et al. 2024, table 1): 8 experts, top-2 routing in every layer; layout as
+    # Megatron-LM's examples/mixtral (tp1 pp4 ep8), pipeline outermost.
+    "mixtral-8x7b": dict(_TRAINING, arch="llama", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
+                         vocab=32000, seq_len=4096, tied_embeddings=False, tp=1, pp=4, dp=8, ep=8, experts=8, top_k=2,
+                         order="megatron", global_batch=256),
 }
 
 

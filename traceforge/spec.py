@@ -56,9 +56,11 @@ FIELDS: tuple[Field, ...] = (
           bool_flags=("--tied-embeddings", "--untied-embeddings")),
     # parallelism
     Field("tp", int, "Tensor-parallel size t."),
+    Field("cp", int, "Context-parallel size (ring attention over sequence chunks; default 1)."),
     Field("pp", int, "Pipeline-parallel size p (stages)."),
     Field("dp", int, "Data-parallel size d (derived from --world-size when that is given)."),
-    Field("world_size", int, "Total GPUs; must equal tp*pp*dp (give it instead of --dp to derive dp)."),
+    Field("ep", int, "Expert-parallel size (divides dp*cp; default 1)."),
+    Field("world_size", int, "Total GPUs; must equal tp*cp*pp*dp (give it instead of --dp to derive dp)."),
     Field("order", str, "Rank order, innermost dimension first, e.g. tp-pp-dp (default) or megatron (= tp-cp-ep-dp-pp)."),
     # training step
     Field("micro_batch", int, "Micro-batch size b in sequences."),
@@ -68,6 +70,9 @@ FIELDS: tuple[Field, ...] = (
     Field("grad_dtype", str, "Gradient dtype as reduced (default fp32, as Megatron's main grads).", ("bf16", "fp16", "fp32")),
     Field("sequence_parallel", bool, "Megatron sequence parallelism: TP AllGather/ReduceScatter instead of AllReduce.",
           bool_flags=("--sequence-parallel", "--no-sequence-parallel")),
+    Field("experts", int, "Mixture-of-experts: experts per MoE layer (unset = dense)."),
+    Field("top_k", int, "Mixture-of-experts: experts each token is routed to (default 2)."),
+    Field("moe_layer_freq", int, "Mixture-of-experts: every k-th layer is an MoE layer (default 1: all)."),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
     Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe", "interleaved")),
@@ -105,6 +110,8 @@ class Spec:
     seq_len: int
     tied_embeddings: bool
     tp: int
+    cp: int
+    ep: int
     pp: int
     dp: int
     world_size: int
@@ -116,6 +123,9 @@ class Spec:
     grad_dtype: str
     sequence_parallel: bool
     recompute: str
+    experts: int
+    top_k: int
+    moe_layer_freq: int
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
@@ -271,52 +281,87 @@ def build_spec(
     return _normalize(raw, explicit, preset_name)
 
 
-def _normalize(raw: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
-    def need(name: str) -> Any:
-        if raw.get(name) is None:
+class _Raw:
+    """The merged raw values, with 'need' for required ones."""
+
+    def __init__(self, raw: dict[str, Any], explicit: Mapping[str, Any]):
+        self.raw, self.explicit = raw, explicit
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self.raw.get(name)
+        return default if value is None else value
+
+    def need(self, name: str) -> Any:
+        if self.raw.get(name) is None:
             raise SpecError(f"{name} is not set: give --{name.replace('_', '-')} or set it in the config file")
-        return raw[name]
+        return self.raw[name]
 
-    arch = need("arch")
-    layers, hidden, heads, vocab, seq_len = (need(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len"))
-    kv_heads = raw.get("kv_heads") or heads
-    ffn_hidden = raw.get("ffn_hidden") or 4 * hidden
-    tied = raw.get("tied_embeddings")
-    if tied is None:
-        tied = arch == "gpt"
-    tp, pp = need("tp"), need("pp")
 
-    # dp: derived from world_size unless dp itself is given at least as explicitly.
-    world = raw.get("world_size")
-    if world is not None and ("world_size" in explicit and "dp" not in explicit):
-        if world % (tp * pp):
-            raise SpecError(f"world_size {world} is not divisible by tp*pp = {tp * pp}: pick a world size that is a multiple of {tp * pp}")
-        dp = world // (tp * pp)
-    else:
-        dp = need("dp")
-    if world is None:
-        world = tp * pp * dp
-    if world != tp * pp * dp:
-        raise SpecError(f"world_size {world} != tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}: drop --dp to derive it, or fix one of them")
+def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
+    r = _Raw(raw_values, explicit)
+    values: dict[str, Any] = {"preset": preset_name}
+    for section in (_model, _parallel, _batch, _experts, _modes, _gpu):
+        values.update(section(r, values))
+    return Spec(**values)
 
+
+def _model(r: _Raw, _: dict) -> dict:
+    arch = r.need("arch")
+    layers, hidden, heads, vocab, seq_len = (r.need(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len"))
+    kv_heads = r.get("kv_heads", heads)
     if hidden % heads:
         raise SpecError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-    if heads % tp:
-        raise SpecError(f"heads ({heads}) must be divisible by tp ({tp}): choose tp from {_divisors(heads)}")
     if kv_heads > heads or heads % kv_heads:
         raise SpecError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
+    return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=r.get("ffn_hidden", 4 * hidden), heads=heads,
+                kv_heads=kv_heads, vocab=vocab, seq_len=seq_len, tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
+
+
+def _parallel(r: _Raw, v: dict) -> dict:
+    tp, pp, cp, ep = r.need("tp"), r.need("pp"), r.get("cp", 1), r.get("ep", 1)
+    model_parallel = tp * cp * pp
+    # dp: derived from world_size unless dp itself is given at least as explicitly.
+    world = r.get("world_size")
+    if world is not None and "world_size" in r.explicit and "dp" not in r.explicit:
+        if world % model_parallel:
+            raise SpecError(f"world_size {world} is not divisible by tp*cp*pp = {model_parallel}: pick a multiple of {model_parallel}")
+        dp = world // model_parallel
+    else:
+        dp = r.need("dp")
+    if world is None:
+        world = model_parallel * dp
+    if world != model_parallel * dp:
+        raise SpecError(f"world_size {world} != tp*cp*pp*dp = {model_parallel * dp}: drop --dp to derive it, or fix one of them")
+    heads, kv_heads = v["heads"], v["kv_heads"]
+    if heads % tp:
+        raise SpecError(f"heads ({heads}) must be divisible by tp ({tp}): choose tp from {_divisors(heads)}")
     if kv_heads % tp:
         raise SpecError(f"kv_heads ({kv_heads}) must be divisible by tp ({tp}), as Megatron requires: choose tp from {_divisors(kv_heads)}")
-    if ffn_hidden % tp:
-        raise SpecError(f"ffn_hidden ({ffn_hidden}) must be divisible by tp ({tp})")
-    if layers < pp:
-        raise SpecError(f"layers ({layers}) must be at least pp ({pp}): every pipeline stage needs a layer; lower --pp")
+    if v["ffn_hidden"] % tp:
+        raise SpecError(f"ffn_hidden ({v['ffn_hidden']}) must be divisible by tp ({tp})")
+    if v["layers"] < pp:
+        raise SpecError(f"layers ({v['layers']}) must be at least pp ({pp}): every pipeline stage needs a layer; lower --pp")
+    if cp > 1 and v["seq_len"] % (2 * cp):
+        raise SpecError(f"seq_len ({v['seq_len']}) must be divisible by 2*cp ({2 * cp}): context parallelism splits it into 2*cp chunks")
+    order = normalize_order(r.need("order"))
+    dims = order.split("-")
+    for dim, size in (("cp", cp), ("ep", ep)):
+        if size > 1 and dim not in dims:
+            raise SpecError(f"order {order!r} lacks {dim} but {dim} = {size}: add it, e.g. --order megatron (tp-cp-ep-dp-pp)")
+    if ep > 1:
+        if (dp * cp) % ep:
+            raise SpecError(f"ep ({ep}) must divide dp*cp ({dp * cp}): experts are spread over data-parallel ranks")
+        block = [d for d in dims if d in ("cp", "ep", "dp")]
+        first = dims.index(block[0])
+        if dims[first:first + len(block)] != block or abs(dims.index("ep") - dims.index("dp")) != 1:
+            raise SpecError(f"order {order!r}: ep must sit next to dp (and cp next to them), as Megatron requires, e.g. tp-cp-ep-dp-pp")
+    return dict(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, world_size=world, order=order)
 
-    order = normalize_order(need("order"))
 
-    micro_batch = need("micro_batch")
-    gb, m = raw.get("global_batch"), raw.get("num_microbatches")
-    if "num_microbatches" in explicit and "global_batch" not in explicit:
+def _batch(r: _Raw, v: dict) -> dict:
+    dp, micro_batch = v["dp"], r.need("micro_batch")
+    gb, m = r.get("global_batch"), r.get("num_microbatches")
+    if "num_microbatches" in r.explicit and "global_batch" not in r.explicit:
         gb = m * micro_batch * dp
     elif gb is not None:
         if gb % (micro_batch * dp):
@@ -325,23 +370,41 @@ def _normalize(raw: dict[str, Any], explicit: Mapping[str, Any], preset_name: st
                 f"use a multiple of {micro_batch * dp}, or give --num-microbatches"
             )
         m_from_gb = gb // (micro_batch * dp)
-        if m is not None and "num_microbatches" in explicit and m != m_from_gb:
+        if m is not None and "num_microbatches" in r.explicit and m != m_from_gb:
             raise SpecError(f"num_microbatches ({m}) disagrees with global_batch/(micro_batch*dp) = {m_from_gb}: give only one of them")
         m = m_from_gb
     elif m is not None:
         gb = m * micro_batch * dp
     else:
         raise SpecError("neither global_batch nor num_microbatches is set: give --global-batch or --num-microbatches")
-
-    dtype = need("dtype")
-    grad_dtype = raw.get("grad_dtype") or "fp32"
-    sp = bool(raw.get("sequence_parallel"))
+    tp, seq_len = v["tp"], v["seq_len"]
+    sp = bool(r.get("sequence_parallel"))
     if sp and tp == 1:
         raise SpecError("sequence_parallel needs tp > 1 (it shards activations across the TP group): raise --tp or drop --sequence-parallel")
-    if sp and seq_len % tp:
-        raise SpecError(f"seq_len ({seq_len}) must be divisible by tp ({tp}) with sequence parallelism")
-    dp_mode = DP_MODE_ALIASES.get(need("dp_mode"), raw["dp_mode"])
-    shard_size = raw.get("shard_size")
+    if sp and (seq_len // v["cp"]) % tp:
+        raise SpecError(f"seq_len/cp ({seq_len // v['cp']}) must be divisible by tp ({tp}) with sequence parallelism")
+    return dict(micro_batch=micro_batch, global_batch=gb, num_microbatches=m, dtype=r.need("dtype"),
+                grad_dtype=r.get("grad_dtype", "fp32"), sequence_parallel=sp, recompute=r.get("recompute", "none"))
+
+
+def _experts(r: _Raw, v: dict) -> dict:
+    experts, top_k, freq = r.get("experts", 0), r.get("top_k", 2), r.get("moe_layer_freq", 1)
+    if experts:
+        if experts % v["ep"]:
+            raise SpecError(f"experts ({experts}) must be divisible by ep ({v['ep']})")
+        if top_k > experts:
+            raise SpecError(f"top_k ({top_k}) cannot exceed experts ({experts})")
+        if v["tp"] > 1 and not v["sequence_parallel"]:
+            raise SpecError("MoE with tp > 1 needs --sequence-parallel (Megatron's token dispatcher expects sequence-sharded tokens)")
+    elif v["ep"] > 1:
+        raise SpecError(f"ep ({v['ep']}) needs a mixture-of-experts model: give --experts E")
+    return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1)
+
+
+def _modes(r: _Raw, v: dict) -> dict:
+    dp, pp, m, layers = v["dp"], v["pp"], v["num_microbatches"], v["layers"]
+    dp_mode = DP_MODE_ALIASES.get(r.need("dp_mode"), r.need("dp_mode"))
+    shard_size = r.get("shard_size")
     if dp_mode == "hsdp":
         if shard_size is None:
             raise SpecError("dp_mode hsdp needs --shard-size K: the DP ranks that shard parameters among themselves")
@@ -349,60 +412,62 @@ def _normalize(raw: dict[str, Any], explicit: Mapping[str, Any], preset_name: st
             raise SpecError(f"shard_size ({shard_size}) must divide dp ({dp}): choose from {_divisors(dp)}")
     elif shard_size is not None:
         raise SpecError("shard_size applies only to --dp-mode hsdp: drop --shard-size or use hsdp")
-    overlap_grad = bool(raw.get("overlap_grad_reduce"))
-    overlap_param = bool(raw.get("overlap_param_gather"))
+    if v["experts"] and dp_mode in ("zero3", "hsdp"):
+        raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use ddp, zero1, zero2 or dist-opt")
+    if v["cp"] > 1 and dp_mode == "hsdp":
+        raise SpecError("dp_mode hsdp with cp > 1 is not modelled: use zero3 or a Megatron mode")
+    overlap_grad = bool(r.get("overlap_grad_reduce"))
+    overlap_param = bool(r.get("overlap_param_gather"))
     if overlap_grad and dp_mode not in ("ddp", *SHARDED_OPTIMIZER_MODES):
         raise SpecError(f"overlap_grad_reduce applies to ddp, zero1, zero2 and dist-opt; {dp_mode} already reduces per layer")
     if overlap_param and dp_mode not in SHARDED_OPTIMIZER_MODES:
         raise SpecError("overlap_param_gather needs a sharded optimizer: use --dp-mode dist-opt, zero1 or zero2")
 
-    schedule = need("schedule")
-    v = raw.get("virtual_stages") or 1
-    layers_per_stage = raw.get("layers_per_stage")
+    schedule = r.need("schedule")
+    vs = r.get("virtual_stages", 1)
+    layers_per_stage = r.get("layers_per_stage")
     if schedule == "interleaved":
-        if v < 2:
+        if vs < 2:
             raise SpecError("schedule interleaved needs --virtual-stages V with V >= 2 model chunks per stage")
-        if pp < 2:
-            raise SpecError("schedule interleaved needs pp >= 2")
+        if pp < 3:
+            raise SpecError("schedule interleaved needs pp > 2, as Megatron requires (without its p2p overlap)")
         if m % pp:
             raise SpecError(f"interleaved schedule: num_microbatches ({m}) must be divisible by pp ({pp}), as Megatron requires")
-        if layers % (pp * v):
-            raise SpecError(f"interleaved schedule: layers ({layers}) must be divisible by pp*virtual_stages ({pp}*{v} = {pp * v})")
+        if layers % (pp * vs):
+            raise SpecError(f"interleaved schedule: layers ({layers}) must be divisible by pp*virtual_stages ({pp}*{vs} = {pp * vs})")
         if layers_per_stage is not None:
             raise SpecError("layers_per_stage cannot be combined with the interleaved schedule: drop one of them")
-    elif v != 1:
-        raise SpecError(f"virtual_stages ({v}) needs --schedule interleaved")
+    elif vs != 1:
+        raise SpecError(f"virtual_stages ({vs}) needs --schedule interleaved")
     if layers_per_stage is not None:
         if len(layers_per_stage) != pp:
             raise SpecError(f"layers_per_stage has {len(layers_per_stage)} entries; give one per stage (pp = {pp})")
         if sum(layers_per_stage) != layers:
             raise SpecError(f"layers_per_stage sums to {sum(layers_per_stage)} but layers is {layers}: make them agree")
+    steps = r.need("steps")
+    # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
+    if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) make too many p2p transfers for tags below {MAX_TAG}: emit fewer steps")
+    return dict(schedule=schedule, virtual_stages=vs, layers_per_stage=layers_per_stage, dp_mode=dp_mode,
+                shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
+                overlap_param_gather=overlap_param, steps=steps)
 
+
+def _gpu(r: _Raw, v: dict) -> dict:
     from traceforge.hardware import GPUS
 
-    gpu = need("gpu")
-    base_gpu = GPUS.get(gpu)
-    tflops = raw.get("gpu_tflops") or (base_gpu.peak_tflops[dtype] if base_gpu else None)
-    hbm = raw.get("gpu_hbm_gbps") or (base_gpu.hbm_gbps if base_gpu else None)
+    gpu = r.need("gpu")
+    base = GPUS.get(gpu)
+    tflops = r.get("gpu_tflops", base.peak_tflops[v["dtype"]] if base else None)
+    hbm = r.get("gpu_hbm_gbps", base.hbm_gbps if base else None)
     if tflops is None or hbm is None:
         raise SpecError("gpu custom needs --gpu-tflops and --gpu-hbm-gbps")
-    efficiency = raw.get("gpu_efficiency") or 0.5
+    efficiency = r.get("gpu_efficiency", 0.5)
     if not 0 < efficiency <= 1:
         raise SpecError(f"gpu_efficiency must be in (0, 1], got {efficiency}")
-    steps = need("steps")
-    if steps * m * v * 2 >= MAX_TAG:
-        raise SpecError(f"steps*num_microbatches ({steps}*{m}) is too large for p2p tags below {MAX_TAG}: emit fewer steps")
-
-    return Spec(
-        arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads, kv_heads=kv_heads,
-        vocab=vocab, seq_len=seq_len, tied_embeddings=tied, tp=tp, pp=pp, dp=dp, world_size=world,
-        order=order, micro_batch=micro_batch, global_batch=gb, num_microbatches=m, dtype=dtype,
-        grad_dtype=grad_dtype, sequence_parallel=sp, recompute=raw.get("recompute") or "none", schedule=schedule,
-        virtual_stages=v, layers_per_stage=layers_per_stage, dp_mode=dp_mode, shard_size=shard_size,
-        bucket_mb=raw.get("bucket_mb"), overlap_grad_reduce=overlap_grad, overlap_param_gather=overlap_param,
-        steps=steps, gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm), gpu_efficiency=float(efficiency),
-        preset=preset_name,
-    )
+    if tflops <= 0 or hbm <= 0:
+        raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
+    return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm), gpu_efficiency=float(efficiency))
 
 
 def _divisors(n: int) -> str:

@@ -66,7 +66,9 @@ def trace_file_name(prefix: str, rank: int) -> str:
 def role_values(layout: Layout, rank: int) -> dict[str, int]:
     """What each role of a program means on this rank."""
     nxt, prv = layout.pipeline_peers
-    values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank])}
+    cp_next, cp_prev = layout.context_peers
+    values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank]),
+              "cp_next": int(cp_next[rank]), "cp_prev": int(cp_prev[rank])}
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
     return values

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.model import padded_vocab
+from traceforge.model import local_tokens, padded_vocab
 from traceforge.spec import Spec
 
 # Adam with fp32 master weights: bf16 param, fp32 grad, master and two moments, read and
@@ -45,7 +45,7 @@ class CostModel:
         self.flops_per_us = spec.gpu_tflops * 1e6 * spec.gpu_efficiency
         self.bytes_per_us = spec.gpu_hbm_gbps * 1e3 * spec.gpu_efficiency
         s, t, e = spec, spec.tp, spec.act_bytes
-        T = s.micro_batch * s.seq_len  # tokens per micro-batch
+        T = local_tokens(s)  # tokens per micro-batch on this rank (b*s/cp)
         h, f = s.hidden, s.ffn_hidden
         kv_dim = s.kv_heads * (h // s.heads)
         qkv_out = h + 2 * kv_dim
@@ -63,8 +63,14 @@ class CostModel:
         self.fc2 = gemm(T, f // t, h)
         self.norm = elementwise(T * h)
         self.act = elementwise(T * mlp_in // t)
-        score_flops = 4 * s.micro_batch * s.seq_len * s.seq_len * h // t
+        # This rank's queries (s/cp of them) against every key of the sequence.
+        score_flops = 4 * T * s.seq_len * h // t
         self.core = self.kernel(round(score_flops * CAUSAL_FRACTION), 4 * T * h // t * e)
+        # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
+        routed = (T // t if t > 1 else T) * s.top_k  # dispatched token copies per rank
+        self.router = gemm(T // t if t > 1 else T, h, s.experts) if s.experts else self.kernel(0, 0)
+        self.experts = (gemm(routed * t, h, mlp_in // t) + self.act.scaled(routed * t / T)
+                        + gemm(routed * t, f // t, h)) if s.experts else self.kernel(0, 0)
         vocab = padded_vocab(s) // t
         self.embed = self.kernel(T * h, 2 * T * h * e)
         self.head = gemm(T, h, vocab) + self.kernel(5 * T * vocab, 3 * T * vocab * 4)  # logits + fp32 softmax-CE
@@ -79,13 +85,17 @@ class CostModel:
         return self.norm + self.qkv + self.core + self.proj
 
     @property
+    def attn_core_bwd(self) -> Cost:
+        return self.core.scaled(ATTENTION_BACKWARD_FACTOR)
+
+    @property
     def mlp_fwd(self) -> Cost:
         return self.norm + self.fc1 + self.act + self.fc2
 
     @property
     def attn_dgrad(self) -> Cost:
         """proj and QKV input gradients, attention backward, norm backward."""
-        return self.proj + self.core.scaled(ATTENTION_BACKWARD_FACTOR) + self.qkv + self.norm
+        return self.proj + self.attn_core_bwd + self.qkv + self.norm
 
     @property
     def attn_wgrad(self) -> Cost:
@@ -98,6 +108,10 @@ class CostModel:
     @property
     def mlp_wgrad(self) -> Cost:
         return self.fc2 + self.fc1
+
+    @property
+    def experts_wgrad(self) -> Cost:
+        return self.experts.scaled(1.0)
 
     def optimizer(self, params: int) -> Cost:
         return self.kernel(OPTIMIZER_FLOPS_PER_PARAM * params, OPTIMIZER_BYTES_PER_PARAM * params)

@@ -1,18 +1,19 @@
 """Data parallelism: gradient reduction and parameter gathering in the DP group only.
 
 Per rank the gradient is its model chunk's parameters on this TP rank (G elements), never
-Psi. Like Megatron, every model chunk has its own gradient buffer and buckets: G is cut, in
-the order backward produces it (head, last layer ... first layer, embedding), into buckets of
-``bucket_elements`` (the last one smaller), each padded to a multiple of the group size so
-every rank's shard is equal.
+Psi. Gradients are reduced over DP x CP (the "dp" group; with cp = 1 just the DP group);
+with expert parallelism the experts' gradients have their own buffer, reduced over the
+expert-DP group (dp*cp/ep ranks). Like Megatron, every model chunk has its own buffers: G is
+cut, in the order backward produces it (head, last layer ... first layer, embedding), into
+buckets of ``bucket_elements`` (the last one smaller; Megatron closes a bucket at the next
+parameter boundary, we cut exactly), each padded as ``bucket_padding`` says.
 
 - ddp: AllReduce of each bucket (G*g in all).
 - zero1 / dist-opt (Megatron's distributed optimizer): ReduceScatter of each bucket (comm_size
-  = the full bucket), optimizer on the local shard, AllGather of the updated parameters
-  (comm_size = the shard each rank contributes, G*e/d).
+  = the full bucket) at the end of the step, optimizer on the local shard, AllGather of the
+  updated parameters (comm_size = the shard each rank contributes, G*e/d).
 - zero2: as zero1, but the gradients are reduce-scattered in every micro-batch's backward as
-  soon as a bucket is complete (DeepSpeed partitions gradients, so it cannot accumulate them
-  whole).
+  soon as a bucket is complete (DeepSpeed partitions gradients, so it reduces every micro-step).
 - zero3 (FSDP FULL_SHARD): per unit (embedding, each layer, head) and micro-batch, AllGather
   of its parameters before forward and again before backward (the next unit's gather is
   prefetched while this one computes), ReduceScatter of its gradients after backward.
@@ -21,9 +22,15 @@ every rank's shard is equal.
 With --overlap-grad-reduce, buckets are issued during the last micro-batch's backward as soon
 as their last gradient exists; with --overlap-param-gather, the next step's forward of a chunk
 waits for its parameter AllGathers instead of the optimizer waiting for them.
+
+DeepSpeed's own ZeRO-1/2 code reduces with bucketed AllReduce and keeps its slice; we model the
+ZeRO paper's ReduceScatter + AllGather (the same 2*Psi on the wire for a ring).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from traceforge.model import Chunk, StageParams
 from traceforge.plan.ops import Coll, ProgramBuilder
@@ -39,33 +46,69 @@ def pad_to(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def bucket_elements(spec: Spec) -> int | None:
-    """Elements per gradient bucket: --bucket-mb (0 = one bucket) or Megatron's rule."""
-    if spec.bucket_mb is None:
+def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
+    """Elements per gradient bucket, None for one bucket. --bucket-mb applies everywhere (0 =
+    one bucket). Megatron's default buckets only when overlapping the reduction, and only the
+    first stage's first model chunk (elsewhere the reduction is off the critical path):
+    max(4e7, 1e6*d) elements."""
+    if spec.bucket_mb is not None:
+        return None if spec.bucket_mb == 0 else max(1, int(spec.bucket_mb * 2**20) // spec.grad_bytes)
+    if spec.overlap_grad_reduce and stage == 0 and chunk == 0:
         return max(MEGATRON_MIN_BUCKET_ELEMS, MEGATRON_BUCKET_ELEMS_PER_DP_RANK * spec.dp)
-    if spec.bucket_mb == 0:
-        return None
-    return max(1, int(spec.bucket_mb * 2**20) // spec.grad_bytes)
+    return None
 
 
-def chunk_units(chunk: Chunk, params: StageParams) -> list[tuple[str, int]]:
-    """(unit, parameters per TP rank) of one chunk in the order backward produces gradients."""
-    units: list[tuple[str, int]] = [("head", params.head)] if chunk.last and params.head else []
-    units += [(f"L{layer}", params.per_layer) for layer in reversed(chunk.layers)]
-    if chunk.first and params.embedding:
-        units.append(("embed", params.embedding))
-    return units
+def bucket_padding(spec: Spec, group_size: int) -> int:
+    """Buckets are padded so they shard evenly: Megatron's distributed optimizer to a multiple
+    of lcm(group, 128); other sharded modes to a multiple of the group; AllReduce needs none."""
+    if spec.dp_mode == "ddp":
+        return 1
+    if spec.dp_mode == "dist-opt":
+        return math.lcm(group_size, 128)
+    return group_size
 
 
-class Buckets:
-    """One chunk's gradient buckets: (end offset in backward order, padded elements)."""
+@dataclass
+class Buffer:
+    """One chunk's gradient buffer on one group: its units and buckets."""
 
-    def __init__(self, spec: Spec, total: int):
-        size = bucket_elements(spec) or max(total, 1)
+    role: str  # "dp" or "edp"
+    group_size: int
+    counts: dict[str, int]  # unit -> gradient elements, in backward order
+    ends: list[int]  # bucket end offsets in backward order
+    padded: list[int]  # bucket sizes after padding
+    produced: int = 0
+    issued: int = 0
+
+    @classmethod
+    def build(cls, spec: Spec, role: str, group_size: int, counts: dict[str, int], size: int | None) -> "Buffer":
+        total = sum(counts.values())
+        size = size or max(total, 1)
         ends = list(range(size, total, size)) + [total]
         starts = [0] + ends[:-1]
-        self.ends = ends
-        self.padded = [pad_to(e - s, spec.dp) for s, e in zip(starts, ends)]
+        padded = [pad_to(e - s, bucket_padding(spec, group_size)) for s, e in zip(starts, ends)]
+        return cls(role, group_size, counts, ends, padded)
+
+
+def chunk_buffers(spec: Spec, chunk: Chunk, params: StageParams) -> list[Buffer]:
+    dense: dict[str, int] = {"head": params.head} if chunk.last and params.head else {}
+    expert: dict[str, int] = {}
+    for layer in reversed(chunk.layers):
+        dense[f"L{layer}"] = params.dense[layer]
+        if params.expert[layer]:
+            expert[f"L{layer}"] = params.expert[layer]
+    if chunk.first and params.embedding:
+        dense["embed"] = params.embedding
+    dp = spec.dp * spec.cp
+    if spec.ep == 1:  # experts replicated over the whole DP group: one buffer serves
+        for unit, n in expert.items():
+            dense[unit] += n
+        expert = {}
+    size = bucket_elements(spec, chunk.stage, chunk.index)
+    buffers = [Buffer.build(spec, "dp", dp, dense, size)]
+    if expert:
+        buffers.append(Buffer.build(spec, "edp", dp // spec.ep, expert, size))
+    return buffers
 
 
 class DataParallel:
@@ -74,13 +117,13 @@ class DataParallel:
     def __init__(self, b: ProgramBuilder, spec: Spec, params: StageParams, chunks: list[Chunk]):
         self.b, self.spec, self.params = b, spec, params
         self.mode = spec.dp_mode
-        self.units = {c.index: chunk_units(c, params) for c in chunks}
-        self.buckets = {c.index: Buckets(spec, sum(n for _, n in self.units[c.index])) for c in chunks}
-        self._issued: dict[int, int] = {}  # chunk -> buckets issued in the current pass
-        self._produced: dict[int, int] = {}  # chunk -> gradient elements produced in the current pass
+        self.buffers = {c.index: chunk_buffers(spec, c, params) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[int, list[int | None]] = {}
-        self.shard_group, self.shard_size = ("dps", spec.shard_size) if self.mode == "hsdp" else ("dp", spec.dp)
+        if self.mode == "hsdp":
+            self.shard_group, self.shard_size = "dps", spec.shard_size
+        else:
+            self.shard_group, self.shard_size = "dp", spec.dp * spec.cp
 
     # -- ZeRO-3 / HSDP parameter gathers, with one unit of prefetch -----------------------
     def _gather(self, unit: str, n: int) -> int | None:
@@ -91,8 +134,7 @@ class DataParallel:
         """Before a unit computes (forward or backward): its parameters must be whole."""
         if self.mode not in SHARDED_PER_UNIT:
             return
-        key = unit
-        gathered = self._prefetched.pop(key) if key in self._prefetched else self._gather(unit, n)
+        gathered = self._prefetched.pop(unit) if unit in self._prefetched else self._gather(unit, n)
         if following is not None:  # prefetch the next unit while this one computes
             self._prefetched[following[0]] = self._gather(*following)
         self.b.gate(gathered)
@@ -104,8 +146,8 @@ class DataParallel:
 
     # -- gradients -------------------------------------------------------------------------
     def begin_backward(self, chunk: int) -> None:
-        self._produced[chunk] = 0
-        self._issued[chunk] = 0
+        for buf in self.buffers[chunk]:
+            buf.produced = buf.issued = 0
 
     def after_unit_backward(self, chunk: int, unit: str, n: int, last_microbatch: bool) -> None:
         b, spec = self.b, self.spec
@@ -117,31 +159,37 @@ class DataParallel:
                 b.defer(b.collective(f"{unit}_grad_ar", Coll.ALL_REDUCE, padded // self.shard_size * spec.grad_bytes,
                                      "dpr", blocking=False))
             return
-        self._produced[chunk] += n
-        if self.mode == "zero2" or (last_microbatch and spec.overlap_grad_reduce):
-            self._issue_buckets(chunk, upto=self._produced[chunk])
+        for buf in self.buffers[chunk]:
+            buf.produced += buf.counts.get(unit, 0)
+            if self.mode == "zero2" or (last_microbatch and spec.overlap_grad_reduce):
+                self._issue_buckets(chunk, buf)
 
-    def _issue_buckets(self, chunk: int, upto: int) -> None:
-        buckets = self.buckets[chunk]
-        while self._issued[chunk] < len(buckets.ends) and buckets.ends[self._issued[chunk]] <= upto:
-            i = self._issued[chunk]
-            ctype = Coll.ALL_REDUCE if self.mode == "ddp" else Coll.REDUCE_SCATTER
-            name = f"c{chunk}_grad_bucket{i}" if len(self.buckets) > 1 else f"grad_bucket{i}"
-            self.b.defer(self.b.collective(name, ctype, buckets.padded[i] * self.spec.grad_bytes, "dp", blocking=False))
-            self._issued[chunk] = i + 1
+    def _issue_buckets(self, chunk: int, buf: Buffer) -> None:
+        ctype = Coll.ALL_REDUCE if self.mode == "ddp" else Coll.REDUCE_SCATTER
+        while buf.issued < len(buf.ends) and buf.ends[buf.issued] <= buf.produced:
+            name = self._name(chunk, buf, "grad", buf.issued)
+            op = self.b.collective(name, ctype, buf.padded[buf.issued] * self.spec.grad_bytes, buf.role, blocking=False)
+            self.b.defer(op)
+            buf.issued += 1
+
+    def _name(self, chunk: int, buf: Buffer, what: str, i: int) -> str:
+        prefix = f"c{chunk}_" if len(self.buffers) > 1 else ""
+        expert = "expert_" if buf.role == "edp" else ""
+        return f"{prefix}{expert}{what}_bucket{i}"
 
     def end_of_backward(self) -> None:
         """After the step's last backward: every bucket not yet issued, then the host waits."""
         if self.mode not in SHARDED_PER_UNIT and self.mode != "zero2":
-            for chunk in self.buckets:
-                self._issue_buckets(chunk, upto=self._produced.get(chunk, 0))
+            for chunk, buffers in self.buffers.items():
+                for buf in buffers:
+                    self._issue_buckets(chunk, buf)
         self.b.wait_async()
 
     # -- optimizer ---------------------------------------------------------------------------
     def optimizer_params(self) -> int:
-        total = self.params.total
         if self.mode in SHARDED_OPTIMIZER:
-            return -(-total // self.spec.dp)
+            return sum(-(-sum(buf.counts.values()) // buf.group_size) for bufs in self.buffers.values() for buf in bufs)
+        total = self.params.total + self.params.expert_total
         if self.mode in SHARDED_PER_UNIT:
             return -(-total // self.shard_size)
         return total
@@ -151,11 +199,13 @@ class DataParallel:
         if self.mode not in SHARDED_OPTIMIZER:
             return
         b, spec = self.b, self.spec
-        for chunk, buckets in self.buckets.items():
+        for chunk, buffers in self.buffers.items():
             ops = []
-            for i, padded in enumerate(buckets.padded):
-                name = f"c{chunk}_param_bucket{i}" if len(self.buckets) > 1 else f"param_bucket{i}"
-                ops.append(b.collective(name, Coll.ALL_GATHER, padded * spec.act_bytes // spec.dp, "dp", blocking=False))
+            for buf in buffers:
+                for i, padded in enumerate(buf.padded):
+                    shard = padded * spec.act_bytes // buf.group_size
+                    ops.append(b.collective(self._name(chunk, buf, "param", i), Coll.ALL_GATHER, shard, buf.role,
+                                            blocking=False))
             if spec.overlap_param_gather:
                 self._param_gathers[chunk] = ops
             else:

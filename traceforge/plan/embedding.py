@@ -13,7 +13,7 @@ cross-entropy (last stage), and the tied-embedding gradient AllReduce between th
 
 from __future__ import annotations
 
-from traceforge.model import padded_vocab
+from traceforge.model import local_tokens, padded_vocab
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.tensor import TensorParallel
@@ -37,7 +37,7 @@ def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: S
     tp.column_fwd(b, "head")
     b.compute("head", cost.head)
     for what in CROSS_ENTROPY_REDUCTIONS:
-        b.collective(f"xent_{what}", Coll.ALL_REDUCE, spec.micro_batch * spec.seq_len * FP32, "tp")
+        b.collective(f"xent_{what}", Coll.ALL_REDUCE, local_tokens(spec) * FP32, "tp")
 
 
 def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:

@@ -175,7 +175,9 @@ class ProgramBuilder:
     def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp") -> int:
         return self._add(f"send_{name}", NodeType.SEND, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
 
-    def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp") -> int:
+    def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True) -> int:
+        """gate=False: the caller gates a later op on it (e.g. ring attention's next block)."""
         op_id = self._add(f"recv_{name}", NodeType.RECV, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
-        self._pending.append(op_id)
+        if gate:
+            self._pending.append(op_id)
         return op_id

@@ -33,12 +33,12 @@ def gpipe(stage: int, stages: int, microbatches: int) -> list[Pass]:
 
 
 def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list[Pass]:
-    """Megatron's interleaved 1F1B: virtual iteration k runs chunk (k mod p*v) // p (reversed
-    for backward) on micro-batch (k // (p*v)) * p + k mod p; warm-up (p - i - 1) * 2 + (v - 1) * p
-    iterations (all of them when m == p)."""
+    """Megatron's interleaved 1F1B (micro-batch groups of p, its default): virtual iteration k
+    runs chunk (k mod p*v) // p (reversed for backward) on micro-batch (k // (p*v)) * p + k mod p;
+    warm-up min((p - i - 1) * 2 + (v - 1) * p, m*v) iterations."""
     p, v, m = stages, chunks, microbatches
     total = m * v
-    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
 
     def at(k: int, forward: bool) -> tuple[int, int]:
         in_group = k % (p * v)

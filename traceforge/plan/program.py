@@ -8,6 +8,7 @@ from typing import Callable
 from traceforge.model import Chunk, activation_bytes, model_chunks, p2p_bytes, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import DataParallel
+from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.embedding import (
     embedding_backward, embedding_forward, head_backward, head_forward, tied_embedding_sync,
 )
@@ -20,7 +21,10 @@ Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emi
 
 
 def group_sizes(spec: Spec) -> dict[str, int]:
-    sizes = {"tp": spec.tp, "dp": spec.dp, "pp": spec.pp, "emb": 2 if spec.pp > 1 else 1}
+    """Members of each group role; collectives on single-member groups are dropped."""
+    dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
+    sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if spec.pp > 1 else 1,
+             "ep": spec.ep, "edp": dp // spec.ep}
     if spec.dp_mode == "hsdp":
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes
@@ -33,6 +37,7 @@ class StagePlanner:
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
         self.params = stage_params(spec, stage)
+        self.layer = LayerTemplate(spec, self.tp, self.cost)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
 
@@ -43,7 +48,7 @@ class StagePlanner:
         if chunk.first:
             units.append(("embed", params.embedding, lambda: embedding_forward(b, tp, cost)))
         for layer in chunk.layers:
-            units.append((f"L{layer}", params.per_layer, self._layer_forward(layer)))
+            units.append((f"L{layer}", params.dense[layer], self._layer_forward(layer)))
         if chunk.last:
             units.append(("head", params.head, lambda: head_forward(b, tp, cost, self.spec)))
         return units
@@ -54,7 +59,7 @@ class StagePlanner:
         if chunk.last:
             units.append(("head", params.head, lambda: head_backward(b, tp, cost)))
         for layer in reversed(chunk.layers):
-            units.append((f"L{layer}", params.per_layer, self._layer_backward(layer)))
+            units.append((f"L{layer}", params.dense[layer], self._layer_backward(layer)))
         if chunk.first:
             units.append(("embed", params.embedding, lambda: embedding_backward(b, tp, cost)))
         return units
@@ -62,7 +67,7 @@ class StagePlanner:
     def _layer_forward(self, layer: int) -> Callable[[], None]:
         def run() -> None:
             self.b.ctx.layer = layer
-            self.tp.layer_forward(self.b, self.cost)
+            self.layer.forward(self.b, layer)
             self.b.ctx.layer = None
         return run
 
@@ -70,11 +75,11 @@ class StagePlanner:
         def run() -> None:
             self.b.ctx.layer = layer
             extra = None
-            if self.spec.recompute == "full":  # replay the forward, TP collectives included
-                self.tp.layer_forward(self.b, self.cost, name="_recompute")
+            if self.spec.recompute == "full":  # replay the forward, its collectives included
+                self.layer.forward(self.b, layer, recompute=True)
             elif self.spec.recompute == "selective":
                 extra = self.cost.core
-            self.tp.layer_backward(self.b, self.cost, extra)
+            self.layer.backward(self.b, layer, extra)
             self.b.ctx.layer = None
         return run
 

@@ -16,7 +16,7 @@ the next layer's compute waits for both.
 
 from __future__ import annotations
 
-from traceforge.plan.compute import Cost, CostModel
+from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, ProgramBuilder
 
 
@@ -51,20 +51,3 @@ class TensorParallel:
     def row_bwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:  # the gradient of a ReduceScatter is an AllGather
             b.collective(f"{what}_grad", Coll.ALL_GATHER, self.shard, "tp")
-
-    # -- one layer ----------------------------------------------------------------------
-    def layer_forward(self, b: ProgramBuilder, cost: CostModel, name: str = "") -> None:
-        self.column_fwd(b, "qkv")
-        b.compute(f"attn{name}", cost.attn_fwd)
-        self.row_fwd(b, "proj")
-        self.column_fwd(b, "fc1")
-        b.compute(f"mlp{name}", cost.mlp_fwd)
-        self.row_fwd(b, "fc2")
-
-    def layer_backward(self, b: ProgramBuilder, cost: CostModel, extra_attn: Cost | None = None) -> None:
-        """extra_attn: selective recomputation of attention's core, done before its backward."""
-        self.row_bwd(b, "fc2")
-        self.column_bwd(b, "fc1", ("mlp_dgrad", cost.mlp_dgrad), ("mlp_wgrad", cost.mlp_wgrad))
-        self.row_bwd(b, "proj")
-        attn_dgrad = cost.attn_dgrad + extra_attn if extra_attn else cost.attn_dgrad
-        self.column_bwd(b, "qkv", ("attn_dgrad", attn_dgrad), ("attn_wgrad", cost.attn_wgrad))

@@ -1,0 +1,55 @@
+"""One transformer layer's forward and backward: attention (tensor- and context-parallel)
+and an MLP, or a mixture of experts, with the collectives each parallel dimension adds."""
+
+from __future__ import annotations
+
+from traceforge.model import is_moe_layer
+from traceforge.plan.compute import Cost, CostModel
+from traceforge.plan.context import ContextParallel
+from traceforge.plan.expert import MixtureOfExperts
+from traceforge.plan.ops import ProgramBuilder
+from traceforge.plan.tensor import TensorParallel
+from traceforge.spec import Spec
+
+
+class LayerTemplate:
+    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel):
+        self.spec, self.tp, self.cost = spec, tp, cost
+        self.cp = ContextParallel(spec) if spec.cp > 1 else None
+        self.moe = MixtureOfExperts(spec)
+
+    def forward(self, b: ProgramBuilder, layer: int, recompute: bool = False) -> None:
+        tp, cost = self.tp, self.cost
+        suffix = "_recompute" if recompute else ""
+        tp.column_fwd(b, "qkv")
+        if self.cp is None:
+            b.compute(f"attn{suffix}", cost.attn_fwd)
+        else:
+            b.compute(f"attn_qkv{suffix}", cost.norm + cost.qkv)
+            self.cp.forward(b, cost.core, recompute)
+            b.compute(f"attn_proj{suffix}", cost.proj)
+        tp.row_fwd(b, "proj")
+        if is_moe_layer(self.spec, layer):
+            self.moe.forward(b, cost)
+        else:
+            tp.column_fwd(b, "fc1")
+            b.compute(f"mlp{suffix}", cost.mlp_fwd)
+            tp.row_fwd(b, "fc2")
+
+    def backward(self, b: ProgramBuilder, layer: int, extra_attn: Cost | None = None) -> None:
+        """extra_attn: selective recomputation of attention's core, redone before its backward."""
+        tp, cost = self.tp, self.cost
+        if is_moe_layer(self.spec, layer):
+            self.moe.backward(b, cost)
+        else:
+            tp.row_bwd(b, "fc2")
+            tp.column_bwd(b, "fc1", ("mlp_dgrad", cost.mlp_dgrad), ("mlp_wgrad", cost.mlp_wgrad))
+        tp.row_bwd(b, "proj")
+        if self.cp is None:
+            dgrad = cost.attn_dgrad + extra_attn if extra_attn else cost.attn_dgrad
+            tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
+            return
+        b.compute("attn_proj_dgrad", cost.proj)
+        core = cost.attn_core_bwd + extra_attn if extra_attn else cost.attn_core_bwd
+        self.cp.backward(b, core)
+        tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))
