@@ -21,9 +21,9 @@ SPEC_FILE = "spec.yaml"
 TRACES_DIR = "traces"
 
 
-def sample_dirs(root: Path = SAMPLES_DIR) -> list[Path]:
-    """Every folder of root that holds a spec file, by name."""
-    return sorted(p.parent for p in root.glob(f"*/{SPEC_FILE}"))
+def sample_dirs(root: Path | None = None) -> list[Path]:
+    """Every folder of root (default: the repository's samples/) that holds a spec file, by name."""
+    return sorted(p.parent for p in (root or SAMPLES_DIR).glob(f"*/{SPEC_FILE}"))
 
 
 def generate(sample: Path, out: Path, force: bool = False) -> dict:
@@ -32,8 +32,8 @@ def generate(sample: Path, out: Path, force: bool = False) -> dict:
     return write_trace_set(spec, out, force=force, jobs=1)
 
 
-def main(names: list[str]) -> int:
-    samples = sample_dirs()
+def main(names: list[str], root: Path | None = None) -> int:
+    samples = sample_dirs(root)
     if names:
         by_name = {s.name: s for s in samples}
         unknown = [n for n in names if n not in by_name]
@@ -43,8 +43,8 @@ def main(names: list[str]) -> int:
         samples = [by_name[n] for n in names]
     for sample in samples:
         doc = generate(sample, sample / TRACES_DIR, force=True)
-        size = sum(r["bytes"] for r in doc["ranks"])
-        print(f"{sample.name}: {doc['world_size']} ranks, {sum(r['nodes'] for r in doc['ranks'])} nodes, {size / 1e3:.0f} kB")
+        totals = doc["totals"]
+        print(f"{sample.name}: {doc['world_size']} ranks, {totals['nodes']} nodes, {totals['bytes'] / 1e3:.0f} kB")
     return 0
 
 

@@ -5,6 +5,10 @@ The cluster is `world_size / gpus_per_node` nodes. ASTRA-sim's analytical networ
 dimension by dimension, innermost first, so NPU r sits at position r % gpus_per_node of node
 r // gpus_per_node: dimension 0 is scale-up (inside a node), dimension 1 scale-out. Keys and
 values follow ASTRA-sim's documented inputs (examples/network/analytical, inputs/system).
+
+A caveat of ASTRA-sim's analytical backend, not of the bundle: a send/recv travels on the first
+(innermost) dimension in which the two NPUs' addresses differ, so a message between different
+positions of different nodes is charged at scale-up bandwidth.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ RUN_SCRIPT = "run_astra_sim.sh"
 BUNDLE_FILES = (NETWORK_FILE, SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)
 LOG_DIR = "astra_log"
 
-# ASTRA-sim ignores a --comm-group-configuration path that contains this substring (it is the
-# option's "no file" default) and silently runs every collective on all ranks.
+# ASTRA-sim skips a --comm-group-configuration path that contains this substring (the option's
+# "no file" default); every collective then fails with "communicator group N not found".
 ASTRA_NO_FILE = "empty"
 
 TOPOLOGIES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnected"}
@@ -113,8 +117,8 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimen
     where = os.path.abspath(out_dir)
     if ASTRA_NO_FILE in where:
         raise UserError(
-            f"output path {where} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no comm-group file' "
-            f"(every collective would silently run on all ranks): choose another -o/--out"
+            f"output path {where} contains {ASTRA_NO_FILE!r}: ASTRA-sim skips any comm-group file whose path "
+            f"contains it, and every collective would fail to find its group; choose another -o/--out"
         )
     return network_dimensions(world_size, cluster)
 
@@ -138,11 +142,8 @@ def network_yaml(dims: list[Dimension], world_size: int) -> str:
 
 def system_config(dims: list[Dimension], spec: dict) -> dict:
     """ASTRA-sim's system input. Compute nodes carry their own duration, so the roofline stays
-    off; its peak (the GPU's achieved FLOP/s, as our durations assume) and memory bandwidth
-    are filled in for anyone who turns it on."""
-    from traceforge.hardware import GPUS
-
-    gpu = GPUS.get(spec.get("gpu", ""))
+    off; its peak FLOP/s and memory bandwidth are the achieved figures our durations assume
+    (datasheet x --gpu-efficiency), so turning it on models compute the same way."""
     per_dim = ["ring"] * len(dims)
     doc = {
         "scheduling-policy": "LIFO",
@@ -159,10 +160,11 @@ def system_config(dims: list[Dimension], spec: dict) -> dict:
         "roofline-enabled": 0,
         "boost-mode": 0,
     }
-    if gpu is not None:
-        dtype = spec.get("dtype", "bf16")
-        doc["peak-perf"] = round(gpu.peak_tflops.get(dtype, gpu.peak_tflops["bf16"]) * gpu.efficiency, 3)
-        doc["local-mem-bw"] = gpu.hbm_gbps
+    tflops, hbm = spec.get("gpu_tflops"), spec.get("gpu_hbm_gbps")
+    if tflops and hbm:
+        efficiency = spec.get("gpu_efficiency") or 1.0
+        doc["peak-perf"] = round(tflops * efficiency, 3)  # TFLOP/s
+        doc["local-mem-bw"] = round(hbm * efficiency, 3)  # GB/s
     return doc
 
 
@@ -197,7 +199,7 @@ args=(
     --logging-folder="$log"
 )
 
-echo "cd $(pwd) && ${{bin:-\\$ASTRA_SIM}} ${{args[*]}}"
+echo "cd $(printf %q "$PWD") && ${{bin:-\\$ASTRA_SIM}} ${{args[*]}}"
 if [ -z "$bin" ] || ! command -v "$bin" >/dev/null 2>&1; then
     echo "ASTRA-sim binary not found${{bin:+: $bin}}." >&2
     echo "Get it: git clone --recursive {ASTRA_REPO} && cd astra-sim && ./build/astra_analytical/build.sh," >&2
@@ -224,8 +226,8 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
     world = int(manifest["world_size"])
     prefix = manifest.get("prefix", "workload")
     comm_groups = manifest.get("files", {}).get("comm_groups", "comm_group.json")
-    if ASTRA_NO_FILE in comm_groups or ASTRA_NO_FILE in prefix:
-        raise UserError(f"trace file names must not contain {ASTRA_NO_FILE!r} (ASTRA-sim treats it as 'no file'): choose another --prefix")
+    if ASTRA_NO_FILE in comm_groups:
+        raise UserError(f"the comm-group file name {comm_groups!r} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no file'")
     dims = network_dimensions(world, cluster)
     return {
         NETWORK_FILE: network_yaml(dims, world),

@@ -19,8 +19,8 @@ from traceforge.errors import UserError
 @app.command("diff")
 @user_errors
 def diff(
-    a: Path = typer.Argument(..., help="First trace set (a folder of <prefix>.<rank>.et files)."),
-    b: Path = typer.Argument(..., help="Second trace set."),
+    a: Path = typer.Argument(..., metavar="A", help="First trace set (a folder of <prefix>.<rank>.et files)."),
+    b: Path = typer.Argument(..., metavar="B", help="Second trace set."),
     exact: bool = typer.Option(False, "--bytes", help="Compare every file byte for byte (traces, comm_group.json, manifest.json) instead of semantically."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix in both sets (default: the one prefix each set holds)."),
     limit: int = typer.Option(8, "--limit", help="Show details for at most this many differing ranks or files."),
@@ -32,7 +32,6 @@ def diff(
     counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
     """
     from traceforge.analysis.diff import byte_differences, diff_sets, open_set
-
     from traceforge.emit.writer import default_jobs
 
     if limit < 1:
@@ -51,7 +50,7 @@ def diff(
 
 
 def _mark(equal: bool) -> str:
-    return "[green]=[/]" if equal else "[red]≠[/]"
+    return "[green]=[/]" if equal else "[red]!=[/]"
 
 
 def _print_byte_diff(set_a, set_b, differing: list[tuple[str, str]], limit: int) -> None:
@@ -64,7 +63,7 @@ def _print_byte_diff(set_a, set_b, differing: list[tuple[str, str]], limit: int)
         out.print(Text(f"  {role}: {what}"))
     if len(differing) > limit:
         out.print(f"  ... and {len(differing) - limit} more files")
-    out.print(f"[red]differ[/]: {len(differing)} files are not identical")
+    out.print(f"[red]differ[/]: {len(differing)} {'file is' if len(differing) == 1 else 'files are'} not identical")
 
 
 def _ranks(ranks: list[int], most: int = 12) -> str:
@@ -85,79 +84,93 @@ def _value(v: object) -> str:
 
 
 def _print_diff(d, limit: int) -> None:
-    from traceforge.analysis.show import table_header, table_line
+    """The semantic diff, section by section, ending with the verdict."""
+    for label, ts, nodes in (("A", d.a, d.nodes_a), ("B", d.b, d.nodes_b)):
+        out.print(Text(f"{label}  {ts.directory}  ({ts.world_size} ranks, prefix {ts.prefix}, {nodes:,} nodes compared)"))
+    _print_world_and_layout(d)
+    _print_groups(d, limit)
+    _print_counts(d, limit)
+    _print_traffic(d)
+    _print_first_nodes(d)
+    out.print("[red]differ[/]" if d.differs else "[green]equal[/]: same ranks, groups and nodes")
 
+
+def _print_world_and_layout(d) -> None:
     a, b = d.a, d.b
-    out.print(Text(f"A  {a.directory}  ({a.world_size} ranks, prefix {a.prefix}, {d.nodes_a:,} nodes compared)"))
-    out.print(Text(f"B  {b.directory}  ({b.world_size} ranks, prefix {b.prefix}, {d.nodes_b:,} nodes compared)"))
-
     out.print(f"world size   {a.world_size} {_mark(a.world_size == b.world_size)} {b.world_size}")
-    if d.only_a or d.only_b:
-        if d.only_a:
-            out.print(f"  ranks only in A: {_ranks(d.only_a)}")
-        if d.only_b:
-            out.print(f"  ranks only in B: {_ranks(d.only_b)}")
+    for label, ranks in (("A", d.only_a), ("B", d.only_b)):
+        if ranks:
+            out.print(f"  ranks only in {label}: {_ranks(ranks)}")
     if a.manifest is None or b.manifest is None:
         out.print("layout       unknown (a set has no manifest.json)")
-    else:
-        line = f"layout       order {d.order[0]} {_mark(d.order[0] == d.order[1])} {d.order[1]}"
-        if d.coords_differ:
-            line += f"; coordinates differ on {len(d.coords_differ)} ranks ({_ranks(d.coords_differ)})"
-        out.print(Text.from_markup(line))
-        if d.spec:
-            changes = "; ".join(f"{k} {_value(va)} -> {_value(vb)}" for k, va, vb in ((k, *v) for k, v in d.spec.items()))
-            out.print(Text(f"spec         {changes}"))
+        return
+    line = f"layout       order {d.order[0]} {_mark(d.order[0] == d.order[1])} {d.order[1]}"
+    if d.coords_differ:
+        line += f"; coordinates differ on {len(d.coords_differ)} ranks ({_ranks(d.coords_differ)})"
+    out.print(Text.from_markup(line))
+    if d.spec:
+        out.print(Text("spec         " + "; ".join(f"{k} {_value(va)} -> {_value(vb)}" for k, (va, vb) in d.spec.items())))
 
-    if a.groups is None and b.groups is None:
+
+def _print_groups(d, limit: int) -> None:
+    if d.a.groups is None and d.b.groups is None:
         out.print("comm groups  none in either set")
-    else:
-        na, nb = len(a.groups or {}), len(b.groups or {})
-        same = not d.groups_only_a and not d.groups_only_b
-        out.print(f"comm groups  {na} {_mark(same)} {nb}" + (" (same members)" if same else ""))
-        for label, groups in (("only in A", d.groups_only_a), ("only in B", d.groups_only_b)):
-            if groups:
-                shown = " ".join(_group(g) for g in groups[:limit])
-                out.print(Text(f"  {label}: {shown}" + (f" ... ({len(groups)} in all)" if len(groups) > limit else "")))
+        return
+    same = not d.groups_only_a and not d.groups_only_b
+    out.print(f"comm groups  {len(d.a.groups or {})} {_mark(same)} {len(d.b.groups or {})}" + (" (same members)" if same else ""))
+    for label, groups in (("only in A", d.groups_only_a), ("only in B", d.groups_only_b)):
+        if groups:
+            shown = " ".join(_group(g) for g in groups[:limit])
+            out.print(Text(f"  {label}: {shown}" + (f" ... ({len(groups)} in all)" if len(groups) > limit else "")))
 
+
+def _print_counts(d, limit: int) -> None:
     if not d.count_differ:
         out.print(f"node counts  equal on all {d.ranks_compared} compared ranks")
-    else:
-        shown = ", ".join(f"rank {r}: {x} -> {y}" for r, x, y in d.count_differ[:limit])
-        more = f", ... ({len(d.count_differ)} ranks in all)" if len(d.count_differ) > limit else ""
-        out.print(Text(f"node counts  differ on {len(d.count_differ)} of {d.ranks_compared} ranks: {shown}{more}"))
+        return
+    shown = ", ".join(f"rank {r}: {x} -> {y}" for r, x, y in d.count_differ[:limit])
+    more = f", ... ({len(d.count_differ)} ranks in all)" if len(d.count_differ) > limit else ""
+    out.print(Text(f"node counts  differ on {len(d.count_differ)} of {d.ranks_compared} ranks: {shown}{more}"))
 
+
+def _print_traffic(d) -> None:
     dims = sorted(set(d.traffic_a) | set(d.traffic_b), key=_dim_order)
-    if dims:
-        out.print("traffic      bytes posted by all ranks (collectives + sends), by dimension")
-        table = Table()
-        for col in ("dim", "A bytes", "B bytes", "B - A"):
-            table.add_column(col, justify="left" if col == "dim" else "right")
-        for dim in dims:
-            x, y = d.traffic_a.get(dim, 0), d.traffic_b.get(dim, 0)
-            table.add_row(dim, f"{x:,}", f"{y:,}", "" if x == y else f"{y - x:+,}", style=None if x == y else "red")
-        out.print(table)
+    if not dims:
+        return
+    out.print("traffic      bytes posted by all ranks (collectives + sends), by dimension")
+    table = Table()
+    for col in ("dim", "A bytes", "B bytes", "B - A"):
+        table.add_column(col, justify="left" if col == "dim" else "right")
+    for dim in dims:
+        x, y = d.traffic_a.get(dim, 0), d.traffic_b.get(dim, 0)
+        table.add_row(dim, f"{x:,}", f"{y:,}", "" if x == y else f"{y - x:+,}", style=None if x == y else "red")
+    out.print(table)
 
-    if d.ranks_differ:
-        out.print(f"first differing node per rank ({d.ranks_differ} of {d.ranks_compared} ranks differ):")
-        header = table_header()
-        for rd in d.rank_diffs:
-            if not rd.metadata_equal:
-                out.print(f"  rank {rd.rank}: GlobalMetadata differs")
-            nd = rd.first
-            if nd is None:
-                continue
-            out.print(Text(f"  rank {rd.rank}, node #{nd.index}:", style="bold"))
-            out.print(Text(f"       {header}", style="dim"), soft_wrap=True)
-            out.print(Text(f"    A  {table_line(nd.a)}" if nd.a else f"    A  (ends after {rd.nodes_a} nodes)"), soft_wrap=True)
-            out.print(Text(f"    B  {table_line(nd.b)}" if nd.b else f"    B  (ends after {rd.nodes_b} nodes)"), soft_wrap=True)
-            if nd.a and nd.b and nd.a.type != nd.b.type:
-                out.print(Text(f"    changed: a different kind of node ({nd.a.type} -> {nd.b.type})"))
-            elif nd.fields:
-                out.print(Text("    changed: " + "; ".join(f"{k} {_value(x)} -> {_value(y)}" for k, x, y in nd.fields)), soft_wrap=True)
-        if d.ranks_differ > len(d.rank_diffs):
-            out.print(f"  ... and {d.ranks_differ - len(d.rank_diffs)} more ranks (see --limit)")
-    verdict = "[red]differ[/]" if d.differs else "[green]equal[/]: same ranks, groups and nodes"
-    out.print(verdict)
+
+def _print_first_nodes(d) -> None:
+    """Per differing rank, its first differing node in both versions and what changed."""
+    from traceforge.analysis.show import table_header, table_line
+
+    if not d.ranks_differ:
+        return
+    out.print(f"first differing node per rank ({d.ranks_differ} of {d.ranks_compared} ranks differ):")
+    for rd in d.rank_diffs:
+        if not rd.metadata_equal:
+            out.print(f"  rank {rd.rank}: GlobalMetadata differs")
+        nd = rd.first
+        if nd is None:
+            continue
+        out.print(Text(f"  rank {rd.rank}, node #{nd.index}:", style="bold"))
+        out.print(Text(f"       {table_header()}", style="dim"), soft_wrap=True)
+        for label, row, count in (("A", nd.a, rd.nodes_a), ("B", nd.b, rd.nodes_b)):
+            out.print(Text(f"    {label}  {table_line(row)}" if row else f"    {label}  (ends after {count} nodes)"), soft_wrap=True)
+        if nd.a and nd.b and nd.a.type != nd.b.type:
+            out.print(Text(f"    changed: a different kind of node ({nd.a.type} -> {nd.b.type})"))
+        elif nd.fields:
+            changes = "; ".join(f"{k} {_value(x)} -> {_value(y)}" for k, x, y in nd.fields)
+            out.print(Text(f"    changed: {changes}"), soft_wrap=True)
+    if d.ranks_differ > len(d.rank_diffs):
+        out.print(f"  ... and {d.ranks_differ - len(d.rank_diffs)} more ranks (see --limit)")
 
 
 def _dim_order(dim: str) -> tuple[int, str]:
@@ -171,7 +184,7 @@ def _dim_order(dim: str) -> tuple[int, str]:
 @app.command("show")
 @user_errors
 def show(
-    directory: Path = typer.Argument(..., help="Trace set folder."),
+    directory: Path = typer.Argument(..., metavar="DIR", help="Trace set folder."),
     rank: int = typer.Option(0, "--rank", "-r", help="Rank whose trace to print."),
     node_range: Optional[str] = typer.Option(None, "--range", help="Node ids START:END (END excluded), START:, :END or one id."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array of row objects instead of a table."),
@@ -215,7 +228,7 @@ def _coordinates(directory: Path, rank: int) -> str:
 @app.command("export")
 @user_errors
 def export(
-    directory: Path = typer.Argument(..., help="Trace set folder."),
+    directory: Path = typer.Argument(..., metavar="DIR", help="Trace set folder."),
     fmt: str = typer.Option("json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each node)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for <prefix>.<rank>.json files and comm_group.json."),
     rank: Optional[int] = typer.Option(None, "--rank", "-r", help="Export only this rank; without --out it goes to stdout."),
