@@ -49,7 +49,23 @@ def _run_options() -> list[inspect.Parameter]:
         opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes writing ranks (default: all cores).")),
         opt("shard", Optional[str], typer.Option(None, "--shard", help="Write only shard K/N of the ranks (K from 0) plus a shard manifest; join with 'traceforge merge'.")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar or summary.")),
+        opt("check", bool, typer.Option(False, "--check", help="Run 'traceforge check' on the written set; exit 1 on findings.")),
+        opt("report", bool, typer.Option(False, "--report", help="Print 'traceforge report' of the written set.")),
     ]
+
+
+def _astra_options() -> list[inspect.Parameter]:
+    from traceforge.astra import CLUSTER_HELP
+
+    params = [inspect.Parameter("astra_sim", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--astra-sim", rich_help_panel="ASTRA-sim",
+        help="Also write an ASTRA-sim bundle beside the traces: network, system and remote-memory configs and run_astra_sim.sh."))]
+    kinds = {"gpus_per_node": int, "scale_up_topology": str, "scale_out_topology": str}
+    for name, help_text in CLUSTER_HELP.items():
+        option = typer.Option(None, "--" + name.replace("_", "-"), help=help_text, show_default=False, rich_help_panel="ASTRA-sim")
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                        annotation=Optional[kinds.get(name, float)]))
+    return params
 
 
 def generate(**kwargs: Any) -> None:
@@ -57,9 +73,22 @@ def generate(**kwargs: Any) -> None:
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import default_jobs, write_trace_set
 
-    run = {k: kwargs.pop(k) for k in ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet")}
+    from traceforge.astra import CLUSTER_HELP, check_bundle, cluster_from_options, write_astra_bundle
+
+    run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
+    run = {k: kwargs.pop(k) for k in run_keys}
+    cluster_opts = {k: kwargs.pop(k) for k in CLUSTER_HELP}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
+    cluster = None
+    if run["astra_sim"]:
+        if run["shard"] is not None:
+            raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
+        cluster = cluster_from_options(**cluster_opts)
+        check_bundle(run["out_dir"], spec.world_size, cluster)  # refuse before writing anything
+    elif any(v is not None for v in cluster_opts.values()):
+        given = next(k for k, v in cluster_opts.items() if v is not None)
+        raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
     jobs = run["jobs"] if run["jobs"] is not None else default_jobs()
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")
@@ -68,6 +97,8 @@ def generate(**kwargs: Any) -> None:
     started = time.perf_counter()
     common = dict(prefix=run["prefix"], force=run["force"], jobs=jobs)
     if run["shard"] is not None:
+        if run["check"] or run["report"]:
+            raise UserError("--check and --report need the whole set: run them after 'traceforge merge'")
         k, n = parse_shard(run["shard"])
         ranks = shard_ranks(spec.world_size, k, n)
         with _progress(len(ranks), quiet=run["quiet"]) as on_chunk:
@@ -76,13 +107,29 @@ def generate(**kwargs: Any) -> None:
             out.print(f"wrote shard {k}/{n}: ranks {ranks.start}..{ranks.stop - 1} of {spec.world_size} to {run['out_dir']}/; "
                       f"run 'traceforge merge {run['out_dir']}' once every shard is done")
         return
+    finish = (lambda directory, header: write_astra_bundle(directory, header, cluster)) if cluster else None
     with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
-        doc = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, **common)
+        doc = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, **common)
     if not run["quiet"]:
         _summary(doc, run["out_dir"], time.perf_counter() - started)
+        if cluster:
+            out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to AstraSim_Analytical_Congestion_Unaware]", markup=False)
+    if run["report"]:
+        from traceforge.cli.report import print_report
+
+        print_report(run["out_dir"])
+    if run["check"]:
+        from traceforge.analysis.check import check_trace_set
+
+        result = check_trace_set(run["out_dir"], jobs=jobs)
+        if result.findings:
+            out.print(result.table(max_rows=40))
+        out.print(result.summary(), markup=False)
+        if result.exit_code:
+            raise typer.Exit(result.exit_code)
 
 
-generate.__signature__ = inspect.Signature(_run_options() + _spec_options())  # type: ignore[attr-defined]
+generate.__signature__ = inspect.Signature(_run_options() + _astra_options() + _spec_options())  # type: ignore[attr-defined]
 app.command("generate")(user_errors(generate))
 
 

@@ -203,14 +203,19 @@ def write_json(path: Path, doc: dict) -> None:
 def write_trace_set(
     spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
     on_chunk: Callable[[list[RankRecord]], None] | None = None,
+    finish: Callable[[Path, dict], object] | None = None,
 ) -> dict:
     """Plan and write the whole trace set into OUT atomically; return the manifest header
-    (manifest.json without its per-rank rows)."""
+    (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
+    (e.g. an ASTRA-sim bundle) before the set is moved into place."""
     layout = Layout.from_spec(spec)
     with atomic_output_dir(Path(out), force) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
-        return finish_trace_set(spec, layout, tmp, prefix, table)
+        header = finish_trace_set(spec, layout, tmp, prefix, table)
+        if finish is not None:
+            finish(tmp, header)
+        return header
 
 
 def default_jobs() -> int:
