@@ -2,7 +2,8 @@
 cross-entropy (last stage), and the tied-embedding gradient AllReduce between them.
 
 - Embedding forward: each TP rank looks up its vocabulary slice; AllReduce of b*s*h*e
-  (ReduceScatter with sequence parallelism, whose backward is an AllGather).
+  (ReduceScatter with sequence parallelism, whose backward is an AllGather; with learned
+  position embeddings Megatron still AllReduces, then splits the sequence locally).
 - LM head: column-parallel over the vocabulary; its input-gradient AllReduce in backward
   (AllGather + ReduceScatter with SP, and a forward AllGather of the sharded input).
 - Cross-entropy over vocab-parallel logits: 3 AllReduce of b*s fp32 values (max logit,
@@ -23,9 +24,14 @@ CROSS_ENTROPY_REDUCTIONS = ("max", "target", "sumexp")
 FP32 = 4
 
 
-def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
+def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
     b.compute("embed", cost.embed)
-    tp.row_fwd(b, "embed")
+    if tp.sp and spec.arch == "gpt":
+        # Learned positions are added to the whole sequence: Megatron AllReduces the lookup,
+        # adds them, then keeps its sequence shard (whose backward is an AllGather).
+        b.collective("embed", Coll.ALL_REDUCE, tp.full, "tp")
+    else:
+        tp.row_fwd(b, "embed")
 
 
 def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:

@@ -46,7 +46,7 @@ class StagePlanner:
         b, tp, cost, params = self.b, self.tp, self.cost, self.params
         units: list[Unit] = []
         if chunk.first:
-            units.append(("embed", params.embedding, lambda: embedding_forward(b, tp, cost)))
+            units.append(("embed", params.embedding, lambda: embedding_forward(b, tp, cost, self.spec)))
         for layer in chunk.layers:
             units.append((f"L{layer}", params.dense[layer], self._layer_forward(layer)))
         if chunk.last:

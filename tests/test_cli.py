@@ -1,0 +1,142 @@
+"""The command line, run as a user runs it: `python -m traceforge ...` in a fresh directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from traceforge.presets import PRESETS
+from traceforge.spec import FIELDS
+
+ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
+
+
+def run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "traceforge", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_quick_start_writes_demo_to_traces(tmp_path):
+    done = run(["generate"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "traces"
+    assert sorted(p.name for p in out.glob("workload.*.et")) == sorted(f"workload.{r}.et" for r in range(8))
+    assert (out / "comm_group.json").is_file() and (out / "manifest.json").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["spec"]["tp"], manifest["spec"]["pp"], manifest["spec"]["dp"]) == (2, 2, 2)
+    assert "8 ranks" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_generate_help_mentions_every_flag(tmp_path):
+    done = run(["generate", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for field in FIELDS:
+        flags = field.bool_flags or ("--" + field.name.replace("_", "-"),)
+        for flag in flags:
+            assert flag in done.stdout, flag
+    for flag in ("--preset", "--config", "--out", "--force", "--jobs"):
+        assert flag in done.stdout
+
+
+def test_presets_lists_every_preset(tmp_path):
+    done = run(["presets"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in PRESETS:
+        assert name in done.stdout, name
+    for name in ("demo", "gpt3-175b", "llama3-70b"):  # the ones README and DESIGN name
+        assert name in done.stdout
+    # DESIGN section 3: GPT-3 175B has 174.6 B parameters.
+    row = next(line for line in done.stdout.splitlines() if "gpt3-175b" in line)
+    assert "174.6B" in row
+
+
+# -- bad input: one line naming the field, non-zero exit, no traceback, nothing written -----------
+
+BAD_CONFIGS = {
+    "unknown.yaml": "tp: 2\ntpp: 2\n",
+    "broken.yaml": "tp: [2, 4\npp: 2\n",
+}
+
+BAD = {
+    "heads % tp": (["--tp", "3"], ["heads", "tp"]),
+    "kv_heads % tp": (["--tp", "4", "--kv-heads", "2"], ["kv_heads"]),
+    "layers < pp": (["--layers", "1"], ["layers", "pp"]),
+    "global batch vs micro-batch x dp": (["--global-batch", "7"], ["global_batch"]),
+    "world size vs tp*pp*dp": (["--world-size", "12", "--dp", "2"], ["world_size"]),
+    "world size not a multiple of tp*pp": (["--world-size", "10"], ["world_size"]),
+    "unknown preset": (["-p", "gpt5"], ["preset", "gpt5"]),
+    "unknown order letter": (["--order", "tp-pp-xp"], ["order", "xp"]),
+    "zero tp": (["--tp", "0"], ["tp"]),
+    "negative layers": (["--layers", "-1"], ["layers"]),
+    "zero hidden": (["--hidden", "0"], ["hidden"]),
+    "zero micro-batch": (["--micro-batch", "0"], ["micro_batch"]),
+    "zero steps": (["--steps", "0"], ["steps"]),
+    "negative bucket": (["--bucket-mb", "-1"], ["bucket_mb"]),
+    "unknown config key": (["-c", "unknown.yaml"], ["tpp"]),
+    "malformed YAML": (["-c", "broken.yaml"], ["broken.yaml"]),
+    "missing config file": (["-c", "missing.yaml"], ["missing.yaml"]),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """Every bad case at once (each is a separate process; running them together keeps this fast)."""
+    procs = {}
+    for case, (args, _) in BAD.items():
+        cwd = tmp_path_factory.mktemp("bad")
+        for name, text in BAD_CONFIGS.items():
+            (cwd / name).write_text(text)
+        procs[case] = (cwd, subprocess.Popen([sys.executable, "-m", "traceforge", "generate", "-o", "out", *args],
+                                             cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = {}
+    for case, (cwd, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        out[case] = (cwd, proc.returncode, stdout, stderr)
+    return out
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line(bad_runs, case):
+    cwd, code, stdout, stderr = bad_runs[case]
+    words = BAD[case][1]
+    assert code != 0, (case, stdout)
+    assert "Traceback" not in stderr and "Traceback" not in stdout
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    for word in words:
+        assert word in lines[0] or word.replace("_", "-") in lines[0], (word, lines[0])
+    assert not (cwd / "out").exists() and not any(p.name.startswith(".") for p in cwd.iterdir())
+
+
+# -- config files ------------------------------------------------------------------------------
+
+CONFIG_TEXT = {
+    "spec.yaml": "tp: 2\npp: 1\ndp: 4\nlayers: 2\ndp_mode: zero1\nsequence_parallel: true\nnum_microbatches: 2\n",
+    "spec.toml": 'tp = 2\npp = 1\ndp = 4\nlayers = 2\ndp_mode = "zero1"\nsequence_parallel = true\nnum_microbatches = 2\n',
+    "spec.json": json.dumps(dict(tp=2, pp=1, dp=4, layers=2, dp_mode="zero1", sequence_parallel=True, num_microbatches=2)),
+}
+
+
+@pytest.mark.parametrize("name", CONFIG_TEXT)
+def test_config_file_and_flag_override(tmp_path, name):
+    (tmp_path / name).write_text(CONFIG_TEXT[name])
+    done = run(["generate", "-q", "-c", name, "--dp", "2", "-o", "out"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((tmp_path / "out" / "manifest.json").read_text())["spec"]
+    assert (spec["tp"], spec["pp"], spec["dp"], spec["layers"]) == (2, 1, 2, 2)  # --dp 2 beats the file's 4
+    assert spec["dp_mode"] == "zero1" and spec["sequence_parallel"] is True and spec["num_microbatches"] == 2
+    assert len(list((tmp_path / "out").glob("workload.*.et"))) == 4
+
+
+def test_config_file_may_name_a_preset(tmp_path):
+    (tmp_path / "spec.yaml").write_text("preset: llama3-8b\nlayers: 4\ntp: 2\npp: 2\ndp: 1\nglobal_batch: 4\n")
+    done = run(["generate", "-q", "-c", "spec.yaml", "-o", "out"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((tmp_path / "out" / "manifest.json").read_text())["spec"]
+    assert spec["preset"] == "llama3-8b" and spec["arch"] == "llama" and spec["hidden"] == 4096
+    assert (spec["layers"], spec["tp"], spec["pp"], spec["dp"], spec["num_microbatches"]) == (4, 2, 2, 1, 4)
