@@ -40,6 +40,7 @@ class Field:
     choices: tuple[str, ...] = ()
     # Flag spelling for booleans: (on, off).
     bool_flags: tuple[str, str] | None = None
+    minimum: int = 1  # smallest allowed whole number
 
 
 FIELDS: tuple[Field, ...] = (
@@ -70,8 +71,8 @@ FIELDS: tuple[Field, ...] = (
     Field("grad_dtype", str, "Gradient dtype as reduced (default fp32, as Megatron's main grads).", ("bf16", "fp16", "fp32")),
     Field("sequence_parallel", bool, "Megatron sequence parallelism: TP AllGather/ReduceScatter instead of AllReduce.",
           bool_flags=("--sequence-parallel", "--no-sequence-parallel")),
-    Field("experts", int, "Mixture-of-experts: experts per MoE layer (unset = dense)."),
-    Field("top_k", int, "Mixture-of-experts: experts each token is routed to (default 2)."),
+    Field("experts", int, "Mixture-of-experts: experts per MoE layer (0 or unset = dense).", minimum=0),
+    Field("top_k", int, "Mixture-of-experts: experts each token is routed to (default 2).", minimum=0),
     Field("moe_layer_freq", int, "Mixture-of-experts: every k-th layer is an MoE layer (default 1: all)."),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
@@ -208,8 +209,9 @@ def _coerce(name: str, value: Any) -> Any:
                 value = int(value)
             else:
                 raise SpecError(f"{name} must be a whole number, got {value!r}")
-        if value <= 0:
-            raise SpecError(f"{name} must be a positive whole number, got {value}")
+        if value < field.minimum:
+            kind = "a positive whole number" if field.minimum == 1 else f"a whole number >= {field.minimum}"
+            raise SpecError(f"{name} must be {kind}, got {value}")
         return value
     if field.kind is list:
         items = value.split(",") if isinstance(value, str) else value
@@ -392,8 +394,8 @@ def _experts(r: _Raw, v: dict) -> dict:
     if experts:
         if experts % v["ep"]:
             raise SpecError(f"experts ({experts}) must be divisible by ep ({v['ep']})")
-        if top_k > experts:
-            raise SpecError(f"top_k ({top_k}) cannot exceed experts ({experts})")
+        if not 1 <= top_k <= experts:
+            raise SpecError(f"top_k ({top_k}) must be between 1 and experts ({experts})")
         if v["tp"] > 1 and not v["sequence_parallel"]:
             raise SpecError("MoE with tp > 1 needs --sequence-parallel (Megatron's token dispatcher expects sequence-sharded tokens)")
     elif v["ep"] > 1:
