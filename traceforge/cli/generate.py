@@ -199,13 +199,15 @@ def presets() -> None:
     from traceforge.presets import PRESETS
 
     table = Table(title="traceforge presets")
-    for col in ("preset", "arch", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "pp", "dp", "GPUs", "global batch", "m"):
+    for col in ("preset", "arch", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "cp", "pp", "dp", "ep",
+                "experts", "GPUs", "global batch", "m"):
         table.add_column(col, justify="left" if col in ("preset", "arch") else "right")
     for name in PRESETS:
         s = build_spec(name)
         table.add_row(
             name, s.arch, _count(total_params(s)), str(s.layers), str(s.hidden), f"{s.heads}/{s.kv_heads}",
-            str(s.ffn_hidden), str(s.vocab), str(s.seq_len), str(s.tp), str(s.pp), str(s.dp), str(s.world_size),
+            str(s.ffn_hidden), str(s.vocab), str(s.seq_len), str(s.tp), str(s.cp), str(s.pp), str(s.dp), str(s.ep),
+            f"{s.experts} top-{s.top_k}" if s.experts else "-", str(s.world_size),
             str(s.global_batch), str(s.num_microbatches),
         )
     out.print(table)
