@@ -7,7 +7,7 @@ from rich.table import Table
 from traceforge.analysis.traffic import DimTraffic
 
 TEST_ROWS_SHOWN = 16
-NODE_MATRIX_SHOWN = 16
+NODE_MATRIX_SHOWN = 8
 
 
 def fmt_bytes(value: float) -> str:
@@ -72,7 +72,8 @@ def node_table(report) -> Table | None:
     m = report.node_matrix()
     if m.shape[0] > NODE_MATRIX_SHOWN or m.shape[0] < 2:
         return None
-    t = Table(title="Node x node wire bytes per step (row sends to column; diagonal = inside the node)", title_justify="left")
+    t = Table(title="Node x node wire bytes per step", caption="row sends to column; the diagonal stays inside the node",
+              title_justify="left", caption_justify="left")
     t.add_column("src \\ dst")
     for j in range(m.shape[1]):
         t.add_column(f"node {j}", justify="right")

@@ -98,7 +98,8 @@ class Report:
             "gpus_per_node": self.gpus_per_node,
             "nodes": self.nodes,
             "units": "bytes and operations per training step; wire bytes under ring algorithms",
-            "dimensions": [d.to_json() for d in self.dims],
+            "dimensions": [dict(d.to_json(), concurrent_groups=max((r.groups for r in self.tests if r.dim == d.dim), default=0))
+                           for d in self.dims],
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -67,14 +68,15 @@ def _load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
 
 def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
     items = list(files.items())
+    session = uuid.uuid4().hex
     if jobs <= 1 or len(items) < 32:
-        return scan_ranks(items)
+        return scan_ranks(items, session)
     chunk = max(1, min(64, len(items) // (4 * jobs)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     ctx = multiprocessing.get_context("fork")
     out: list[RankScan] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for done in pool.map(scan_ranks, chunks):
+        for done in pool.map(scan_ranks, chunks, [session] * len(chunks)):
             out += done
     return out
 

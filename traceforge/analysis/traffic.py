@@ -8,7 +8,7 @@ scale-out (crossing nodes), the message-size histogram, and the groups it runs o
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 
 from traceforge.analysis.ring import RECV_NAME, SEND_NAME, coll_name, wire_bytes
@@ -148,13 +148,3 @@ def dimension_traffic(ts: TraceSet, gpus_per_node: int) -> list[DimTraffic]:
             d.histogram[size_bucket(size)] += per_step
     return [dims[k] for k in sorted(dims, key=dim_sort_key)]
 
-
-def per_rank_totals(dims: list[DimTraffic], world: int) -> dict[str, list[float]]:
-    """Wire bytes per rank per step over all dimensions: total, scale-up, scale-out."""
-    out = defaultdict(lambda: [0.0] * world)
-    for d in dims:
-        for r in d.rows.values():
-            out["wire"][r.rank] += r.wire
-            out["intra"][r.rank] += r.wire_intra
-            out["inter"][r.rank] += r.wire_inter
-    return dict(out)

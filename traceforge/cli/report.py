@@ -12,6 +12,14 @@ from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
 
 
+def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
+    """Build and print the report of a trace set (what `generate --report` calls); options go
+    to build_report (link=LinkModel(...), timeline=, track_ranks=, jobs=)."""
+    from traceforge.analysis.report import build_report
+
+    build_report(directory, prefix, gpus_per_node, **options).render(out)
+
+
 @app.command("report")
 @user_errors
 def report(
@@ -54,8 +62,9 @@ def report(
     else:
         main.render(out)
     if out_dir is not None:
-        err.print(f"wrote report artifacts to {out_dir}/", markup=False)
+        err.print(f"wrote report artifacts to {out_dir}/", markup=False, soft_wrap=True)
     elif not as_json:
-        err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR", markup=False)
+        err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR",
+                  markup=False, soft_wrap=True)
     for note in notes:
-        err.print(f"note: {note}", markup=False)
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
