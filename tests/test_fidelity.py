@@ -321,3 +321,22 @@ def test_moe_expert_gradients_use_their_own_group(make_set):
 def test_expert_and_context_refusals(bad, match):
     with pytest.raises(SpecError, match=match):
         build_spec("demo", overrides={k: v for k, v in bad.items() if v is not None})
+
+
+def test_overlapped_buckets_start_before_backward_ends_on_the_timeline(make_set, tmp_path):
+    """Issue 6: with --overlap-grad-reduce the analytical timeline shows DP buckets running
+    while the last micro-batch's backward still computes; without it they wait for its end."""
+    from traceforge.analysis.report import build_report
+
+    starts = {}
+    for overlap in (True, False):
+        _, out, _ = make_set("demo", overlap_grad_reduce=overlap, bucket_mb=1)
+        dest = tmp_path / f"report-{overlap}"
+        build_report(out).write(dest)
+        events = json.loads((dest / "timeline.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        rank0 = [e for e in events if e.get("pid") == 0 and e.get("ph") == "X"]
+        backward_end = max(e["ts"] + e["dur"] for e in rank0 if e["cat"] == "compute" and e["name"].startswith("bwd/"))
+        first_bucket = min(e["ts"] for e in rank0 if "grad_bucket" in e["name"])
+        starts[overlap] = first_bucket < backward_end
+    assert starts == {True: True, False: False}
