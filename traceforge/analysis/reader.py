@@ -50,8 +50,8 @@ def parse_metadata(payload: memoryview, name: str) -> pb.GlobalMetadata:
     return meta
 
 
-def _open(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]], str]:
-    """Read a file, parse its GlobalMetadata; return it with an iterator over the node payloads."""
+def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]]]:
+    """A file's GlobalMetadata and an iterator over its node payloads (offset, bytes)."""
     name = str(path)
     try:
         data = Path(path).read_bytes()
@@ -63,28 +63,28 @@ def _open(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview
         raise TraceReadError(f"{name}: empty file; a Chakra ET file holds a GlobalMetadata and nodes")
     payloads = iter_payloads(data, name)
     _, first = next(payloads)
-    return parse_metadata(first, name), payloads, name
+    return parse_metadata(first, name), payloads
 
 
-def _nodes(payloads: Iterator[tuple[int, memoryview]], name: str) -> Iterator[pb.Node]:
-    for offset, payload in payloads:
-        node = pb.Node()
-        try:
-            node.ParseFromString(payload)
-        except DecodeError:
-            raise TraceReadError(f"{name}: the message at byte {offset} does not parse as a Node; the file is corrupt") from None
-        yield node
+def parse_node(payload: memoryview, offset: int, name: str) -> pb.Node:
+    node = pb.Node()
+    try:
+        node.ParseFromString(payload)
+    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
+        raise TraceReadError(f"{name}: the message at byte {offset} does not parse as a Node; the file is corrupt") from None
+    return node
 
 
 def iter_nodes(path: Path) -> Iterator[pb.Node]:
     """Stream a file's nodes (after its GlobalMetadata), one parsed message at a time."""
-    _, payloads, name = _open(path)
-    yield from _nodes(payloads, name)
+    _, payloads = open_trace(path)
+    for offset, payload in payloads:
+        yield parse_node(payload, offset, str(path))
 
 
 def read_trace(path: Path) -> Trace:
-    meta, payloads, name = _open(path)
-    return Trace(Path(path), meta, list(_nodes(payloads, name)))
+    meta, payloads = open_trace(path)
+    return Trace(Path(path), meta, [parse_node(p, o, str(path)) for o, p in payloads])
 
 
 def attr_value(attr: pb.AttributeProto):

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, TextIO
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import attrs, iter_payloads, parse_metadata
+from traceforge.analysis.reader import attrs, open_trace, parse_node
 from traceforge.errors import TraceReadError, UserError
 
 COMM_GROUP_FILE = "comm_group.json"
@@ -26,31 +26,6 @@ COLL_LABEL = {"ALL_REDUCE": "AllReduce", "ALL_GATHER": "AllGather", "REDUCE_SCAT
 
 
 # -- reading --------------------------------------------------------------------------------
-
-def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]]]:
-    """A file's GlobalMetadata and an iterator over its node payloads (offset, bytes)."""
-    name = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise TraceReadError(f"{name}: no such file") from None
-    except OSError as exc:
-        raise TraceReadError(f"{name}: cannot read ({exc.strerror})") from None
-    if not data:
-        raise TraceReadError(f"{name}: empty file; a Chakra ET file holds a GlobalMetadata and nodes")
-    payloads = iter_payloads(data, name)
-    _, first = next(payloads)
-    return parse_metadata(first, name), payloads
-
-
-def parse_node(payload: memoryview, offset: int, name: str) -> pb.Node:
-    node = pb.Node()
-    try:
-        node.ParseFromString(payload)
-    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
-        raise TraceReadError(f"{name}: the message at byte {offset} does not parse as a Node; the file is corrupt") from None
-    return node
-
 
 def read_json_file(path: Path) -> object | None:
     """A JSON side file of a trace set, or None when absent; unreadable JSON is a TraceReadError."""
