@@ -138,7 +138,7 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
     for r in range(world):
         if r not in files:
             findings.append(Finding("missing-rank", r, None, None,
-                                    f"{prefix}.{r}.et is missing from a {world}-rank set; ASTRA-sim exits when a rank's "
+                                    f"{prefix}.{r}.et is missing (the set has {world:,} ranks); ASTRA-sim exits when a rank's "
                                     "file does not exist"))
     for r in sorted(files):
         if r >= world:
@@ -209,7 +209,7 @@ def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) ->
         bad = [m for m in members if not 0 <= m < world]
         if bad:
             out.append(Finding("group", None, None, None, f"group {gid} in {name} lists rank(s) {bad[:5]} outside this "
-                                                           f"{world}-rank set", group=gid))
+                                                           f"set of {world:,} ranks", group=gid))
         if len(set(members)) != len(members):
             out.append(Finding("group", None, None, None, f"group {gid} in {name} lists a rank twice", group=gid))
     return out

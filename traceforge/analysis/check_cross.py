@@ -12,11 +12,12 @@ ranks posting each; per transfer key two counts and where the first of each side
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections import Counter
 
-from traceforge.analysis.check_findings import ERROR, Finding
-from traceforge.analysis.check_nodes import COLL, RECV, SEND, WORLD, coll_label, p2p_label
+from traceforge.analysis.check_findings import Finding
+from traceforge.analysis.check_nodes import COLL, SEND, WORLD, coll_label, p2p_label
 from traceforge.analysis.check_rank import CommGraph, RankSummary
 
 PAIR = 16  # bytes per packed (comm_type, size) entry
@@ -35,41 +36,61 @@ class CrossRank:
         self.graphs: dict[int, CommGraph] = {}  # readable ranks
         self.paths: dict[int, str] = {}
         self.seqs: dict[int, dict[bytes, list[int]]] = {}  # group -> sequence -> ranks posting it
-        self.posted: dict[int, dict[int, int]] = {}  # rank -> group -> collectives posted
-        self.p2p: dict[tuple, list] = {}  # key -> [sends, recvs, (rank, c) of first send, of first recv]
-        self.p2p_id: dict[int, array] = {}  # rank -> per comm node: index of its key in p2p_keys, or -1
+        self.posted: dict[int, dict[int, bytes]] = {}  # rank -> group -> its sequence (shared object)
+        self.p2p_index: dict[tuple, int] = {}  # (src, dst, tag, size) -> key id
         self.p2p_keys: list[tuple] = []
+        self.p2p_count = array("i")  # per key id: sends, recvs
+        self.p2p_first = array("q")  # per key id: first send, first recv, as rank << 32 | comm index
+        self._interned: dict[tuple[str, int, bytes], array] = {}
+        self._interned_seqs: dict[bytes, bytes] = {}
 
     # -- ingestion --------------------------------------------------------------------------
     def add(self, s: RankSummary) -> None:
         if s.fatal or s.comm is None:
             return
         rank, comm = s.rank, s.comm
-        self.graphs[rank] = comm
         self.paths[rank] = s.path
         posted = self.posted[rank] = {}
         for group, seq in s.seqs.items():
+            seq = self._interned_seqs.setdefault(seq, seq)  # one copy of each distinct sequence
             self.seqs.setdefault(group, {}).setdefault(seq, []).append(rank)
-            posted[group] = len(seq) // PAIR
+            posted[group] = seq
         s.seqs = {}
-        ids = array("l", [-1]) * len(comm)
-        p2p, keys = self.p2p, self.p2p_keys
+        comm.pid = self._transfers(rank, comm)
+        comm.p2p = array("q")
+        # Ranks of one stage share structure: keep one copy of each distinct array.
+        for name in ("node_id", "offset", "seq", "prev", "succ_ptr", "succ"):
+            setattr(comm, name, self._intern(getattr(comm, name)))
+        self.graphs[rank] = comm
+
+    def _intern(self, values: array) -> array:
+        raw = values.tobytes()
+        key = (values.typecode, len(raw), hashlib.blake2b(raw, digest_size=16).digest())
+        return self._interned.setdefault(key, values)
+
+    def _transfers(self, rank: int, comm: CommGraph) -> array:
+        pid = array("i", [-1]) * len(comm)
+        index, keys, count, first, flat = self.p2p_index, self.p2p_keys, self.p2p_count, self.p2p_first, comm.p2p
+        j = 0
         for c, t in enumerate(comm.kind):
             if t == COLL:
                 continue
-            key = comm.key[c]
-            if None in key:
+            key = tuple(flat[j:j + 4])
+            j += 4
+            if -1 in key:
                 continue
-            entry = p2p.get(key)
-            if entry is None:
-                entry = p2p[key] = [0, 0, None, None, len(keys)]
+            k = index.get(key)
+            if k is None:
+                k = index[key] = len(keys)
                 keys.append(key)
-            side = 0 if t == SEND else 1
-            entry[side] += 1
-            if entry[2 + side] is None:
-                entry[2 + side] = (rank, c)
-            ids[c] = entry[4]
-        self.p2p_id[rank] = ids
+                count.extend((0, 0))
+                first.extend((-1, -1))
+            side = 2 * k + (0 if t == SEND else 1)
+            count[side] += 1
+            if first[side] < 0:
+                first[side] = rank << 32 | c
+            pid[c] = k
+        return pid
 
     # -- helpers ----------------------------------------------------------------------------
     def members(self, group: int) -> list[int] | None:
@@ -79,23 +100,36 @@ class CrossRank:
             return sorted({r for ranks in self.seqs.get(group, {}).values() for r in ranks})
         return self.groups.get(group)
 
+    def sequence(self, rank: int, group: int) -> bytes:
+        return self.posted.get(rank, {}).get(group, b"")
+
+    def count(self, rank: int, group: int) -> int:
+        return len(self.sequence(rank, group)) // PAIR
+
     def coll_at(self, rank: int, group: int, k: int) -> int | None:
         """Comm index of rank's k-th collective on group."""
         comm = self.graphs[rank]
         for c, t in enumerate(comm.kind):
-            if t == COLL and comm.key[c] == group and comm.seq[c] == k:
+            if t == COLL and comm.group[c] == group and comm.seq[c] == k:
                 return c
         return None
 
+    def coll_text(self, rank: int, group: int, k: int) -> str:
+        a = unpack(self.sequence(rank, group))
+        if 2 * k + 1 >= len(a):
+            return "nothing"
+        ctype, size = a[2 * k], a[2 * k + 1]
+        return coll_label(ctype if ctype >= 0 else None, size if size >= 0 else None)
+
+    def p2p_text(self, rank: int, c: int) -> str:
+        comm = self.graphs[rank]
+        k = comm.pid[c]
+        if k < 0:
+            return "Send" if comm.kind[c] == SEND else "Recv"
+        return p2p_label(comm.kind[c], *self.p2p_keys[k])
+
     def _node(self, rank: int, c: int | None) -> int | None:
         return None if c is None else self.graphs[rank].node_id[c]
-
-    def _coll_text(self, rank: int, c: int | None) -> str:
-        comm = self.graphs[rank]
-        if c is None:
-            return "nothing"
-        size = comm.size[c]
-        return coll_label(comm.ctype[c] if comm.ctype[c] >= 0 else None, size if size >= 0 else None)
 
     # -- groups -----------------------------------------------------------------------------
     def check_groups(self) -> list[Finding]:
@@ -118,7 +152,7 @@ class CrossRank:
                                        "('communicator group not found')", group=group))
                 elif rank not in self.group_sets[group]:
                     out.append(Finding("group", rank, self._node(rank, self.coll_at(rank, group, 0)), None,
-                                       f"posts {self.posted[rank][group]} collective(s) on group {group} but is not one of "
+                                       f"posts {self.count(rank, group)} collective(s) on group {group} but is not one of "
                                        f"its members {_ranks(members)} in {self.group_file}", group=group))
         return out
 
@@ -129,11 +163,9 @@ class CrossRank:
         out: list[Finding] = []
         poisoned: set[tuple[int, int]] = set()
         for group in sorted(self.seqs):
-            by_seq = self.seqs[group]
             members = self.members(group) or []
             readable = [r for r in members if r in self.graphs]
-            posting = {r: seq for seq, ranks in by_seq.items() for r in ranks}
-            seq_of = {r: posting.get(r, b"") for r in readable}
+            seq_of = {r: self.sequence(r, group) for r in readable}
             counts = Counter(seq_of.values())
             if len(counts) <= 1:
                 continue
@@ -154,72 +186,66 @@ class CrossRank:
         return out, poisoned
 
     def _sequence_finding(self, rank: int, group: int, ref: bytes, ref_rank: int, who: str, n_members: int) -> Finding:
-        a, b = unpack(self._seq(rank, group)), unpack(ref)
+        a, b = unpack(self.sequence(rank, group)), unpack(ref)
         n_mine, n_ref = len(a) // 2, len(b) // 2
         k = next((i for i in range(min(n_mine, n_ref)) if a[2 * i:2 * i + 2] != b[2 * i:2 * i + 2]), min(n_mine, n_ref))
         c_mine = self.coll_at(rank, group, k) if k < n_mine else None
-        theirs = self._coll_text(ref_rank, self.coll_at(ref_rank, group, k)) if k < n_ref else "nothing"
+        theirs = self.coll_text(ref_rank, group, k)
         label = f"group {group} ({n_members} members)"
         if k >= n_mine:
             message = (f"posts {n_mine} collective(s) on {label} where {who} {n_ref}: it lacks collective #{k} "
                        f"({theirs}), so the others hang waiting for it")
         elif k >= n_ref:
             message = (f"posts {n_mine} collective(s) on {label} where {who} {n_ref}: its collective #{k} "
-                       f"({self._coll_text(rank, c_mine)}) has no counterpart and hangs")
+                       f"({self.coll_text(rank, group, k)}) has no counterpart and hangs")
         else:
-            message = (f"collective #{k} on {label} is {self._coll_text(rank, c_mine)} but {who} {theirs} at that "
+            message = (f"collective #{k} on {label} is {self.coll_text(rank, group, k)} but {who} {theirs} at that "
                        "position; ASTRA-sim matches collectives by order and never completes a mismatch")
         if c_mine is None and n_mine:
             c_mine = self.coll_at(rank, group, n_mine - 1)
         return Finding("collective", rank, self._node(rank, c_mine), None, message, group=group)
 
-    def _seq(self, rank: int, group: int) -> bytes:
-        for seq, ranks in self.seqs.get(group, {}).items():
-            if rank in ranks:
-                return seq
-        return b""
-
     # -- point-to-point ---------------------------------------------------------------------
     def check_p2p(self) -> list[Finding]:
         out: list[Finding] = []
-        lonely: dict[tuple[int, int], list[tuple[int, tuple, int]]] = {}  # (src, dst) -> [(side, key, surplus)]
-        for key, (sends, recvs, first_send, first_recv, _) in self.p2p.items():
+        count, first = self.p2p_count, self.p2p_first
+        lonely: dict[tuple[int, int], list[tuple[int, tuple, int]]] = {}  # (src, dst) -> [(side, key id, surplus)]
+        for k, key in enumerate(self.p2p_keys):
+            sends, recvs = count[2 * k], count[2 * k + 1]
             if sends != recvs:
-                side = 0 if sends > recvs else 1
-                lonely.setdefault((key[0], key[1]), []).append((side, key, abs(sends - recvs)))
+                lonely.setdefault((key[0], key[1]), []).append((0 if sends > recvs else 1, k, abs(sends - recvs)))
         for pair in sorted(lonely):
             items = lonely[pair]
-            for side, key, surplus in items:
-                src, dst, tag, size = key
-                entry = self.p2p[key]
-                rank, c = entry[2 + side]
-                kind = SEND if side == 0 else RECV
+            for side, k, surplus in items:
+                src, dst, tag, size = key = self.p2p_keys[k]
+                where = first[2 * k + side]
+                rank, c = where >> 32, where & 0xFFFFFFFF
                 partner = dst if side == 0 else src
-                text = p2p_label(kind, src, dst, tag, size)
+                if partner not in self.graphs:  # its file is unreadable or missing: reported already
+                    continue
                 have, want = ("Send", "Recv") if side == 0 else ("Recv", "Send")
-                if entry[0] and entry[1]:
-                    count = f"{entry[side]} such {have}s but {entry[1 - side]} {want}(s)"
+                if count[2 * k] and count[2 * k + 1]:
+                    detail = f"{count[2 * k + side]} such {have}s but {count[2 * k + 1 - side]} {want}(s)"
                 else:
-                    count = f"rank {partner} posts no {want} with the same (src, dst, tag, size)"
-                hint = _nearest(side, key, items)
-                consequence = ("ASTRA-sim lets it pass silently" if side == 0 else "ASTRA-sim waits for it forever")
-                message = f"{text} is unmatched: {count}{hint}; {consequence}"
+                    detail = f"rank {partner} posts no {want} with the same (src, dst, tag, size)"
+                hint = self._nearest(side, key, items)
+                consequence = "ASTRA-sim lets it pass silently" if side == 0 else "ASTRA-sim waits for it forever"
+                message = f"{self.p2p_text(rank, c)} is unmatched: {detail}{hint}; {consequence}"
                 if surplus > 1:
                     message += f" ({surplus} unmatched)"
                 out.append(Finding("p2p", rank, self.graphs[rank].node_id[c], None, message, peer=partner))
         return out
 
-
-def _nearest(side: int, key: tuple, items: list) -> str:
-    """A hint when the same pair has an unmatched transfer the other way round: which field differs."""
-    for other_side, other, _ in items:
-        if other_side != side:
-            diffs = [f"{name} {mine} vs {theirs}" for name, mine, theirs in
-                     (("tag", key[2], other[2]), ("size", key[3], other[3])) if mine != theirs]
-            what = "Recv" if side == 0 else "Send"
-            return f" (rank {other[1] if side == 0 else other[0]} has an unmatched {what} for this pair: " + \
-                   ", ".join(diffs) + ")"
-    return ""
+    def _nearest(self, side: int, key: tuple, items: list) -> str:
+        """A hint when the same pair has an unmatched transfer the other way round: which field differs."""
+        for other_side, k, _ in items:
+            if other_side != side:
+                other = self.p2p_keys[k]
+                diffs = [f"{name} {mine:,} vs {theirs:,}" for name, mine, theirs in
+                         (("tag", key[2], other[2]), ("size", key[3], other[3])) if mine != theirs]
+                what, holder = ("Recv", other[1]) if side == 0 else ("Send", other[0])
+                return f" (rank {holder} has an unmatched {what} for this pair: " + ", ".join(diffs) + ")"
+        return ""
 
 
 def _disagreements(seqs: list[bytes]) -> list[int]:

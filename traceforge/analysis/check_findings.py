@@ -29,12 +29,15 @@ class Finding:
     severity: str = ERROR
     peer: int | None = None  # the other rank involved (p2p partner, rank waited for)
     group: int | None = None  # the communicator group involved
+    priority: int = 0  # within a kind, lower first (e.g. a deadlock's root before its ripples); not exported
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        del doc["priority"]
+        return doc
 
     def sort_key(self) -> tuple:
-        return (self.severity != ERROR, KINDS.index(self.kind) if self.kind in KINDS else len(KINDS),
+        return (self.severity != ERROR, KINDS.index(self.kind) if self.kind in KINDS else len(KINDS), self.priority,
                 -1 if self.rank is None else self.rank, -1 if self.node_id is None else self.node_id)
 
 

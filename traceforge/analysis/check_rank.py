@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.analysis.check_findings import ERROR, WARNING, Finding, Tally
 from traceforge.analysis.check_nodes import (
-    COLL, COMM_TYPES, RECV, SEND, WORLD, CorruptNode, NodeRecord, decode_node,
+    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, NodeRecord, decode_node,
 )
 from traceforge.emit.wire import read_varint
 
@@ -29,20 +29,20 @@ _cache: dict[bytes, NodeRecord] = {}
 
 @dataclass
 class CommGraph:
-    """A rank's communication nodes in file order, as flat arrays."""
+    """A rank's communication nodes in file order, as flat arrays (no Python object per node)."""
 
-    node_id: array  # 'Q'
-    offset: array  # 'Q', byte offset of the node's length prefix (to fetch its name later)
+    node_id: array  # node ids
+    offset: array  # byte offset of each node's length prefix (to fetch names for reports)
     kind: bytes  # node type per comm node (COLL, SEND, RECV)
-    key: list  # COLL: group id; SEND/RECV: (src, dst, tag, size)
-    seq: array  # 'l', COLL: its index among this rank's collectives on its group (file order); else -1
-    ctype: array  # 'l', COLL: comm_type; else -1
-    size: array  # 'q', comm_size (-1 when unusable)
-    # Nearest communication ancestors, as successor lists (CSR) and predecessor counts; empty
-    # when the rank's graph is unusable (the replay does not run then).
-    npred: array = field(default_factory=lambda: array("l"))
-    succ_ptr: array = field(default_factory=lambda: array("l"))
-    succ: array = field(default_factory=lambda: array("l"))
+    group: array  # 'q', COLL: group id (-1 when unusable); SEND/RECV: -1
+    seq: array  # 'i', COLL: its index among this rank's collectives on its group (file order); else -1
+    prev: array  # 'i', COLL: comm index of the previous collective on its group, else -1
+    p2p: array  # 'q', SEND/RECV only, in order: src, dst, tag, size (-1 when unusable)
+    # Nearest communication ancestors as successor lists (CSR); empty when the rank's graph is
+    # unusable (then the replay does not run).
+    succ_ptr: array = field(default_factory=lambda: array("i"))
+    succ: array = field(default_factory=lambda: array("i"))
+    pid: array = field(default_factory=lambda: array("i"))  # set by CrossRank: transfer key index per node
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -65,10 +65,16 @@ def scan_rank(rank: int, path: Path | str, world: int) -> RankSummary:
     try:
         _scan(summary, world)
     except _Fatal as stop:
-        summary.fatal = summary.blocking = True
-        summary.findings.append(Finding(stop.kind, rank, None, None, f"{path}: {stop.message}"))
-        summary.comm, summary.seqs = None, {}
+        _fail(summary, stop.kind, stop.message)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:  # data no check anticipated
+        _fail(summary, "corrupt", f"could not be decoded ({type(exc).__name__}: {exc})")
     return summary
+
+
+def _fail(summary: RankSummary, kind: str, message: str) -> None:
+    summary.fatal = summary.blocking = True
+    summary.findings = [Finding(kind, summary.rank, None, None, f"{summary.path}: {message}")]
+    summary.comm, summary.seqs = None, {}
 
 
 class _Fatal(Exception):
@@ -234,57 +240,62 @@ def _topological_order(records: list[NodeRecord], index: dict[int, int], tally: 
 
 
 def _comm_nodes(records, offsets, comm_at, rank, world, tally: Tally, seqs: dict[int, bytes]) -> CommGraph:
-    node_id, offset, seq, ctype, size = array("Q"), array("Q"), array("l"), array("l"), array("q")
+    group, seq, prev, p2p = array("q"), array("i"), array("i"), array("q")
     kind = bytearray()
-    keys: list = []
     counts: dict[int, int] = {}
+    last: dict[int, int] = {}
     packed: dict[int, array] = {}
     for i in comm_at:
         r = records[i]
         t, comm = r[1], r[3]
-        node_id.append(r[0])
-        offset.append(offsets[i])
         kind.append(t)
         if t == COLL:
-            c_type, c_size, group = comm if comm else (None, None, None)
-            c_type = -1 if c_type is None else c_type
-            c_size = -1 if c_size is None else c_size
-            ctype.append(c_type)
-            size.append(c_size)
-            keys.append(group)
-            if group is None:
+            c_type, c_size, g = comm if comm else (None, None, None)
+            if g is None:
+                group.append(-1)
                 seq.append(-1)
+                prev.append(-1)
                 continue
-            k = counts.get(group, 0)
-            counts[group] = k + 1
+            k = counts.get(g, 0)
+            counts[g] = k + 1
+            group.append(g)
             seq.append(k)
-            packed.setdefault(group, array("q")).extend((c_type, c_size))
+            prev.append(last.get(g, -1))
+            last[g] = len(kind) - 1
+            packed.setdefault(g, array("q")).extend((-1 if c_type is None else c_type, -1 if c_size is None else c_size))
+            continue
+        group.append(-1)
+        seq.append(-1)
+        prev.append(-1)
+        src, dst, tag, c_size = comm if comm else (None, None, None, None)
+        if t == SEND:
+            if src is not None and src != rank:
+                tally.add(ERROR, "attribute", f"Send has comm_src {src} in rank {rank}'s file; ASTRA-sim requires "
+                                              "a Send's comm_src to be its own rank", r[0], r[5])
+            src = rank
+            peer, role = dst, "comm_dst"
         else:
-            src, dst, tag, c_size = comm if comm else (None, None, None, None)
-            if t == SEND:
-                if src is not None and src != rank:
-                    tally.add(ERROR, "attribute", f"Send has comm_src {src} in rank {rank}'s file; ASTRA-sim requires "
-                                                  "a Send's comm_src to be its own rank", r[0], r[5])
-                src = rank
-                peer, role = dst, "comm_dst"
-            else:
-                if dst is not None and dst != rank:
-                    tally.add(ERROR, "attribute", f"Recv has comm_dst {dst} in rank {rank}'s file; ASTRA-sim requires "
-                                                  "a Recv's comm_dst to be its own rank", r[0], r[5])
-                dst = rank
-                peer, role = src, "comm_src"
-            if peer is not None and peer >= world:
-                tally.add(ERROR, "attribute", f"{role} {peer} is not a rank of this {world}-rank set", r[0], r[5])
-            ctype.append(-1)
-            size.append(-1 if c_size is None else c_size)
-            seq.append(-1)
-            keys.append((src, dst, tag, c_size))
+            if dst is not None and dst != rank:
+                tally.add(ERROR, "attribute", f"Recv has comm_dst {dst} in rank {rank}'s file; ASTRA-sim requires "
+                                              "a Recv's comm_dst to be its own rank", r[0], r[5])
+            dst = rank
+            peer, role = src, "comm_src"
+        if peer is not None and peer >= world:
+            tally.add(ERROR, "attribute", f"{role} {peer} is not a rank of this set of {world:,} ranks", r[0], r[5])
+        p2p.extend(-1 if v is None else v for v in (src, dst, tag, c_size))
     if WORLD in counts and len(counts) > 1:
         tally.add(WARNING, "group", "posts collectives on all ranks (no pg_name) and on named groups; ASTRA-sim numbers "
                                     "all-rank collectives with a counter that sub-group streams also advance, so mixing "
                                     "them can deadlock: name an explicit group")
     seqs.update((g, a.tobytes()) for g, a in packed.items())
-    return CommGraph(node_id, offset, bytes(kind), keys, seq, ctype, size)
+    ids = [records[i][0] for i in comm_at]
+    offs = [offsets[i] for i in comm_at]
+    return CommGraph(_compact(ids), _compact(offs), bytes(kind), group, seq, prev, p2p)
+
+
+def _compact(values: list[int]) -> array:
+    """Unsigned values in 4 bytes each when they fit, else 8."""
+    return array("I" if not values or max(values) < 1 << 32 else "Q", values)
 
 
 def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
@@ -310,31 +321,31 @@ def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
         else:
             preds[c] = inner
             reach[i] = (c,)
-    m = len(comm_at)
-    children: list[list[int]] = [[] for _ in range(m)]
-    npred = array("l", [0]) * m
+    children: list[list[int]] = [[] for _ in comm_at]
     for c, ps in enumerate(preds):
-        npred[c] = len(ps)
         for p in ps:
             children[p].append(c)
-    ptr = array("l", [0])
-    succ = array("l")
+    ptr = array("i", [0])
+    succ = array("i")
     for kids in children:
         succ.extend(kids)
         ptr.append(len(succ))
-    comm.npred, comm.succ_ptr, comm.succ = npred, ptr, succ
+    comm.succ_ptr, comm.succ = ptr, succ
 
 
-def node_name(path: str, offset: int) -> str | None:
-    """The name of the node whose length prefix sits at offset (for reports)."""
+def read_record(path: str, offset: int) -> NodeRecord | None:
+    """The node whose length prefix sits at offset, decoded again (for reports)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             head = f.read(10)
             size, start = read_varint(head, 0)
             f.seek(offset + start)
-            node = pb.Node()
-            node.ParseFromString(f.read(size))
-            return node.name
-    except (OSError, ValueError, DecodeError):
+            return decode_node(f.read(size))
+    except (OSError, ValueError, CorruptNode):
         return None
+
+
+def node_name(path: str, offset: int) -> str | None:
+    record = read_record(path, offset)
+    return None if record is None else record.name

@@ -20,7 +20,7 @@ import heapq
 
 from traceforge.analysis.check_cross import CrossRank
 from traceforge.analysis.check_findings import WARNING, Finding
-from traceforge.analysis.check_nodes import COLL, RECV, SEND, coll_label, p2p_label
+from traceforge.analysis.check_nodes import COLL, RECV, SEND
 
 GENERAL, ASTRA = "general", "astra-sim"
 MODELS = (GENERAL, ASTRA)
@@ -37,56 +37,69 @@ class Replay:
 
     def run(self) -> list[Finding]:
         cross, astra = self.cross, self.astra
-        graphs, p2p_id = cross.graphs, cross.p2p_id
+        graphs = cross.graphs
         top = (max(self.ranks) + 1) if self.ranks else 0
         kind = [b""] * top
-        key: list = [None] * top
+        key: list = [None] * top  # group id per collective
         seq: list = [None] * top
         npred: list = [None] * top
         ptr: list = [None] * top
         succ: list = [None] * top
         pid: list = [None] * top
         nid: list = [None] * top
+        prev: list = [None] * top
+        finished: list = [None] * top  # per rank, per comm node: 1 once complete
         done = [0] * top
         slot = [SLOT_FREE] * top
         heap: list[list] = [[] for _ in range(top)]
         work: list[tuple[int, int]] = []
         for r in self.ranks:
             g = graphs[r]
-            kind[r], key[r], seq[r], ptr[r], succ[r], pid[r], nid[r] = \
-                g.kind, g.key, g.seq, g.succ_ptr, g.succ, p2p_id[r], g.node_id
-            npred[r] = g.npred.tolist()
+            kind[r], key[r], seq[r], ptr[r], succ[r], pid[r], nid[r], prev[r] = \
+                g.kind, g.group, g.seq, g.succ_ptr, g.succ, g.pid, g.node_id, g.prev
+            finished[r] = bytearray(len(g))
+            counts = npred[r] = [0] * len(g)
+            for s in g.succ:
+                counts[s] += 1
             work.extend((r, c) for c in range(len(g) - 1, -1, -1) if npred[r][c] == 0)
         arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
         sent: dict[int, int] = {}
         waiting: dict[int, list[tuple[int, int]]] = {}
-        outstanding: dict[tuple[int, int], int] = {}
-        next_k: dict[tuple[int, int], int] = {}
         warned: set[tuple[int, int]] = set()
         group_size, poisoned = self.group_size, self.poisoned
 
+        def unordered(r: int, c: int) -> None:
+            """A collective is ready while the previous one on its group is not complete: no
+            dependency orders them (warn once per rank and group)."""
+            if (r, key[r][c]) not in warned:
+                warned.add((r, key[r][c]))
+                self._order_warning(r, c, key[r][c], seq[r][c])
+
+        for r, c in work:
+            p = prev[r][c]
+            if p >= 0 and not finished[r][p]:
+                unordered(r, c)
+
         def complete(r: int, c: int) -> None:
             done[r] += 1
+            finished[r][c] = 1
             if astra and slot[r] == c:
                 slot[r] = SLOT_FREE
                 work.append((r, START))
-            counts, s_ptr, s_list = npred[r], ptr[r], succ[r]
+            counts, s_ptr, s_list, before, fin = npred[r], ptr[r], succ[r], prev[r], finished[r]
             for i in range(s_ptr[c], s_ptr[c + 1]):
                 s = s_list[i]
                 counts[s] -= 1
                 if counts[s] == 0:
+                    p = before[s]
+                    if p >= 0 and not fin[p]:
+                        unordered(r, s)
                     work.append((r, s))
 
         def issue(r: int, c: int) -> None:
             t = kind[r][c]
             if t == COLL:
                 g, k = key[r][c], seq[r][c]
-                rg = (r, g)
-                if (k != next_k.get(rg, 0) or outstanding.get(rg, 0)) and rg not in warned:
-                    warned.add(rg)
-                    self._order_warning(r, c, g, k)
-                next_k[rg] = max(next_k.get(rg, 0), k + 1)
-                outstanding[rg] = outstanding.get(rg, 0) + 1
                 if astra:
                     slot[r] = c
                 inst = (g, k)
@@ -97,7 +110,6 @@ class Replay:
                 if len(members) == group_size[g] and inst not in poisoned:
                     del arrivals[inst]
                     for r2, c2 in members:
-                        outstanding[(r2, g)] -= 1
                         complete(r2, c2)
             elif t == SEND:
                 complete(r, c)
@@ -146,17 +158,16 @@ class Replay:
     # -- reporting --------------------------------------------------------------------------
     def _label(self, r: int, c: int) -> str:
         g = self.cross.graphs[r]
-        t = g.kind[c]
-        if t == COLL:
-            return f"{coll_label(g.ctype[c], g.size[c])} on group {g.key[c]} (its collective #{g.seq[c]} there)"
-        src, dst, tag, size = g.key[c]
-        return p2p_label(t, src, dst, tag, size)
+        if g.kind[c] == COLL:
+            group, k = g.group[c], g.seq[c]
+            return f"{self.cross.coll_text(r, group, k)} on group {group} (its collective #{k} there)"
+        return self.cross.p2p_text(r, c)
 
     def _order_warning(self, r: int, c: int, group: int, k: int) -> None:
         g = self.cross.graphs[r]
         self.findings.append(Finding(
             "order", r, g.node_id[c], None,
-            f"collective #{k} on group {group} can issue before #{k - 1 if k else 0} on that group completes: no "
+            f"collective #{k} on group {group} can issue before #{k - 1} on that group completes: no "
             "dependency orders them, and ASTRA-sim matches a group's collectives by issue order, so the result "
             "depends on timing; make each collective depend on the previous one on its group",
             WARNING, group=group))
@@ -173,10 +184,10 @@ class Replay:
                 else:
                     waits = [(q, self._why_coll(q, g, k)) for q in missing]
                 blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, waits))
-        for queue in waiting.values():
+        for k, queue in waiting.items():
+            src = cross.p2p_keys[k][0]
+            sends = cross.p2p_count[2 * k]
             for r, c in queue:
-                src, dst, tag, size = cross.graphs[r].key[c]
-                sends = cross.p2p.get((src, dst, tag, size), [0])[0]
                 why = ("never posts the matching Send" if not sends else
                        "has the matching Send but never issues it")
                 blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, [(src, why)]))
@@ -198,10 +209,13 @@ class Replay:
             if queued:
                 extra += (f"; {len(queued)} ready communication(s) wait for the rank's single communication slot, "
                           f"held by node {g.node_id[slot[r]]}")
+            # Rows first where the wait has a cause of its own (a partner that never posts the
+            # counterpart, a disagreeing collective), then the ranks merely waiting on stuck ones.
+            root = any(q < 0 or "never posts" in why for q, why in waits)
             self.findings.append(Finding(
                 "deadlock", r, node, None,
                 f"stuck at {self._label(r, c)}: " + "; ".join(parts) + more + extra,
-                peer=next((q for q, _ in waits if q >= 0), None)))
+                peer=next((q for q, _ in waits if q >= 0), None), priority=1 if root else 2))
         cycle = _find_cycle(edges)
         if cycle:
             first = {r: min(blocked[r])[0] for r in cycle}
@@ -209,10 +223,10 @@ class Replay:
             self.findings.append(Finding(
                 "deadlock", cycle[0], first[cycle[0]], None,
                 f"wait-for cycle ({len(cycle)} ranks), each waiting for the next: {chain}",
-                peer=cycle[1] if len(cycle) > 1 else None))
+                peer=cycle[1] if len(cycle) > 1 else None, priority=0))
 
     def _why_coll(self, q: int, group: int, k: int) -> str:
-        posted = self.cross.posted.get(q, {}).get(group, 0)
+        posted = self.cross.count(q, group)
         if posted <= k:
             return f"never posts it (it posts {posted} collective(s) on group {group})"
         return f"has not issued its collective #{k} on group {group}"

@@ -16,7 +16,7 @@ from traceforge.errors import UserError
 def check(
     directory: Path = typer.Argument(..., help="The trace set: a folder of <prefix>.<rank>.et files."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
-    comm_groups: Optional[Path] = typer.Option(None, "--comm-groups", help="Communicator-group file {\"<id>\": [ranks]} (default: DIR/comm_group.json when present)."),
+    comm_groups: Optional[Path] = typer.Option(None, "--comm-groups", help="Communicator-group file, JSON mapping each group id to its ranks (default: DIR/comm_group.json when present)."),
     ranks: Optional[int] = typer.Option(None, "--ranks", help="Expected number of ranks (default: manifest.json's world size, else the highest rank file + 1)."),
     model: str = typer.Option("general", "--model", help="Deadlock replay model: general, or astra-sim (one non-receive communication in flight per rank, as ASTRA-sim issues)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
