@@ -23,6 +23,15 @@ pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
     ({}, 8),
     ({"tp": 1, "pp": 4, "dp": 1, "num_microbatches": 8, "schedule": "gpipe"}, 2),
     ({"dp_mode": "zero3", "sequence_parallel": True}, 4),
+    ({"pp": 4, "layers": 8, "dp": 1, "num_microbatches": 4, "schedule": "interleaved", "virtual_stages": 2,
+      "recompute": "full"}, 4),
+    ({"cp": 2, "order": "megatron", "sequence_parallel": True, "num_microbatches": 2}, 8),
+    ({"dp": 4, "dp_mode": "hsdp", "shard_size": 2, "num_microbatches": 2}, 8),
+    ({"dp_mode": "dist-opt", "overlap_grad_reduce": True, "overlap_param_gather": True, "bucket_mb": 1,
+      "steps": 2}, 4),
+    ({"arch": "llama", "layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 8, "kv_heads": 8, "vocab": 1000,
+      "seq_len": 256, "tied_embeddings": False, "experts": 8, "tp": 2, "sequence_parallel": True, "dp": 4,
+      "ep": 4, "cp": 2, "order": "megatron", "num_microbatches": 2, "moe_layer_freq": 2}, 8),
 ])
 def test_every_rank_finishes(make_set, overrides, gpus_per_node):
     spec, out, doc = make_set(**overrides)
