@@ -5,13 +5,15 @@
 
 Each case runs the CLI in a fresh child process (so peak RSS is its own: the largest of the
 main process and its worker processes), then copies the written directory with `cp -r` in the
-same run to compare against the cost of just moving those bytes. Output goes to a temporary
-directory (override with --dir) and is deleted afterwards.
+same run to compare against the cost of just moving those bytes. Dirty pages are synced
+before each timing. Output goes to a temporary directory (override with --dir) and is deleted
+afterwards. Use --repeat to take the best of several runs (the disk's write-back is noisy).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -35,9 +37,10 @@ CASES = {
 def _child(args: list[str], out: str) -> None:
     """Run generate in this process; print wall time and peak RSS as JSON."""
     from traceforge.cli import app, load_commands
-    import traceforge.emit.shard  # noqa: F401  (imports are interpreter start-up, not generation)
-
     load_commands()
+    # Import what generate imports lazily: interpreter start-up is not generation.
+    importlib.import_module("traceforge.emit.shard")
+    importlib.import_module("traceforge.astra")
     started = time.perf_counter()
     try:
         app(["generate", *args, "-o", out, "-q"], prog_name="traceforge")
@@ -52,6 +55,7 @@ def _child(args: list[str], out: str) -> None:
 def run_case(name: str, base: Path, jobs: int | None) -> dict:
     out = base / f"case-{name}"
     args = CASES[name] + (["-j", str(jobs)] if jobs else [])
+    os.sync()  # start each timing with no dirty pages from earlier work
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(args), str(out)],
                           capture_output=True, text=True, check=True)
@@ -62,6 +66,7 @@ def run_case(name: str, base: Path, jobs: int | None) -> dict:
     nodes = sum(r["nodes"] for r in ranks)
     size = sum(r["bytes"] for r in ranks)
     copy = base / f"copy-{name}"
+    os.sync()
     started = time.perf_counter()
     subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
     cp_wall = time.perf_counter() - started
@@ -84,10 +89,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="Passed to generate -j (default: all cores).")
     parser.add_argument("--dir", type=Path, default=None, help="Scratch directory (default: a temporary one).")
     parser.add_argument("--json", action="store_true", help="Print rows as JSON lines.")
+    parser.add_argument("--repeat", type=int, default=1, help="Runs per case; the fastest is reported.")
     opts = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="tf-bench-", dir=opts.dir))
     try:
-        rows = [run_case(name, base, opts.jobs) for name in (opts.only or list(CASES))]
+        rows = [min((run_case(name, base, opts.jobs) for _ in range(max(1, opts.repeat))), key=lambda r: r["wall_s"])
+                for name in (opts.only or list(CASES))]
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if opts.json:

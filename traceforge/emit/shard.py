@@ -22,6 +22,7 @@ from traceforge.emit.writer import (
 )
 from traceforge.errors import UserError
 from traceforge.layout import Layout
+from traceforge.plan.program import stage_program
 from traceforge.spec import Spec, build_spec
 
 _SHARD_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -60,6 +61,8 @@ def write_shard(
         raise UserError(f"{out} already holds a merged trace set; choose another -o/--out or pass --force")
     layout = Layout.from_spec(spec)
     ranks = shard_ranks(layout.world_size, k, n)
+    for stage in {int(layout.coords["pp"][r]) for r in ranks}:
+        stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".shard-{k}-of-{n}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

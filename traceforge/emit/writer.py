@@ -124,8 +124,8 @@ def write_ranks(
         for chunk in chunks:
             collect([writer.write(r) for r in chunk])
         return table
-    for stage in sorted({int(writer.layout.coords["pp"][r]) for r in ranks}):
-        writer.encoder(stage)  # built once here, inherited by every forked worker
+    # Workers build the stage encoders they need themselves: chunks are in stage order, so the
+    # work of encoding stages spreads over the workers instead of running here serially.
     _worker = writer
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -209,6 +209,8 @@ def write_trace_set(
     (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
     (e.g. an ASTRA-sim bundle) before the set is moved into place."""
     layout = Layout.from_spec(spec)
+    for stage in range(spec.pp):
+        stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     with atomic_output_dir(Path(out), force) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
