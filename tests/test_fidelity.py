@@ -359,3 +359,37 @@ def test_every_mode_checks_clean_under_both_replay_models(make_set, overrides):
     for model in ("general", "astra-sim"):
         result = check_trace_set(out, model=model, jobs=1)
         assert result.exit_code == 0 and not [f for f in result.findings if f.severity == "error"], result.summary()
+
+
+# -- compute model -------------------------------------------------------------------------
+
+def test_compute_nodes_follow_gemm_flops_and_the_roofline(make_set):
+    """Weight-gradient GEMMs of the MLP: fc1 (h -> f/t) and fc2 (f/t -> h), each 2*T*h*(f/t)
+    FLOPs. With a compute-bound custom GPU (huge bandwidth) the duration is FLOPs / achieved peak."""
+    _, out, _ = make_set("demo", gpu="custom", gpu_tflops=100.0, gpu_hbm_gbps=1e9, gpu_efficiency=0.5)
+    ts = load_set(out)
+    t, T = 2, 1 * S
+    gemm = 2 * T * H * (F // t)
+    for n in (n for n in ts.nodes[0] if n.type == COMP and n.name.endswith("mlp_wgrad")):
+        assert n.attrs["num_ops"] == 2 * gemm
+        assert n.duration == max(1, round(2 * gemm / (100e12 * 0.5) * 1e6))
+    # Causal FlashAttention: the score and value products cost 4*b*s*s*h/t, halved; its backward
+    # is 2.5x that, inside the attention input-gradient node with the proj and QKV dgrad GEMMs.
+    fwd = next(n for n in ts.nodes[0] if n.name == "fwd/mb0/L0/attn")
+    bwd = next(n for n in ts.nodes[0] if n.name == "bwd/mb0/L0/attn_dgrad")
+    core = 4 * 1 * S * S * H // t // 2
+    qkv, proj = 2 * T * H * (3 * H // t), 2 * T * (H // t) * H
+    norm = 4 * T * H  # elementwise
+    assert fwd.attrs["num_ops"] == norm + qkv + core + proj
+    assert bwd.attrs["num_ops"] == proj + round(core * 2.5) + qkv + norm
+
+
+def test_gpu_presets_scale_durations(make_set):
+    durations = {}
+    for gpu in ("a100", "h100", "b200"):
+        _, out, _ = make_set("demo", gpu=gpu, hidden=2048, heads=16, ffn_hidden=8192, seq_len=2048)
+        ts = load_set(out)
+        durations[gpu] = sum(n.duration for n in ts.nodes[0] if n.type == COMP)
+    assert durations["a100"] > durations["h100"] > durations["b200"]
+    with pytest.raises(SpecError, match="custom"):
+        build_spec("demo", overrides=dict(gpu="custom"))
