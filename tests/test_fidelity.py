@@ -144,13 +144,35 @@ def test_full_recompute_replays_forward_tp_collectives_in_backward(make_set):
 def test_dist_opt_reduce_scatters_then_gathers(make_set):
     _, out, _ = make_set("demo", dp_mode="dist-opt", bucket_mb=0)
     ts = load_set(out)
+    word = ceil_to(V, 128 * 2) * H // 2  # the tied word embedding on this TP rank
     for rank, nodes in ts.nodes.items():
         stage = coords(ts, rank)["pp"]
-        # Megatron's distributed optimizer pads each bucket to a multiple of lcm(d, 128).
-        Gp = ceil_to(stage_params(2, 2, 2, stage), 128)
-        assert [n.size for n in colls(nodes, "dp", RS)] == [Gp * G]
-        assert [n.size for n in colls(nodes, "dp", AG)] == [Gp * E // 2]
+        rest = stage_params(2, 2, 2, stage) - word
+        # Megatron's distributed optimizer gives the shared embedding a bucket of its own and
+        # pads each bucket to a multiple of lcm(d, 128). Backward order: the last stage's head
+        # copy comes first, the first stage's embedding last.
+        buckets = [ceil_to(rest, 128), ceil_to(word, 128)]
+        if stage == 1:
+            buckets.reverse()
+        assert [n.size for n in colls(nodes, "dp", RS)] == [b * G for b in buckets]
+        # parameters are gathered in forward order: the reverse of the gradient buckets
+        assert [n.size for n in colls(nodes, "dp", AG)] == [b * E // 2 for b in reversed(buckets)]
         assert not colls(nodes, "dp", AR)
+
+
+def test_overlapped_param_gather_gates_each_unit_on_its_own_bucket(make_set):
+    _, out, _ = make_set("demo", dp=4, dp_mode="dist-opt", overlap_grad_reduce=True, overlap_param_gather=True,
+                         bucket_mb=4, steps=2)
+    ts = load_set(out)
+    nodes = ts.nodes[0]
+    ids = {n.id: n for n in nodes}
+    gathers = [n for n in colls(nodes, "dp", AG) if n.step == 0]
+    assert len(gathers) > 2
+    first = next(n for n in nodes if n.step == 1 and n.type == COMP)  # step 1's embedding
+    waited = {d for d in first.deps if ids[d].type == COLL and ids[d].dim == "dp"}
+    # the embedding waits for the bucket holding it (issued first, forward order), not for all
+    assert waited and len(waited) < len(gathers)
+    assert min(g.id for g in gathers) in waited
 
 
 def test_hsdp_shards_within_k_and_reduces_across_replicas(make_set):
@@ -176,6 +198,9 @@ def test_hsdp_shards_within_k_and_reduces_across_replicas(make_set):
         total_rs = sum(n.size for n in reduces) // m
         assert total_rs >= stage_params(t, 2, 2, c["pp"]) * G
         assert sum(n.size for n in allreduces) * k == sum(n.size for n in reduces)
+        # each replica AllReduce reduces the shard its unit's ReduceScatter produced
+        for rs, ar in zip(reduces, allreduces):
+            assert rs.id in ar.deps
     del spec, d
 
 
@@ -230,6 +255,16 @@ def test_layers_per_stage(make_set):
 
 
 # -- context parallelism -------------------------------------------------------------------
+
+def test_selective_recompute_replays_the_ring(make_set):
+    """Selective recomputation re-runs attention's core, so with CP its K/V ring runs again."""
+    _, base, _ = make_set("demo", cp=2, order="megatron", num_microbatches=2)
+    _, sel, _ = make_set("demo", cp=2, order="megatron", num_microbatches=2, recompute="selective")
+    layers, m, cp = 2, 2, 2
+    for rank in range(16):
+        count = lambda out: len([n for n in load_set(out).nodes[rank] if n.type == SEND and n.dim == "cp"])
+        assert count(sel) - count(base) == layers * m * (cp - 1)
+
 
 def test_context_parallel_ring_attention(make_set):
     spec, out, _ = make_set("demo", cp=2, order="megatron", num_microbatches=2)
@@ -288,6 +323,9 @@ def test_moe_alltoall_in_expert_parallel_groups(make_set):
         # expert tensor parallelism: AllGather of the dispatched tokens and ReduceScatter back, in TP
         tp_ag = [n for n in colls(nodes, "tp", AG) if n.size == routed]
         assert len(tp_ag) == 2 * m * moe_layers_per_stage
+        # ...and of the routing probabilities (fp32), gathered forward and reduce-scattered back
+        assert len([n for n in colls(nodes, "tp", AG) if n.size == tokens * k * 4]) == m * moe_layers_per_stage
+        assert len([n for n in colls(nodes, "tp", RS) if n.size == tokens * k * 4 * t]) == m * moe_layers_per_stage
         # expert gradients: 8/4 = 2 local experts of 3*h*f/t, reduced over the expert-DP group
         # (dp*cp/ep = 1 rank: nothing to reduce), dense ones over DP (4 ranks)
         assert not [n for n in nodes if n.type == COLL and n.dim == "edp"]

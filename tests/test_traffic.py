@@ -216,7 +216,18 @@ class M:
         """Step-phase collectives (dim, collective, comm_size) in order, "optimizer" for the update."""
         # One gradient bucket per model chunk: DESIGN, "Megatron buckets: one bucket unless
         # overlap is on"; Megatron wraps each model chunk in its own DDP buffer.
-        buckets = [ceil_to(n, self.padding()) for n in self.chunk_params(stage)]
+        chunks = self.chunk_params(stage)
+        word = self.Vp // self.t * self.h
+        per_chunk = []  # bucket sizes of each chunk, in backward order
+        for c, n in enumerate(chunks):
+            if self.mode == "dist-opt" and self.tied and self.p > 1 and (stage, c) == (0, 0):
+                per_chunk.append([n - word, word])  # Megatron's distributed optimizer: the shared embedding alone
+            elif self.mode == "dist-opt" and self.tied and self.p > 1 and (stage, c) == (self.p - 1, len(chunks) - 1):
+                per_chunk.append([word, n - word])  # backward order: the head's copy is reduced first
+            else:
+                per_chunk.append([n])
+        per_chunk = [[ceil_to(n, self.padding()) for n in chunk] for chunk in per_chunk]
+        buckets = [n for chunk in per_chunk for n in chunk]
         sharded_optimizer = self.mode in ("zero1", "zero2", "dist-opt")
         out = []
         if self.d > 1 and self.mode == "ddp":
@@ -228,10 +239,12 @@ class M:
             replicated = n * self.layer_replicated() + (self.final_norm() if stage == self.p - 1 else 0)
             out.append(("tp", "ALL_REDUCE", replicated * self.g))
         if self.tied and self.p > 1 and stage in (0, self.p - 1):
-            out.append(("emb", "ALL_REDUCE", self.Vp // self.t * self.h * self.g))
+            # With per-unit sharding (zero3) only this rank's shard of the gradient is left.
+            shards = self.d if self.mode == "zero3" else 1
+            out.append(("emb", "ALL_REDUCE", -(-self.Vp // self.t * self.h * self.g // shards)))
         out.append("optimizer")
-        if self.d > 1 and sharded_optimizer:
-            out += [("dp", "ALL_GATHER", n * self.e // self.d) for n in buckets]
+        if self.d > 1 and sharded_optimizer:  # each chunk's parameters are gathered in forward order
+            out += [("dp", "ALL_GATHER", n * self.e // self.d) for chunk in per_chunk for n in reversed(chunk)]
         return out
 
     def p2p_per_step(self, rank: int, stage: int) -> Counter:

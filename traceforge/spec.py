@@ -424,6 +424,8 @@ def _modes(r: _Raw, v: dict) -> dict:
         raise SpecError(f"overlap_grad_reduce applies to ddp, zero1, zero2 and dist-opt; {dp_mode} already reduces per layer")
     if overlap_param and dp_mode not in SHARDED_OPTIMIZER_MODES:
         raise SpecError("overlap_param_gather needs a sharded optimizer: use --dp-mode dist-opt, zero1 or zero2")
+    if overlap_param and not overlap_grad:
+        raise SpecError("overlap_param_gather needs --overlap-grad-reduce too, as Megatron requires")
 
     schedule = r.need("schedule")
     vs = r.get("virtual_stages", 1)

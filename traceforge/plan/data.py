@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from traceforge.model import Chunk, StageParams
+from traceforge.model import Chunk, StageParams, padded_vocab
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -81,13 +81,25 @@ class Buffer:
     issued: int = 0
 
     @classmethod
-    def build(cls, spec: Spec, role: str, group_size: int, counts: dict[str, int], size: int | None) -> "Buffer":
+    def build(cls, spec: Spec, role: str, group_size: int, counts: dict[str, int], size: int | None,
+              cuts: tuple[int, ...] = ()) -> "Buffer":
+        """cuts: offsets where a bucket must end (around a shared embedding)."""
         total = sum(counts.values())
         size = size or max(total, 1)
-        ends = list(range(size, total, size)) + [total]
+        ends = sorted({*range(size, total, size), *(c for c in cuts if 0 < c < total), total})
         starts = [0] + ends[:-1]
         padded = [pad_to(e - s, bucket_padding(spec, group_size)) for s, e in zip(starts, ends)]
         return cls(role, group_size, counts, ends, padded)
+
+    def buckets_of(self, unit: str) -> list[int]:
+        """Indices of the buckets holding a unit's elements."""
+        start = 0
+        for name, n in self.counts.items():
+            if name == unit:
+                bucket_starts = [0] + self.ends[:-1]
+                return [i for i, (lo, hi) in enumerate(zip(bucket_starts, self.ends)) if lo < start + n and hi > start]
+            start += n
+        return []
 
 
 def chunk_buffers(spec: Spec, chunk: Chunk, params: StageParams) -> list[Buffer]:
@@ -105,10 +117,26 @@ def chunk_buffers(spec: Spec, chunk: Chunk, params: StageParams) -> list[Buffer]
             dense[unit] += n
         expert = {}
     size = bucket_elements(spec, chunk.stage, chunk.index)
-    buffers = [Buffer.build(spec, "dp", dp, dense, size)]
+    buffers = [Buffer.build(spec, "dp", dp, dense, size, shared_embedding_cuts(spec, chunk, params, dense))]
     if expert:
         buffers.append(Buffer.build(spec, "edp", dp // spec.ep, expert, size))
     return buffers
+
+
+def shared_embedding_cuts(spec: Spec, chunk: Chunk, params: StageParams, dense: dict[str, int]) -> tuple[int, ...]:
+    """Megatron's distributed optimizer gives a shared (tied) word embedding a bucket of its
+    own: the head's copy is the first V/t*h gradients of the last stage's backward, the
+    embedding's the last of the first stage's."""
+    if not (spec.dp_mode == "dist-opt" and spec.tied_embeddings and spec.pp > 1):
+        return ()
+    word = padded_vocab(spec) * spec.hidden // spec.tp
+    total = sum(dense.values())
+    cuts = []
+    if chunk.last and params.head:
+        cuts.append(word)
+    if chunk.first and params.embedding:
+        cuts.append(total - word)
+    return tuple(cuts)
 
 
 class DataParallel:
@@ -119,7 +147,7 @@ class DataParallel:
         self.mode = spec.dp_mode
         self.buffers = {c.index: chunk_buffers(spec, c, params) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
-        self._param_gathers: dict[int, list[int | None]] = {}
+        self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
         if self.mode == "hsdp":
             self.shard_group, self.shard_size = "dps", spec.shard_size
         else:
@@ -139,9 +167,10 @@ class DataParallel:
             self._prefetched[following[0]] = self._gather(*following)
         self.b.gate(gathered)
 
-    def begin_chunk_forward(self, chunk: int) -> None:
-        """First forward of a chunk in a step waits for last step's overlapped param gathers."""
-        for op in self._param_gathers.pop(chunk, []):
+    def before_forward_unit(self, chunk: int, unit: str) -> None:
+        """With overlapped parameter gathers, a unit's first forward of the step waits for the
+        AllGathers of the buckets holding its parameters (Megatron's forward pre-hook)."""
+        for op in self._param_gathers.pop((chunk, unit), []):
             self.b.gate(op)
 
     # -- gradients -------------------------------------------------------------------------
@@ -153,11 +182,12 @@ class DataParallel:
         b, spec = self.b, self.spec
         if self.mode in SHARDED_PER_UNIT:
             padded = pad_to(n, self.shard_size)
-            b.defer(b.collective(f"{unit}_grad_rs", Coll.REDUCE_SCATTER, padded * spec.grad_bytes, self.shard_group,
-                                 blocking=False))
-            if self.mode == "hsdp":
+            shard = b.collective(f"{unit}_grad_rs", Coll.REDUCE_SCATTER, padded * spec.grad_bytes, self.shard_group,
+                                 blocking=False)
+            b.defer(shard)
+            if self.mode == "hsdp":  # the replicas reduce the shard the ReduceScatter produced
                 b.defer(b.collective(f"{unit}_grad_ar", Coll.ALL_REDUCE, padded // self.shard_size * spec.grad_bytes,
-                                     "dpr", blocking=False))
+                                     "dpr", blocking=False, after=(shard,)))
             return
         for buf in self.buffers[chunk]:
             buf.produced += buf.counts.get(unit, 0)
@@ -195,20 +225,22 @@ class DataParallel:
         return total
 
     def after_optimizer(self) -> None:
-        """Sharded optimizers: AllGather the updated parameters, bucket by bucket."""
+        """Sharded optimizers: AllGather the updated parameters, bucket by bucket in forward
+        order. Overlapped, each unit's next forward waits for its own buckets; otherwise the
+        host waits for all of them."""
         if self.mode not in SHARDED_OPTIMIZER:
             return
         b, spec = self.b, self.spec
         for chunk, buffers in self.buffers.items():
-            ops = []
             for buf in buffers:
-                for i, padded in enumerate(buf.padded):
-                    shard = padded * spec.act_bytes // buf.group_size
-                    ops.append(b.collective(self._name(chunk, buf, "param", i), Coll.ALL_GATHER, shard, buf.role,
-                                            blocking=False))
-            if spec.overlap_param_gather:
-                self._param_gathers[chunk] = ops
-            else:
-                for op in ops:
-                    b.defer(op)
+                gathers = {}
+                for i in reversed(range(len(buf.padded))):
+                    shard = buf.padded[i] * spec.act_bytes // buf.group_size
+                    gathers[i] = b.collective(self._name(chunk, buf, "param", i), Coll.ALL_GATHER, shard, buf.role,
+                                              blocking=False)
+                    if not spec.overlap_param_gather:
+                        b.defer(gathers[i])
+                if spec.overlap_param_gather:
+                    for unit in buf.counts:
+                        self._param_gathers.setdefault((chunk, unit), []).extend(gathers[i] for i in buf.buckets_of(unit))
         b.wait_async()

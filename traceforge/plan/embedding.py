@@ -51,7 +51,11 @@ def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> Non
 
 
 def tied_embedding_grad_bytes(spec: Spec) -> int:
-    return padded_vocab(spec) // spec.tp * spec.hidden * spec.grad_bytes
+    """(V/t)*h*g; with parameters sharded per unit (zero3, hsdp) only the local shard of the
+    gradient remains to reduce (Megatron-FSDP all-reduces the local shard)."""
+    full = padded_vocab(spec) // spec.tp * spec.hidden * spec.grad_bytes
+    shards = {"zero3": spec.dp * spec.cp, "hsdp": spec.shard_size or 1}.get(spec.dp_mode, 1)
+    return -(-full // shards)
 
 
 def tied_embedding_sync(b: ProgramBuilder, spec: Spec, stage: int) -> None:

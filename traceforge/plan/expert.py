@@ -3,11 +3,12 @@
 Per MoE layer and micro-batch, with balanced routing (each rank sends and receives
 T_local*k token copies, T_local = b*s/(cp*t) tokens with sequence parallelism):
 - forward: router; AllToAll of the tokens (T_local*k*h*e) and of their routing probabilities
-  (T_local*k fp32) in the EP group; with t > 1, AllGather of the received tokens in the TP
-  group (expert tensor parallelism = t); the local experts; ReduceScatter back in the TP group;
-  AllToAll combining the outputs in the EP group;
+  (T_local*k fp32) in the EP group; with t > 1, AllGather of the received tokens and
+  probabilities in the TP group (expert tensor parallelism = t); the local experts;
+  ReduceScatter back in the TP group; AllToAll combining the outputs in the EP group;
 - backward mirrors it: AllToAll, AllGather, expert input- and weight-gradient GEMMs,
-  ReduceScatter, AllToAll of the token gradients and of the probability gradients.
+  ReduceScatters of the probability and token gradients, AllToAll of the probability
+  gradients, then of the token gradients (Megatron's launch order).
 Megatron's small AllGather of per-expert token counts (routing metadata) is left out.
 """
 
@@ -34,6 +35,7 @@ class MixtureOfExperts:
         b.collective("dispatch", Coll.ALL_TO_ALL, self.routed, "ep")
         b.collective("dispatch_probs", Coll.ALL_TO_ALL, self.probs, "ep")
         b.collective("expert_in", Coll.ALL_GATHER, self.routed, "tp")
+        b.collective("expert_in_probs", Coll.ALL_GATHER, self.probs, "tp")
         b.compute("experts", cost.experts)
         b.collective("expert_out", Coll.REDUCE_SCATTER, self.routed * self.t, "tp")
         b.collective("combine", Coll.ALL_TO_ALL, self.routed, "ep")
@@ -43,7 +45,9 @@ class MixtureOfExperts:
         b.collective("expert_out_grad", Coll.ALL_GATHER, self.routed, "tp")
         b.compute("experts_dgrad", cost.experts)
         b.compute("experts_wgrad", cost.experts_wgrad)
+        b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, self.probs * self.t, "tp")
         b.collective("expert_in_grad", Coll.REDUCE_SCATTER, self.routed * self.t, "tp")
-        b.collective("dispatch_grad", Coll.ALL_TO_ALL, self.routed, "ep")
+        # Megatron launches the probabilities' AllToAll backward before the tokens'.
         b.collective("dispatch_probs_grad", Coll.ALL_TO_ALL, self.probs, "ep")
+        b.collective("dispatch_grad", Coll.ALL_TO_ALL, self.routed, "ep")
         b.compute("router_bwd", cost.router.scaled(2))

@@ -4,7 +4,7 @@ and an MLP, or a mixture of experts, with the collectives each parallel dimensio
 from __future__ import annotations
 
 from traceforge.model import is_moe_layer
-from traceforge.plan.compute import Cost, CostModel
+from traceforge.plan.compute import CostModel
 from traceforge.plan.context import ContextParallel
 from traceforge.plan.expert import MixtureOfExperts
 from traceforge.plan.ops import ProgramBuilder
@@ -36,8 +36,9 @@ class LayerTemplate:
             b.compute(f"mlp{suffix}", cost.mlp_fwd)
             tp.row_fwd(b, "fc2")
 
-    def backward(self, b: ProgramBuilder, layer: int, extra_attn: Cost | None = None) -> None:
-        """extra_attn: selective recomputation of attention's core, redone before its backward."""
+    def backward(self, b: ProgramBuilder, layer: int, recompute_core: bool = False) -> None:
+        """recompute_core: selective recomputation redoes attention's core (with its context-
+        parallel ring) right before the core's backward."""
         tp, cost = self.tp, self.cost
         if is_moe_layer(self.spec, layer):
             self.moe.backward(b, cost)
@@ -46,10 +47,11 @@ class LayerTemplate:
             tp.column_bwd(b, "fc1", ("mlp_dgrad", cost.mlp_dgrad), ("mlp_wgrad", cost.mlp_wgrad))
         tp.row_bwd(b, "proj")
         if self.cp is None:
-            dgrad = cost.attn_dgrad + extra_attn if extra_attn else cost.attn_dgrad
+            dgrad = cost.attn_dgrad + cost.core if recompute_core else cost.attn_dgrad
             tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
             return
         b.compute("attn_proj_dgrad", cost.proj)
-        core = cost.attn_core_bwd + extra_attn if extra_attn else cost.attn_core_bwd
-        self.cp.backward(b, core)
+        if recompute_core:
+            self.cp.forward(b, cost.core, recompute=True)
+        self.cp.backward(b, cost.attn_core_bwd)
         tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))

@@ -142,14 +142,17 @@ class ProgramBuilder:
         self._advance(op_id)
         return op_id
 
-    def collective(self, name: str, ctype: Coll, size: int, group: str, *, blocking: bool = True) -> int | None:
+    def collective(self, name: str, ctype: Coll, size: int, group: str, *, blocking: bool = True,
+                   after: tuple[int | None, ...] = ()) -> int | None:
         """A collective on a group role; skipped (None) when that group has a single member.
 
         Blocking: the next op waits for it. Otherwise the caller decides who waits: ``gate``
-        (the next compute) or ``defer`` (whatever follows ``wait_async``)."""
+        (the next compute) or ``defer`` (whatever follows ``wait_async``). ``after``: ops whose
+        output it consumes beyond the stream position (e.g. the shard a ReduceScatter made)."""
         if self.group_sizes.get(group, 1) < 2 or size <= 0:
             return None
         deps = self._follows() + ((self._group_tail[group],) if group in self._group_tail else ())
+        deps += tuple(op for op in after if op is not None)
         op_id = self._add(f"{group}_{COLL_SHORT[ctype]}_{name}", NodeType.COLL, deps, group,
                           comm_type=ctype, comm_size=size, group=group)
         self._group_tail[group] = op_id

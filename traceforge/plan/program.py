@@ -74,12 +74,9 @@ class StagePlanner:
     def _layer_backward(self, layer: int) -> Callable[[], None]:
         def run() -> None:
             self.b.ctx.layer = layer
-            extra = None
             if self.spec.recompute == "full":  # replay the forward, its collectives included
                 self.layer.forward(self.b, layer, recompute=True)
-            elif self.spec.recompute == "selective":
-                extra = self.cost.core
-            self.layer.backward(self.b, layer, extra)
+            self.layer.backward(self.b, layer, recompute_core=self.spec.recompute == "selective")
             self.b.ctx.layer = None
         return run
 
@@ -89,6 +86,7 @@ class StagePlanner:
         self._p2p(chunk, mb, backward=False, send=False)
         units = self.forward_units(chunk)
         for i, (name, n, body) in enumerate(units):
+            self.dp.before_forward_unit(chunk.index, name)
             self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
             body()
         self._p2p(chunk, mb, backward=False, send=True)
@@ -134,13 +132,9 @@ class StagePlanner:
         passes = schedule(spec, self.stage)
         for step in range(spec.steps):
             b.ctx.step = step
-            started: set[int] = set()
             for kind, c, mb in passes:
                 chunk = self.chunks[c]
                 if kind == "F":
-                    if c not in started:
-                        started.add(c)
-                        self.dp.begin_chunk_forward(c)
                     self.forward(chunk, mb)
                 else:
                     self.backward(chunk, mb)
