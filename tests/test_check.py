@@ -408,4 +408,4 @@ def test_cli_exit_codes_and_json(make_set):
     broken = runner.invoke(app, ["check", str(out), "--model", "astra-sim"])
     assert broken.exit_code == 2 and "Traceback" not in broken.output
     missing = runner.invoke(app, ["check", str(out / "nope")])
-    assert missing.exit_code == 2 and "not a directory" in missing.output
+    assert missing.exit_code == 2 and "no such directory" in missing.output

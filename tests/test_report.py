@@ -341,7 +341,7 @@ def test_cli_report_and_compare(make_set, tmp_path):
 def test_cli_bad_input_is_one_line(tmp_path):
     res = run_cli(["report", str(tmp_path / "missing")])
     assert res.exit_code == 2
-    assert "not a directory" in res.output and "Traceback" not in res.output
+    assert "no such directory" in res.output and "Traceback" not in res.output
     res = run_cli(["report", str(tmp_path), "-g", "0"])
     assert res.exit_code == 2 and "gpus-per-node" in res.output
 

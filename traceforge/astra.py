@@ -14,6 +14,7 @@ positions of different nodes is charged at scale-up bandwidth.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 from dataclasses import dataclass, fields
@@ -91,10 +92,10 @@ def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
         raise UserError(f"--gpus-per-node must be a positive whole number, got {gpn!r}")
     for name in ("scale_up_bw", "scale_out_bw"):
-        if not getattr(cluster, name) > 0:
+        if not 0 < getattr(cluster, name) < math.inf:
             raise UserError(f"--{name.replace('_', '-')} must be a bandwidth in GB/s above 0, got {getattr(cluster, name)}")
     for name in ("scale_up_latency", "scale_out_latency"):
-        if not getattr(cluster, name) >= 0:
+        if not 0 <= getattr(cluster, name) < math.inf:
             raise UserError(f"--{name.replace('_', '-')} must be a latency in ns, 0 or more, got {getattr(cluster, name)}")
     up_topo = _topology(cluster.scale_up_topology, "--scale-up-topology")
     out_topo = _topology(cluster.scale_out_topology, "--scale-out-topology")

@@ -9,6 +9,7 @@ impossible combination with one line naming the field and the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -163,9 +164,14 @@ class Spec:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a flat spec mapping from YAML, TOML or JSON, chosen by the file's extension."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"config file {path} is a directory: give the path of a .yaml, .toml or .json spec")
     if not path.is_file():
         raise SpecError(f"config file {path} does not exist: give the path of a .yaml, .toml or .json spec")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"config file {path} is not UTF-8 text: save it as a UTF-8 .yaml, .toml or .json file") from None
     suffix = path.suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
@@ -239,7 +245,7 @@ def _coerce(name: str, value: Any) -> Any:
 def _check_keys(source: str, data: Mapping[str, Any]) -> None:
     for key in data:
         if key not in FIELD_BY_NAME and key != "preset":
-            close = [f.name for f in FIELDS if key.replace("-", "_") == f.name]
+            close = difflib.get_close_matches(str(key).replace("-", "_"), list(FIELD_BY_NAME), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(FIELD_BY_NAME)}"
             raise SpecError(f"{source}: unknown key {key!r}{hint}")
 
@@ -272,6 +278,8 @@ def build_spec(
     _check_keys("flags", overrides)
     preset_name = preset or config.pop("preset", None) or "demo"
     config.pop("preset", None)
+    if not isinstance(preset_name, str):
+        raise SpecError(f"preset must be a preset's name such as llama3-8b, got {preset_name!r}")
     base = get_preset(preset_name)
 
     explicit: dict[str, Any] = {}
@@ -400,6 +408,10 @@ def _experts(r: _Raw, v: dict) -> dict:
             raise SpecError("MoE with tp > 1 needs --sequence-parallel (Megatron's token dispatcher expects sequence-sharded tokens)")
     elif v["ep"] > 1:
         raise SpecError(f"ep ({v['ep']}) needs a mixture-of-experts model: give --experts E")
+    else:  # a dense model: routing settings other than their dense values mean a forgotten --experts
+        for name, dense in (("top_k", 0), ("moe_layer_freq", 1)):
+            if r.explicit.get(name, dense) != dense:
+                raise SpecError(f"{name} applies to mixture-of-experts models: give --experts E, or drop it")
     return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1)
 
 
@@ -414,6 +426,8 @@ def _modes(r: _Raw, v: dict) -> dict:
             raise SpecError(f"shard_size ({shard_size}) must divide dp ({dp}): choose from {_divisors(dp)}")
     elif shard_size is not None:
         raise SpecError("shard_size applies only to --dp-mode hsdp: drop --shard-size or use hsdp")
+    if dp_mode in ("zero3", "hsdp") and r.get("bucket_mb") is not None and "bucket_mb" in r.explicit:
+        raise SpecError(f"bucket_mb does not apply to {dp_mode}, which reduces each layer's gradients on its own: drop it")
     if v["experts"] and dp_mode in ("zero3", "hsdp"):
         raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use ddp, zero1, zero2 or dist-opt")
     if v["cp"] > 1 and dp_mode == "hsdp":

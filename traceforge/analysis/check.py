@@ -135,11 +135,10 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
     world = _world_size(directory, prefix, files, ranks)
     result = CheckResult(str(directory), prefix, world, model)
     findings = result.findings
-    for r in range(world):
-        if r not in files:
-            findings.append(Finding("missing-rank", r, None, None,
-                                    f"{prefix}.{r}.et is missing (the set has {world:,} ranks); ASTRA-sim exits when a rank's "
-                                    "file does not exist"))
+    for first, last in _missing_runs(files, world):
+        what = f"{prefix}.{first}.et is" if first == last else f"{prefix}.{first}.et to {prefix}.{last}.et ({last - first + 1:,} files) are"
+        findings.append(Finding("missing-rank", first, None, None,
+                                f"{what} missing (the set has {world:,} ranks); ASTRA-sim exits when a rank's file does not exist"))
     for r in sorted(files):
         if r >= world:
             findings.append(Finding("extra-rank", r, None, None,
@@ -215,17 +214,36 @@ def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) ->
     return out
 
 
+MAX_RANKS = 1 << 20  # beyond any cluster; a typo in --ranks should not exhaust memory
+
+
+def _missing_runs(files: dict[int, Path], world: int) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive missing ranks below world."""
+    runs: list[tuple[int, int]] = []
+    present = sorted(r for r in files if r < world) + [world]
+    expected = 0
+    for r in present:
+        if r > expected:
+            runs.append((expected, r - 1))
+        expected = r + 1
+    return runs
+
+
 def _world_size(directory: Path, prefix: str, files: dict[int, Path], ranks: int | None) -> int:
+    """--ranks, else manifest.json's world size (files beyond it are extra), else the highest file + 1."""
     if ranks is not None:
-        if ranks < 1:
-            raise UserError(f"--ranks must be at least 1, got {ranks}")
+        if not 1 <= ranks <= MAX_RANKS:
+            raise UserError(f"--ranks must be between 1 and {MAX_RANKS:,}, got {ranks}")
         return ranks
     try:
         doc = json.loads((directory / MANIFEST_FILE).read_text())
         if doc.get("prefix", prefix) == prefix and isinstance(doc.get("world_size"), int) and doc["world_size"] > 0:
-            return max(doc["world_size"], max(files) + 1)
+            return doc["world_size"]
     except (OSError, ValueError, AttributeError):
         pass
+    if max(files) >= MAX_RANKS:
+        raise UserError(f"{directory}: {files[max(files)].name} names rank {max(files):,}, beyond {MAX_RANKS:,}; "
+                        "remove it, or give --ranks N")
     return max(files) + 1
 
 

@@ -64,7 +64,7 @@ def export_json(directory: Path, out: Path, *, prefix: str | None = None, ranks:
     if missing:
         raise UserError(f"{directory}: no trace file for rank {missing[0]} (ranks {min(files)}-{max(files)})")
     written = []
-    with atomic_output_dir(Path(out), force) as tmp:
+    with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp:
         for rank in chosen:
             name = json_file_name(prefix, rank)
             with open(tmp / name, "w", encoding="utf-8") as f:

@@ -102,13 +102,19 @@ _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
 def find_rank_files(directory: Path, prefix: str | None = None) -> tuple[str, dict[int, Path]]:
     """The trace files of a set: (prefix, {rank: path}). Infers the prefix when not given."""
     directory = Path(directory)
+    if not directory.exists():
+        raise TraceReadError(f"{directory}: no such directory; give the folder that holds <prefix>.<rank>.et files")
     if not directory.is_dir():
         raise TraceReadError(f"{directory}: not a directory; give the folder that holds <prefix>.<rank>.et files")
     found: dict[str, dict[int, Path]] = {}
-    for path in directory.iterdir():
+    for path in sorted(directory.iterdir()):
         match = _RANK_FILE.match(path.name)
         if match:
-            found.setdefault(match["prefix"], {})[int(match["rank"])] = path
+            ranks = found.setdefault(match["prefix"], {})
+            rank = int(match["rank"])
+            if rank in ranks:
+                raise TraceReadError(f"{directory}: {ranks[rank].name} and {path.name} both claim rank {rank}; remove one")
+            ranks[rank] = path
     if prefix is None:
         if not found:
             raise TraceReadError(f"{directory}: no <prefix>.<rank>.et files found")

@@ -119,7 +119,7 @@ class Report:
     def write(self, out_dir: Path, force: bool = False) -> list[str]:
         """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG)."""
         notes: list[str] = []
-        with atomic_output_dir(Path(out_dir), force) as tmp:
+        with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory]) as tmp:
             (tmp / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
             self._write_dimension_csv(tmp / "traffic_by_dimension.csv")
             self._write_rank_csv(tmp / "traffic_per_rank.csv")

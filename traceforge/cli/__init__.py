@@ -7,6 +7,7 @@ command lives in its own module of this package and registers itself on ``app``.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable
 
@@ -18,6 +19,7 @@ from traceforge.errors import UserError
 
 app = typer.Typer(
     add_completion=False,
+    rich_markup_mode=None,  # plain help: rich panels truncate long flag names on 80-column terminals
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Plan the communication of 3D-parallel LLM training and write per-GPU Chakra execution traces.",
@@ -25,6 +27,11 @@ app = typer.Typer(
 err = Console(stderr=True, highlight=False)
 # Wide enough for tables when piped (rich assumes 80 columns off a terminal).
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def fail(message: str, code: int) -> None:
+    err.print(f"traceforge: error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(code) from None
 
 
 def user_errors(func: Callable) -> Callable:
@@ -35,8 +42,13 @@ def user_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except UserError as exc:
-            err.print(f"traceforge: error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
+            fail(str(exc), exc.exit_code)
+        except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
+        except OSError as exc:  # the file system said no: a path the user gave, or a full disk
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
         except KeyboardInterrupt:
             err.print("traceforge: interrupted; nothing was written", markup=False)
             raise typer.Exit(130) from None
@@ -69,5 +81,23 @@ def load_commands() -> None:
 
 
 def main() -> None:
+    """Run the CLI; a usage error (unknown flag, bad value, missing argument) is one line too."""
+    try:  # recent typer vendors click; older releases use the click package
+        from typer._click import exceptions as click
+    except ImportError:
+        from click import exceptions as click
+
     load_commands()
-    app(prog_name="traceforge")
+    try:
+        code = app(prog_name="traceforge", standalone_mode=False)
+    except click.NoArgsIsHelpError as exc:  # bare `traceforge`: the help text
+        click.echo(exc.ctx.get_help() if exc.ctx else "", err=False)
+        code = 0
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "traceforge"
+        err.print(f"traceforge: error: {exc.format_message()} (see '{command} --help')", markup=False, soft_wrap=True)
+        code = exc.exit_code
+    except typer.Abort:
+        err.print("traceforge: interrupted", markup=False)
+        code = 130
+    sys.exit(code or 0)

@@ -166,8 +166,9 @@ class _progress:
 def _summary(doc: dict, out_dir: Path, seconds: float) -> None:
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
+    sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
     out.print(
-        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: tp={spec['tp']} pp={spec['pp']} dp={spec['dp']}, "
+        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: {sizes}, "
         f"order {doc['order']}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
@@ -198,10 +199,10 @@ def presets() -> None:
     from traceforge.model import total_params
     from traceforge.presets import PRESETS
 
-    table = Table(title="traceforge presets")
+    table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
     for col in ("preset", "arch", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "cp", "pp", "dp", "ep",
                 "experts", "GPUs", "global batch", "m"):
-        table.add_column(col, justify="left" if col in ("preset", "arch") else "right")
+        table.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold")
     for name in PRESETS:
         s = build_spec(name)
         table.add_row(

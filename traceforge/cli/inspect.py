@@ -213,11 +213,16 @@ def _coordinates(directory: Path, rank: int) -> str:
     """' (tp 0, pp 1, dp 0)' from the set's manifest, or '' without one."""
     from traceforge.analysis.show import MANIFEST_FILE, read_json_file
 
-    doc = read_json_file(Path(directory) / MANIFEST_FILE)
-    ranks = doc.get("ranks") if isinstance(doc, dict) else None
+    try:
+        doc = read_json_file(Path(directory) / MANIFEST_FILE)
+    except (UserError, OSError):  # a broken or odd manifest only loses the coordinates
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    ranks = doc.get("ranks")
     entry = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) and isinstance(ranks[rank], dict) else {}
-    dims = (doc.get("order") or "").split("-") if entry.get("rank") == rank else []
-    sizes = doc.get("spec") or {}
+    dims = str(doc.get("order") or "").split("-") if entry.get("rank") == rank else []
+    sizes = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
     shown = [f"{d} {entry[d]}" for d in dims if d in entry and sizes.get(d, 1) > 1]  # dims in use only
     return f" ({', '.join(shown)})" if shown else ""
 

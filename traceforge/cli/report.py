@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 from typing import Optional
@@ -46,6 +48,11 @@ def report(
         raise UserError(f"--jobs must be at least 1, got {jobs}")
     if track_ranks < 1:
         raise UserError(f"--timeline-ranks must be at least 1, got {track_ranks}")
+    for flag, value in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
+        if not 0 < value < math.inf:
+            raise UserError(f"{flag} must be a bandwidth in GB/s above 0, got {value}")
+    if not 0 <= latency < math.inf:
+        raise UserError(f"--latency must be a finite number of microseconds >= 0, got {latency}")
     link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
 
     def build(path: Path):

@@ -9,6 +9,7 @@ is present and writes comm_group.json and manifest.json exactly as a single run 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -84,6 +85,23 @@ def write_shard(
     return doc
 
 
+def _read_shard_manifest(path: Path) -> dict:
+    """A shard manifest, checked for the shape write_shard gives it."""
+    fix = "rerun that shard with --force"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: unreadable shard manifest ({exc}); {fix}") from None
+    shape_ok = (
+        isinstance(doc, dict) and isinstance(doc.get("spec"), dict) and isinstance(doc.get("prefix"), str)
+        and isinstance(doc.get("world_size"), int) and isinstance(doc.get("ranks"), list)
+        and all(isinstance(row, list) and len(row) == 4 for row in doc["ranks"])
+    )
+    if not shape_ok:
+        raise UserError(f"{path}: not a traceforge shard manifest (missing or malformed fields); {fix}")
+    return doc
+
+
 def merge_shards(out: Path) -> dict:
     """Join the shard manifests in OUT into the set's comm_group.json and manifest.json."""
     out = Path(out)
@@ -94,10 +112,7 @@ def merge_shards(out: Path) -> dict:
     for path in sorted(out.iterdir()):
         match = _SHARD_FILE.match(path.name)
         if match:
-            try:
-                shards[int(match[1])] = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise UserError(f"{path}: unreadable shard manifest ({exc}); rerun that shard with --force") from None
+            shards[int(match[1])] = _read_shard_manifest(path)
             counts.add(int(match[2]))
     if not shards:
         raise UserError(f"{out}: no shard-K-of-N.json files; run 'traceforge generate --shard K/N -o {out}' for every K first")
@@ -113,7 +128,7 @@ def merge_shards(out: Path) -> dict:
             if doc.get(key) != first.get(key):
                 raise UserError(f"{out}: shard {k} was written with a different {key} than shard 0; rerun it with the same spec")
     spec_dict = dict(first["spec"])
-    preset = spec_dict.pop("preset")
+    preset = spec_dict.pop("preset", None)
     spec = build_spec(preset, overrides={k: v for k, v in spec_dict.items() if k != "world_size"})
     if spec.to_dict() != first["spec"]:
         raise UserError(f"{out}: the shard manifests' spec does not rebuild identically; regenerate with this traceforge version")
@@ -126,6 +141,8 @@ def merge_shards(out: Path) -> dict:
         path = out / trace_file_name(prefix, rec.rank)
         if not path.is_file() or path.stat().st_size != rec.bytes:
             raise UserError(f"{path}: missing or of the wrong size; rerun its shard with --force")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != rec.sha256:
+            raise UserError(f"{path}: its bytes changed since its shard wrote it (sha256 differs); rerun its shard with --force")
     table = RankTable(range(layout.world_size))
     table.add(records)
     doc = finish_trace_set(spec, layout, out, prefix, table)

@@ -28,7 +28,8 @@ from traceforge.spec import Spec
 
 COMM_GROUP_FILE = "comm_group.json"
 MANIFEST_FILE = "manifest.json"
-CHUNK_RANKS = 256
+MAX_CHUNK_RANKS = 256
+CHUNKS_PER_JOB = 16  # enough chunks for a smooth progress bar and balanced workers
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,10 @@ def _write_chunk(ranks: list[int]) -> list[RankRecord]:
     return [_worker.write(r) for r in ranks]
 
 
-def _chunks(layout: Layout, ranks: range) -> list[list[int]]:
+def _chunks(layout: Layout, ranks: range, jobs: int) -> list[list[int]]:
     by_stage = sorted(ranks, key=lambda r: (int(layout.coords["pp"][r]), r))
-    return [by_stage[i:i + CHUNK_RANKS] for i in range(0, len(by_stage), CHUNK_RANKS)]
+    size = max(1, min(MAX_CHUNK_RANKS, len(by_stage) // (max(1, jobs) * CHUNKS_PER_JOB)))
+    return [by_stage[i:i + size] for i in range(0, len(by_stage), size)]
 
 
 def write_ranks(
@@ -113,7 +115,7 @@ def write_ranks(
 ) -> RankTable:
     global _worker
     table = RankTable(ranks)
-    chunks = _chunks(writer.layout, ranks)
+    chunks = _chunks(writer.layout, ranks, jobs)
 
     def collect(done: list[RankRecord]) -> None:
         table.add(done)

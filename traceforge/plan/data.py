@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from traceforge.model import Chunk, StageParams, padded_vocab
+from traceforge.errors import SpecError
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -40,6 +41,7 @@ MEGATRON_MIN_BUCKET_ELEMS = 40_000_000
 MEGATRON_BUCKET_ELEMS_PER_DP_RANK = 1_000_000
 SHARDED_PER_UNIT = ("zero3", "hsdp")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "dist-opt")
+MAX_BUCKETS = 4096  # per chunk and buffer; more is a typo in --bucket-mb, not a training setup
 
 
 def pad_to(n: int, multiple: int) -> int:
@@ -86,6 +88,9 @@ class Buffer:
         """cuts: offsets where a bucket must end (around a shared embedding)."""
         total = sum(counts.values())
         size = size or max(total, 1)
+        if total // size > MAX_BUCKETS:
+            raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
+                            f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
         ends = sorted({*range(size, total, size), *(c for c in cuts if 0 < c < total), total})
         starts = [0] + ends[:-1]
         padded = [pad_to(e - s, bucket_padding(spec, group_size)) for s, e in zip(starts, ends)]

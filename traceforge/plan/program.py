@@ -15,6 +15,7 @@ from traceforge.plan.embedding import (
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, schedule
 from traceforge.plan.tensor import TensorParallel
+from traceforge.errors import SpecError
 from traceforge.spec import Spec
 
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
@@ -148,8 +149,16 @@ class StagePlanner:
         return b.program
 
 
+INT64_MAX = 2**63 - 1
+
+
 def build_program(spec: Spec, stage: int) -> Program:
-    return StagePlanner(spec, stage).build()
+    program = StagePlanner(spec, stage).build()
+    biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros) for op in program.ops)
+    if biggest > INT64_MAX:
+        raise SpecError(f"this spec makes a node value of {biggest:.3g} (FLOPs, bytes or microseconds), beyond "
+                        "Chakra's 64-bit integer fields: reduce hidden, ffn_hidden, vocab, seq_len or micro_batch")
+    return program
 
 
 @lru_cache(maxsize=None)
