@@ -84,7 +84,13 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    world = len(files)
+    manifest_path = directory / MANIFEST_FILE
+    manifest = _read_json(manifest_path, "the manifest") if manifest_path.is_file() else None
+    declared = manifest.get("world_size") if isinstance(manifest, dict) and manifest.get("prefix", prefix) == prefix else None
+    world = declared if isinstance(declared, int) and declared > 0 else len(files)
+    if any(r >= world for r in files):
+        raise TraceReadError(f"{directory}: {files[max(files)].name} is beyond the set's {world} ranks "
+                             "(manifest.json); remove it, or run 'traceforge check' for details")
     missing = sorted(set(range(world)) - set(files))
     if missing:
         raise TraceReadError(f"{directory}: ranks must be numbered 0..{world - 1}; missing {prefix}.{missing[0]}.et "
@@ -104,8 +110,6 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     dangling = sum(s.dangling_deps for s in scans)
     if dangling:
         notes.append(f"{dangling} dependencies name no node of their file (ignored); run 'traceforge check'")
-    manifest_path = directory / MANIFEST_FILE
-    manifest = _read_json(manifest_path, "the manifest") if manifest_path.is_file() else None
     return TraceSet(directory, prefix, world, scans, programs, groups, group_dims, steps, annotated,
                     inferred, manifest if isinstance(manifest, dict) else None, notes)
 
