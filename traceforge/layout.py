@@ -131,32 +131,39 @@ class Layout:
         return self.expert.rows(("ep",) if kind == "ep" else ("dp",))
 
     @cached_property
-    def groups(self) -> dict[str, list[Group]]:
-        """Every group of size > 1, by kind, with stable ids >= 1 (kind order, then first rank)."""
-        out: dict[str, list[Group]] = {}
+    def group_rows(self) -> dict[str, tuple[int, np.ndarray]]:
+        """Per kind with groups of size > 1: (id of its first group, members as (groups, size));
+        ids are >= 1, in kind order, then by first rank. Flat arrays: cheap at any world size."""
+        out: dict[str, tuple[int, np.ndarray]] = {}
         next_id = 1
         for kind in GROUP_KINDS:
             rows = self._rows(kind)
-            if rows.shape[1] < 2:
-                out[kind] = []
-                continue
-            out[kind] = [Group(next_id + i, kind, tuple(int(r) for r in row)) for i, row in enumerate(rows)]
-            next_id += len(rows)
+            if rows.shape[1] >= 2:
+                out[kind] = (next_id, rows)
+                next_id += len(rows)
         return out
+
+    @property
+    def groups(self) -> dict[str, list[Group]]:
+        """Every group of size > 1 as objects, by kind (kinds without groups map to [])."""
+        out: dict[str, list[Group]] = {kind: [] for kind in GROUP_KINDS}
+        for kind, (first, rows) in self.group_rows.items():
+            out[kind] = [Group(first + i, kind, tuple(int(r) for r in row)) for i, row in enumerate(rows)]
+        return out
+
+    def group(self, group_id: int) -> Group:
+        for kind, (first, rows) in self.group_rows.items():
+            if first <= group_id < first + len(rows):
+                return Group(group_id, kind, tuple(int(r) for r in rows[group_id - first]))
+        raise KeyError(group_id)
 
     @cached_property
     def group_id_of(self) -> dict[str, np.ndarray]:
         """Per kind, the id of each rank's group (0 where the rank has none of that kind)."""
-        out = {}
-        for kind, groups in self.groups.items():
-            ids = np.zeros(self.world_size, dtype=np.int64)
-            for group in groups:
-                ids[list(group.ranks)] = group.id
-            out[kind] = ids
+        out = {kind: np.zeros(self.world_size, dtype=np.int64) for kind in GROUP_KINDS}
+        for kind, (first, rows) in self.group_rows.items():
+            out[kind][rows] = first + np.arange(len(rows))[:, None]
         return out
-
-    def group_by_id(self) -> dict[int, Group]:
-        return {g.id: g for groups in self.groups.values() for g in groups}
 
     def _ring(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
         rows = self.dense.rows((kind,))

@@ -105,9 +105,11 @@ def _write_chunk(ranks: list[int]) -> list[RankRecord]:
 
 
 def _chunks(layout: Layout, ranks: range, jobs: int) -> list[list[int]]:
-    by_stage = sorted(ranks, key=lambda r: (int(layout.coords["pp"][r]), r))
+    """Ranks in stage order (so a worker reuses its stage templates), cut into chunks."""
+    rank_ids = np.arange(ranks.start, ranks.stop)
+    by_stage = rank_ids[np.argsort(layout.coords["pp"][rank_ids], kind="stable")]
     size = max(1, min(MAX_CHUNK_RANKS, len(by_stage) // (max(1, jobs) * CHUNKS_PER_JOB)))
-    return [by_stage[i:i + size] for i in range(0, len(by_stage), size)]
+    return [by_stage[i:i + size].tolist() for i in range(0, len(by_stage), size)]
 
 
 def write_ranks(
@@ -149,14 +151,14 @@ def used_group_ids(spec: Spec, layout: Layout, programs: list[Program]) -> list[
 
 
 def comm_group_json(layout: Layout, ids: list[int]) -> str:
-    by_id = layout.group_by_id()
-    lines = [f'  "{i}": [{", ".join(str(r) for r in by_id[i].ranks)}]' for i in ids]
+    lines = [f'  "{i}": [{", ".join(str(r) for r in layout.group(i).ranks)}]' for i in ids]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, ids: list[int]) -> dict:
     """Everything in manifest.json but the per-rank rows."""
-    kinds = {g.kind for i, g in layout.group_by_id().items() if i in set(ids)}
+    used = set(ids)
+    kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
     return {
         "tool": "traceforge",
         "version": __version__,
@@ -170,7 +172,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
             "padded_vocab": padded_vocab(spec),
             "layers_per_stage": [len(r) for r in stage_layer_ranges(spec)],
         },
-        "groups": {kind: len(layout.groups[kind]) for kind in layout.groups if kind in kinds},
+        "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
 
