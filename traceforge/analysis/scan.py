@@ -4,23 +4,26 @@ Per rank: traffic counters keyed by (dim, kind, collective type, size, group or 
 rank's program in a rank-independent form: group names become "roles" (order of first use),
 peer ranks become peer roles. Ranks whose rank-independent program hashes equal share one
 stored copy, so a 16k-rank set of a 16-stage pipeline keeps 16 programs, not 16k.
+Nodes are decoded through scan_cache.py, which parses each distinct node payload once.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Container
 
 import numpy as np
 
-from traceforge import schema as S
-from traceforge.analysis.reader import iter_nodes
+from traceforge.analysis import scan_cache
+from traceforge.analysis.scan_cache import (
+    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, NodeRecord, read_records,
+)
 
-COMP, SEND, RECV, COLL = 4, 5, 6, 7
-NO_DIM = ""
-WORLD = ""  # the pg_name of a collective that names no group: all ranks
+__all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "Program", "RankScan", "scan_rank", "scan_ranks"]
 
 
 @dataclass
@@ -67,92 +70,90 @@ class RankScan:
     has_annotations: bool = False
 
 
-_WANTED = frozenset((S.DIM, S.STEP, S.COMM_TYPE, S.COMM_SIZE, S.PG_NAME, S.COMM_TAG, S.COMM_SRC, S.COMM_DST))
+def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
+    """Read one rank file; return its counters, roles and rank-independent program (None when
+    its shape is in known_shapes: the caller already has that program).
 
-
-def _attrs(node) -> dict:
-    """The attributes this pass reads (skipping the rest saves a third of the scan)."""
-    out = {}
-    for a in node.attr:
-        name = a.name
-        if name in _WANTED:
-            which = a.WhichOneof("value")
-            out[name] = getattr(a, which) if which else None
-    return out
-
-
-def _int(value, default: int = 0) -> int:
-    if value is None:
-        return default
+    The nodes arrive as cached records (scan_cache.py); everything here works on whole columns
+    (numpy, and C-speed builtins over the few Python-object columns), not node by node."""
+    records = read_records(path)
+    n = len(records)
+    traffic_keys = [r.traffic_key for r in records]
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def scan_rank(rank: int, path: Path) -> RankScan:
-    """Read one rank file; return its counters, roles and rank-independent program."""
-    ids: dict[int, int] = {}
-    types, durs, ctypes, sizes, roles, tags, steps = [], [], [], [], [], [], []
-    raw_deps: list[list[int]] = []
-    names: list[str] = []
-    dims: list[str] = []
-    group_role: dict[str, int] = {}
-    peer_role: dict[int, int] = {}
-    traffic: Counter = Counter()
-    compute = 0
-    annotated = False
-    for node in iter_nodes(path):
-        a = _attrs(node)
-        ntype = int(node.type)
-        dim = a.get(S.DIM)
-        dim = str(dim) if dim is not None else NO_DIM
-        step = a.get(S.STEP)
-        annotated = annotated or step is not None or dim != NO_DIM
-        ctype, size, role, tag = -1, 0, -1, 0
-        if ntype == COLL:
-            ctype, size = _int(a.get(S.COMM_TYPE)), _int(a.get(S.COMM_SIZE))
-            pg = a.get(S.PG_NAME)
-            pg = WORLD if pg is None else str(pg)
-            role = group_role.setdefault(pg, len(group_role))
-            traffic[(dim, "coll", ctype, size, pg)] += 1
-        elif ntype in (SEND, RECV):
-            size, tag = _int(a.get(S.COMM_SIZE)), _int(a.get(S.COMM_TAG))
-            peer = _int(a.get(S.COMM_DST if ntype == SEND else S.COMM_SRC), -1)
-            role = peer_role.setdefault(peer, len(peer_role))
-            traffic[(dim, "send" if ntype == SEND else "recv", -1, size, peer)] += 1
-        elif ntype == COMP:
-            compute += node.duration_micros
-        ids[node.id] = len(types)
-        types.append(ntype)
-        durs.append(node.duration_micros)
-        ctypes.append(ctype)
-        sizes.append(size)
-        roles.append(role)
-        tags.append(tag)
-        steps.append(_int(step))
-        raw_deps.append(list(node.data_deps) + list(node.ctrl_deps))
-        names.append(node.name)
-        dims.append(dim)
-    dep_ptr, dep_idx, dangling = [0], [], 0
-    for deps in raw_deps:
-        for d in dict.fromkeys(deps):  # dedupe, keep order
-            j = ids.get(d)
-            if j is None:
-                dangling += 1
-            else:
-                dep_idx.append(j)
-        dep_ptr.append(len(dep_idx))
+        table = np.frombuffer(b"".join([r.row for r in records]), ROW_DTYPE)
+    except TypeError:  # a row is None: a value does not fit the program's arrays
+        raise _overflow(records) from None
+    types = table["type"].astype(np.int8)
+    durations = table["duration"].astype(np.int64)
+    steps = table["step"].astype(np.int32)
+    traffic = Counter(traffic_keys)  # keys in order of first occurrence, as counting node by node would
+    traffic.pop(None, None)
+    roles, group_roles, peer_roles = _roles(traffic, traffic_keys)
+    deps = np.frombuffer(b"".join([r.deps for r in records]), np.uint64)
+    dep_ptr, dep_idx, dangling = _dependencies(table["id"], table["ndeps"], deps)
     program = Program(
-        np.array(types, np.int8), np.array(durs, np.int64), np.array(ctypes, np.int16), np.array(sizes, np.int64),
-        np.array(roles, np.int32), np.array(tags, np.int64), np.array(steps, np.int32),
-        np.array(dep_ptr, np.int64), np.array(dep_idx, np.int64), names, dims,
+        types, durations, table["ctype"].astype(np.int16), table["size"].astype(np.int64), roles,
+        table["tag"].astype(np.int64), steps, dep_ptr, dep_idx, names=[], dims=[],
     )
+    shape = program.digest()
+    if shape in known_shapes:
+        program = None
+    else:  # names and dims are not part of the shape: only a kept program needs them
+        program.names, program.dims = [r.name for r in records], [r.dim for r in records]
     return RankScan(
-        rank=rank, nodes=len(types), compute_micros=compute, max_step=max(steps, default=0), traffic=traffic,
-        group_roles=tuple(group_role), peer_roles=tuple(peer_role), shape=program.digest(), program=program,
-        dangling_deps=dangling, has_annotations=annotated,
+        rank=rank, nodes=n, compute_micros=_total(durations[types == COMP]), max_step=int(steps.max()) if n else 0,
+        traffic=traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
+        dangling_deps=dangling, has_annotations=bool(table["annotated"].any()),
     )
+
+
+def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str, ...], tuple[int, ...]]:
+    """Per node, its group's or peer's role: numbered in order of first use, groups and peers
+    each on their own (-1 for nodes that are not communication)."""
+    groups: dict[str, int] = {}
+    peers: dict[int, int] = {}
+    number = {None: -1}
+    for key in traffic:  # distinct keys, in order of first use
+        kind, target = key[1], key[4]
+        roles = groups if kind == "coll" else peers
+        number[key] = roles.setdefault(target, len(roles))
+    return np.array(list(map(number.__getitem__, traffic_keys)), np.int32), tuple(groups), tuple(peers)
+
+
+def _dependencies(ids: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dependencies as CSR over node positions, and how many name no node of the file (dropped).
+    A node id used twice means its last node."""
+    n = len(ids)
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    if np.array_equal(ids, np.arange(n, dtype=np.uint64)) and not (flat >= n).any():
+        return ptr, flat.astype(np.int64), 0  # ids are positions (every file we write)
+    position = dict(zip(ids.tolist(), range(n)))
+    found = list(map(position.get, flat.tolist()))
+    kept = [j for j in found if j is not None]
+    if len(kept) < len(found):  # drop the dangling ones: a node's new end is the kept count before it
+        kept_before = np.concatenate(([0], np.cumsum([j is not None for j in found], dtype=np.int64)))
+        ptr = kept_before[ptr]
+    return ptr, np.array(kept, np.int64), len(found) - len(kept)
+
+
+def _total(values: np.ndarray) -> int:
+    """An exact sum, as Python ints would give (numpy's int64 sum wraps around silently)."""
+    if len(values) and int(values.max()) > (2**63 - 1) // len(values):
+        return sum(values.tolist())
+    return int(values.sum())
+
+
+def _overflow(records: list[NodeRecord]) -> OverflowError:
+    """Some value is outside the range of its Program array: the error building that array from
+    Python ints gives, for the first column and value that does not fit (as it always has)."""
+    wide = [r.wide for r in records if r.wide is not None]
+    try:
+        for column, dtype in zip(zip(*wide), (np.int8, np.int64, np.int16, np.int64, np.int64, np.int32)):
+            np.array(column, dtype)
+    except OverflowError as exc:
+        return exc
+    return OverflowError("a node value does not fit the program arrays")
 
 
 # -- a worker's view: keep each distinct program once ------------------------------------
@@ -167,12 +168,18 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     global _session, _seen
     if session != _session:
         _session, _seen = session, set()
-    out = []
-    for rank, path in items:
-        scan = scan_rank(rank, path)
-        if scan.shape in _seen:
-            scan.program = None
-        else:
+        scan_cache.clear()
+    # The caches hold ~10^5 small tuples and nothing here makes reference cycles: the cyclic
+    # collector would only walk them over and over (~8% of the scan).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        out = []
+        for rank, path in items:
+            scan = scan_rank(rank, path, _seen)
             _seen.add(scan.shape)
-        out.append(scan)
-    return out
+            out.append(scan)
+        return out
+    finally:
+        if collecting:
+            gc.enable()

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from traceforge.analysis import scan_cache
 from traceforge.analysis.dims import infer_group_dims
 from traceforge.analysis.reader import find_rank_files
 from traceforge.analysis.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
@@ -70,7 +71,10 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
     items = list(files.items())
     session = uuid.uuid4().hex
     if jobs <= 1 or len(items) < 32:
-        return scan_ranks(items, session)
+        try:
+            return scan_ranks(items, session)
+        finally:
+            scan_cache.clear()  # this process goes on: give back the decode caches' memory
     chunk = max(1, min(64, len(items) // (4 * jobs)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     ctx = multiprocessing.get_context("fork")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -63,7 +64,8 @@ def report(
     notes = main.write(out_dir, force=force) if out_dir is not None else []
     if as_json:
         doc = main.to_json() if other is None else {"a": main.to_json(), "b": other.to_json()}
-        out.print_json(json.dumps(doc))
+        # Plain JSON: rich's pretty-printer costs seconds and hundreds of MB on 16k-rank sets.
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     elif other is not None:
         render_comparison(main, other, out)
     else:

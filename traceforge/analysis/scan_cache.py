@@ -1,0 +1,343 @@
+"""A rank file -> one small record per node, decoding each distinct node payload once per process.
+
+A record holds what `traceforge report` reads from a node, already interpreted. It depends only on
+the payload bytes, never on the rank, so it is cached by them. Three levels, cheapest first:
+
+1. The payload was seen before: a dict lookup. Ranks of one pipeline stage share most node bytes,
+   and ranks of one TP group (usually adjacent) share all of them.
+2. Only its rank-specific values are new (pg_name, comm_src, comm_dst: a new TP group, a new
+   peer): the payload with those values cut out is a template key, and the record is the
+   template's with the one value that matters read straight from the bytes.
+3. Otherwise: a protobuf parse (~11 us a node, the cost this module exists to avoid).
+
+Caches are cleared when they grow past their limits, so a worker's memory stays bounded whatever
+the number of distinct payloads. Payloads without rank-specific values (compute nodes) live in
+their own cache, which the far more numerous rank-specific payloads cannot flush.
+
+Broken files take the slow road on purpose: at the first thing the fast loop does not like, the
+reference reader (reader.iter_nodes) reads the file again and raises its own precise error.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from traceforge import schema as S
+from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.analysis.reader import iter_nodes
+from traceforge.emit.wire import read_varint
+from traceforge.errors import TraceReadError
+
+COMP, SEND, RECV, COLL = 4, 5, 6, 7
+NO_DIM = ""
+WORLD = ""  # the pg_name of a collective that names no group: all ranks
+
+# Entries per cache before it is cleared (an entry, key and record, is a few hundred bytes).
+STABLE_LIMIT = 32_768  # payloads without rank-specific values: a few pipeline stages' compute nodes
+VOLATILE_LIMIT = 16_384  # payloads with them: the groups and peers of the last few dozen ranks
+TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
+
+# A node's numbers as one packed row, so a rank's rows become numpy columns in one join. The
+# ranges are those of the arrays scan.Program keeps (a value outside them fails there, as before).
+ROW = struct.Struct("<QbqhqqiI?")
+ROW_DTYPE = np.dtype([("id", "<u8"), ("type", "i1"), ("duration", "<i8"), ("ctype", "<i2"), ("size", "<i8"),
+                      ("tag", "<i8"), ("step", "<i4"), ("ndeps", "<u4"), ("annotated", "?")])
+assert ROW_DTYPE.itemsize == ROW.size
+
+
+class NodeRecord(NamedTuple):
+    row: bytes | None  # ROW: id, type, duration, ctype, size, tag, step, dependency count, annotated
+    deps: bytes  # dependency ids (data_deps then ctrl_deps, duplicates removed) as native uint64
+    traffic_key: tuple | None  # (dim, "coll" | "send" | "recv", comm_type, comm_size, pg name | peer rank)
+    name: str
+    dim: str  # the dim annotation, NO_DIM when absent
+    wide: tuple | None  # (type, duration, ctype, size, tag, step) when they do not fit ROW (row is None)
+
+
+# -- level 3: decoding a parsed node --------------------------------------------------------
+
+_WANTED = frozenset((S.DIM, S.STEP, S.COMM_TYPE, S.COMM_SIZE, S.PG_NAME, S.COMM_TAG, S.COMM_SRC, S.COMM_DST))
+
+
+def _attrs(node: pb.Node) -> dict:
+    """The attributes the report reads (the last one wins when a name repeats)."""
+    out = {}
+    for a in node.attr:
+        name = a.name
+        if name in _WANTED:
+            which = a.WhichOneof("value")
+            out[name] = getattr(a, which) if which else None
+    return out
+
+
+def _int(value, default: int = 0) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def decode_record(node: pb.Node) -> NodeRecord:
+    """Interpret one parsed node. Values of odd types (foreign traces) fall back as they always
+    have: a non-numeric integer attribute counts as 0 (a peer as -1), names print with str()."""
+    a = _attrs(node)
+    ntype = int(node.type)
+    dim = a.get(S.DIM)
+    dim = str(dim) if dim is not None else NO_DIM
+    step = a.get(S.STEP)
+    ctype, size, tag, traffic_key = -1, 0, 0, None
+    if ntype == COLL:
+        ctype, size = _int(a.get(S.COMM_TYPE)), _int(a.get(S.COMM_SIZE))
+        pg = a.get(S.PG_NAME)
+        traffic_key = (dim, "coll", ctype, size, WORLD if pg is None else str(pg))
+    elif ntype in (SEND, RECV):
+        size, tag = _int(a.get(S.COMM_SIZE)), _int(a.get(S.COMM_TAG))
+        peer = _int(a.get(S.COMM_DST if ntype == SEND else S.COMM_SRC), -1)
+        traffic_key = (dim, "send" if ntype == SEND else "recv", -1, size, peer)
+    deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
+    numbers = (ntype, node.duration_micros, ctype, size, tag, _int(step))
+    try:
+        row, wide = ROW.pack(node.id, *numbers, len(deps), step is not None or dim != NO_DIM), None
+    except struct.error:
+        row, wide = None, numbers
+    return NodeRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
+
+
+# -- level 2: templates over the rank-specific values ---------------------------------------
+#
+# An attribute as traceforge writes it: [field key][length] name field, value field key, value,
+# where the value runs to the end of the attribute: a string (its length byte, then the text) or
+# an int64 varint. A template key is the payload with, for each such attribute, its length byte
+# and its value cut out, so values of any width share one template. Equal keys mean equal bytes
+# everywhere else, and the cut bytes are rebuilt consistently (checked when the spans are found),
+# so two payloads with one key parse alike but for those values.
+
+_NAME, _INT64_KEY, _STRING_KEY = 0x0A, b"\x48", b"\xea\x01"  # AttributeProto name=1, int64_val=9, string_val=29
+_MARKERS = (
+    (S.PG_NAME, bytes((_NAME, len(S.PG_NAME))) + S.PG_NAME.encode() + _STRING_KEY),
+    (S.COMM_SRC, bytes((_NAME, len(S.COMM_SRC))) + S.COMM_SRC.encode() + _INT64_KEY),
+    (S.COMM_DST, bytes((_NAME, len(S.COMM_DST))) + S.COMM_DST.encode() + _INT64_KEY),
+)
+_RANK_SPECIFIC = frozenset(name for name, _ in _MARKERS)
+_NODE_ATTR = 10  # Node.attr
+_USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
+
+# A rank-specific attribute in a payload: (at: its content's start, where the marker is; its
+# name; where its value starts; where value and attribute end). The template key cuts the
+# attribute's length byte (at - 1) and the value (with a string's length byte).
+Span = tuple[int, str, int, int]
+
+
+def _find_spans(payload: bytes) -> list[Span] | None:
+    """Where the rank-specific attributes sit, found by their markers; [] when there are none,
+    None when one is not laid out as we write it (then the payload is decoded in full)."""
+    spans = []
+    end = len(payload)
+    for name, marker in _MARKERS:
+        at = payload.find(marker)
+        if at < 0:
+            continue
+        start = at + len(marker)
+        if name == S.PG_NAME:
+            if start >= end or payload[start] >= 0x80:
+                return None
+            start, stop = start + 1, start + 1 + payload[start]
+        else:
+            stop = start
+            while stop < end and payload[stop] & 0x80:
+                stop += 1
+            stop += 1
+            if stop - start > 9:  # nine varint bytes keep an int64 non-negative
+                return None
+        if stop > end or stop - at >= 0x80 or at < 1 or payload[at - 1] != stop - at:  # one length byte, matching
+            return None
+        spans.append((at, name, start, stop))
+    if len(spans) > 1:
+        spans.sort()
+        for before, after in zip(spans, spans[1:]):
+            if after[0] - 1 < before[3]:
+                return None
+    return spans
+
+
+def _template_key(payload: bytes, spans: list[Span]) -> tuple[bytes, ...]:
+    key, pos = [], 0
+    for at, name, start, stop in spans:
+        key += (payload[pos:at - 1], payload[at:start - 1 if name == S.PG_NAME else start])
+        pos = stop
+    key.append(payload[pos:])
+    return tuple(key)
+
+
+class Template(NamedTuple):
+    record: NodeRecord  # the record of the payload the template was made from
+    used: int  # index in the spans of the value the record depends on, -1 for none
+
+
+def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: NodeRecord) -> Template | None:
+    """A template, if the found spans are exactly the node's only attribute of each rank-specific
+    name (checked on the wire, once per template); else None."""
+    attrs = _attribute_ranges(payload)
+    if attrs is None or len(attrs) != len(node.attr):
+        return None
+    found = {name: (at, stop) for at, name, _, stop in spans}
+    for (first, last), attr in zip(attrs, node.attr):
+        if attr.name in _RANK_SPECIFIC:
+            if found.pop(attr.name, None) != (first, last):  # also fails for a second attribute of the name
+                return None
+    if found:  # a marker inside something else (a node name, another value)
+        return None
+    wanted = _USES.get(record.wide[0] if record.row is None else ROW.unpack(record.row)[1])
+    used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
+    return Template(record, used)
+
+
+def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
+    """(start, end) of each Node.attr field's content, in order; None for a layout not walked."""
+    ranges, pos, end = [], 0, len(payload)
+    try:
+        while pos < end:
+            key, pos = read_varint(payload, pos)
+            wire_type = key & 7
+            if wire_type == 0:
+                _, pos = read_varint(payload, pos)
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            elif wire_type == 2:
+                size, pos = read_varint(payload, pos)
+                if key >> 3 == _NODE_ATTR:
+                    ranges.append((pos, pos + size))
+                pos += size
+            else:
+                return None
+    except ValueError:
+        return None
+    return ranges if pos == end else None
+
+
+def _fill(template: Template, payload: bytes, spans: list[Span]) -> NodeRecord | None:
+    """The template's record with this payload's value; None when a value needs the full decoder."""
+    for _, name, start, stop in spans:
+        if name == S.PG_NAME and not payload[start:stop].isascii():  # protobuf judges other text
+            return None
+    record = template.record
+    if template.used < 0:
+        return record
+    _, name, start, stop = spans[template.used]
+    target = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
+    return NodeRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
+
+
+# -- level 1 and the file loop --------------------------------------------------------------
+
+_stable: dict[bytes, NodeRecord] = {}
+_volatile: dict[bytes, NodeRecord] = {}
+_templates: dict[tuple, Template | None] = {}
+
+
+def clear() -> None:
+    """Forget every payload (records depend on bytes only, so this is never needed for results)."""
+    _stable.clear()
+    _volatile.clear()
+    _templates.clear()
+
+
+def read_records(path: Path) -> list[NodeRecord]:
+    """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        data = b""
+    if not data:
+        _raise_reader_error(path)
+    end = len(data)
+    size, pos = _varint(data, 0, path)  # the GlobalMetadata: checked, then skipped
+    try:
+        if pos + size > end:
+            raise ValueError
+        pb.GlobalMetadata().ParseFromString(data[pos:pos + size])
+    except Exception:
+        _raise_reader_error(path)
+    pos += size
+    stable, volatile = _stable.get, _volatile.get
+    records: list[NodeRecord] = []
+    append = records.append
+    while pos < end:
+        # Length prefix: one or two bytes inline (every node we write), longer ones aside.
+        size = data[pos]
+        if size < 0x80:
+            pos += 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:
+            size = (size & 0x7F) | (data[pos + 1] << 7)
+            pos += 2
+        else:
+            size, pos = _varint(data, pos, path)
+        if pos + size > end:
+            _raise_reader_error(path)
+        payload = data[pos:pos + size]
+        pos += size
+        record = stable(payload) or volatile(payload)
+        if record is None:
+            record = _miss(payload, path)
+        append(record)
+    return records
+
+
+def _miss(payload: bytes, path: Path) -> NodeRecord:
+    """Levels 2 and 3 for a payload not seen before; the record is cached under it."""
+    spans = _find_spans(payload)
+    if spans == []:
+        record = decode_record(_parse(payload, path))
+        _remember(_stable, STABLE_LIMIT, payload, record)
+        return record
+    record = template = key = None
+    if spans is not None:
+        key = _template_key(payload, spans)
+        template = _templates.get(key)
+        if template is not None:
+            record = _fill(template, payload, spans)
+    if record is None:
+        node = _parse(payload, path)
+        record = decode_record(node)
+        if key is not None and key not in _templates:
+            _remember(_templates, TEMPLATE_LIMIT, key, _make_template(payload, node, spans, record))
+    _remember(_volatile, VOLATILE_LIMIT, payload, record)
+    return record
+
+
+def _remember(cache: dict, limit: int, key, value) -> None:
+    if len(cache) >= limit:  # records already handed out stay valid: they depend on bytes only
+        cache.clear()
+    cache[key] = value
+
+
+def _parse(payload: bytes, path: Path) -> pb.Node:
+    node = pb.Node()
+    try:
+        node.ParseFromString(payload)
+    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
+        _raise_reader_error(path)
+    return node
+
+
+def _varint(data: bytes, pos: int, path: Path) -> tuple[int, int]:
+    try:
+        return read_varint(data, pos)
+    except ValueError:
+        _raise_reader_error(path)
+
+
+def _raise_reader_error(path: Path) -> None:
+    """Let the reference reader read the file again and raise its own error for it."""
+    for _ in iter_nodes(path):
+        pass
+    raise TraceReadError(f"{path}: the file changed while it was read; run the command again")
