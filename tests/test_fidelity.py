@@ -18,7 +18,7 @@ from traceforge.spec import build_spec
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 AR, AG, RS = 0, 2, 7
-H, F, S, V, HEADS = 512, 2048, 512, 1024, 8  # the demo model
+H, F, S, V = 512, 2048, 512, 1024  # the demo model
 E, G = 2, 4  # bf16 activations, fp32 gradients
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from traceforge._proto import traceforge_et_pb2 as pb
 
+# The files of a trace set beside <prefix>.<rank>.et (the output contract).
+COMM_GROUP_FILE = "comm_group.json"
+MANIFEST_FILE = "manifest.json"
+
 # Chakra schema version string written in GlobalMetadata (what Chakra's converters write).
 SCHEMA_VERSION = "0.0.4"
 
@@ -27,7 +31,6 @@ DIM = "dim"
 STEP = "step"
 MICROBATCH = "microbatch"
 LAYER = "layer"
-ANNOTATIONS = (PHASE, DIM, STEP, MICROBATCH, LAYER)
 
 NODE_TYPE_NAMES = {v.number: v.name for v in pb.NodeType.DESCRIPTOR.values}
 COLL_TYPE_NAMES = {v.number: v.name for v in pb.CollectiveCommType.DESCRIPTOR.values}

@@ -28,13 +28,12 @@ from traceforge.analysis.check_cross import CrossRank
 from traceforge.analysis.check_findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.analysis.check_rank import RankSummary, node_name, scan_rank
 from traceforge.analysis.check_replay import GENERAL, MODELS, Replay
-from traceforge.analysis.reader import find_rank_files
+from traceforge.analysis.reader import find_rank_files, manifest_world_size
+from traceforge.schema import COMM_GROUP_FILE
 from traceforge.errors import TraceReadError, UserError
 
 __all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
 
-COMM_GROUP_FILE = "comm_group.json"
-MANIFEST_FILE = "manifest.json"
 CHUNK_RANKS = 32  # ranks per worker task: neighbours share most node bytes (cache hits)
 PARALLEL_MIN_RANKS = 64
 NAME_LOOKUPS = 5_000  # node names fetched back from files for cross-rank findings
@@ -235,12 +234,9 @@ def _world_size(directory: Path, prefix: str, files: dict[int, Path], ranks: int
         if not 1 <= ranks <= MAX_RANKS:
             raise UserError(f"--ranks must be between 1 and {MAX_RANKS:,}, got {ranks}")
         return ranks
-    try:
-        doc = json.loads((directory / MANIFEST_FILE).read_text())
-        if doc.get("prefix", prefix) == prefix and isinstance(doc.get("world_size"), int) and doc["world_size"] > 0:
-            return doc["world_size"]
-    except (OSError, ValueError, AttributeError):
-        pass
+    declared = manifest_world_size(directory, prefix)
+    if declared is not None:
+        return declared
     if max(files) >= MAX_RANKS:
         raise UserError(f"{directory}: {files[max(files)].name} names rank {max(files):,}, beyond {MAX_RANKS:,}; "
                         "remove it, or give --ranks N")

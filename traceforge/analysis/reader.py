@@ -6,6 +6,7 @@ file can be broken becomes a TraceReadError naming the file and byte offset.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from google.protobuf.message import DecodeError
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.emit.wire import read_varint
 from traceforge.errors import TraceReadError
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 
 def iter_payloads(data: bytes, name: str = "trace") -> Iterator[tuple[int, memoryview]]:
@@ -124,3 +126,38 @@ def find_rank_files(directory: Path, prefix: str | None = None) -> tuple[str, di
     if prefix not in found:
         raise TraceReadError(f"{directory}: no {prefix}.<rank>.et files found")
     return prefix, dict(sorted(found[prefix].items()))
+
+
+def read_json_file(path: Path) -> object | None:
+    """A JSON side file of a trace set, or None when absent; unreadable JSON is a TraceReadError."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceReadError(f"{path}: not readable JSON ({' '.join(str(exc).split())}); fix or remove it") from None
+
+
+def load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
+    """comm_group.json as {id: members}, or None when the set has none."""
+    path = Path(directory) / COMM_GROUP_FILE
+    doc = read_json_file(path)
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not all(
+            isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in v) for v in doc.values()):
+        raise TraceReadError(f"{path}: expected {{\"<group id>\": [rank, ...]}}; fix or remove the file")
+    return {str(k): tuple(v) for k, v in doc.items()}
+
+
+def manifest_world_size(directory: Path, prefix: str) -> int | None:
+    """The world size manifest.json declares for this prefix, or None without a usable one."""
+    try:
+        doc = read_json_file(Path(directory) / MANIFEST_FILE)
+    except TraceReadError:
+        return None
+    if not isinstance(doc, dict) or doc.get("prefix", prefix) != prefix:
+        return None
+    world = doc.get("world_size")
+    return world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None

@@ -14,38 +14,13 @@ from typing import Iterable, Iterator, TextIO
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.analysis.reader import attrs, open_trace, parse_node
-from traceforge.errors import TraceReadError, UserError
+from traceforge.errors import UserError
 
-COMM_GROUP_FILE = "comm_group.json"
-MANIFEST_FILE = "manifest.json"
 
 TYPE_SHORT = {"COMP_NODE": "COMP", "COMM_COLL_NODE": "COLL", "COMM_SEND_NODE": "SEND", "COMM_RECV_NODE": "RECV",
               "MEM_LOAD_NODE": "LOAD", "MEM_STORE_NODE": "STORE"}
 COLL_LABEL = {"ALL_REDUCE": "AllReduce", "ALL_GATHER": "AllGather", "REDUCE_SCATTER": "ReduceScatter",
               "ALL_TO_ALL": "AllToAll", "BROADCAST": "Broadcast", "REDUCE": "Reduce", "BARRIER": "Barrier"}
-
-
-# -- reading --------------------------------------------------------------------------------
-
-def read_json_file(path: Path) -> object | None:
-    """A JSON side file of a trace set, or None when absent; unreadable JSON is a TraceReadError."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceReadError(f"{path}: not readable JSON ({' '.join(str(exc).split())})") from None
-
-
-def load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
-    """comm_group.json as {id: members}, or None when the set has none."""
-    doc = read_json_file(Path(directory) / COMM_GROUP_FILE)
-    if doc is None:
-        return None
-    if not isinstance(doc, dict) or not all(isinstance(v, list) for v in doc.values()):
-        raise TraceReadError(f"{Path(directory) / COMM_GROUP_FILE}: expected {{\"<group id>\": [rank, ...]}}")
-    return {str(k): tuple(int(r) for r in v) for k, v in doc.items()}
 
 
 # -- rows -----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ are inferred from membership for foreign traces (see dims.py). Foreign traces co
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import uuid
@@ -19,12 +18,11 @@ from pathlib import Path
 
 from traceforge.analysis import scan_cache
 from traceforge.analysis.dims import infer_group_dims
-from traceforge.analysis.reader import find_rank_files
+from traceforge.analysis.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
 from traceforge.analysis.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
 from traceforge.errors import TraceReadError
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
-COMM_GROUP_FILE = "comm_group.json"
-MANIFEST_FILE = "manifest.json"
 P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
 
 
@@ -50,23 +48,6 @@ class TraceSet:
         return dim or self.group_dims.get(group, "unknown")
 
 
-def _read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceReadError(f"{path}: cannot read {what} ({exc}); fix or remove it") from None
-
-
-def _load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
-    path = directory / COMM_GROUP_FILE
-    if not path.is_file():
-        return None
-    doc = _read_json(path, "the communicator-group file")
-    if not isinstance(doc, dict) or not all(isinstance(v, list) and all(isinstance(r, int) for r in v) for v in doc.values()):
-        raise TraceReadError(f"{path}: expected {{\"<group id>\": [rank, ...]}}; fix or remove the file")
-    return {str(k): tuple(v) for k, v in doc.items()}
-
-
 def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
     items = list(files.items())
     session = uuid.uuid4().hex
@@ -88,10 +69,8 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    manifest_path = directory / MANIFEST_FILE
-    manifest = _read_json(manifest_path, "the manifest") if manifest_path.is_file() else None
-    declared = manifest.get("world_size") if isinstance(manifest, dict) and manifest.get("prefix", prefix) == prefix else None
-    world = declared if isinstance(declared, int) and declared > 0 else len(files)
+    manifest = read_json_file(directory / MANIFEST_FILE)
+    world = manifest_world_size(directory, prefix) or len(files)
     if any(r >= world for r in files):
         raise TraceReadError(f"{directory}: {files[max(files)].name} is beyond the set's {world} ranks "
                              "(manifest.json); remove it, or run 'traceforge check' for details")
@@ -119,7 +98,7 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
 
 
 def _groups(directory: Path, scans: list[RankScan], world: int, notes: list[str]) -> dict[str, tuple[int, ...]]:
-    declared = _load_groups(directory)
+    declared = load_groups(directory)
     used: dict[str, set[int]] = defaultdict(set)
     for scan in scans:
         for name in scan.group_roles:

@@ -193,7 +193,8 @@ def show(
     """Print one rank's nodes as a readable table: type, collective, bytes, group members or peer,
     dependencies, duration and annotations."""
     from traceforge.analysis.reader import find_rank_files
-    from traceforge.analysis.show import iter_rows, load_groups, parse_range, write_json, write_table
+    from traceforge.analysis.reader import load_groups
+    from traceforge.analysis.show import iter_rows, parse_range, write_json, write_table
 
     start, stop = parse_range(node_range)
     prefix, files = find_rank_files(directory, prefix)
@@ -211,7 +212,8 @@ def show(
 
 def _coordinates(directory: Path, rank: int) -> str:
     """' (tp 0, pp 1, dp 0)' from the set's manifest, or '' without one."""
-    from traceforge.analysis.show import MANIFEST_FILE, read_json_file
+    from traceforge.analysis.reader import read_json_file
+    from traceforge.schema import MANIFEST_FILE
 
     try:
         doc = read_json_file(Path(directory) / MANIFEST_FILE)

@@ -19,10 +19,11 @@ from typing import Callable
 
 from traceforge import __version__
 from traceforge.emit.writer import (
-    MANIFEST_FILE, RankRecord, RankTable, RankWriter, finish_trace_set, trace_file_name, write_json, write_ranks,
+    RankRecord, RankTable, RankWriter, finish_trace_set, trace_file_name, write_json, write_ranks,
 )
 from traceforge.errors import UserError
 from traceforge.layout import Layout
+from traceforge.schema import MANIFEST_FILE
 from traceforge.plan.program import stage_program
 from traceforge.spec import Spec, build_spec
 

@@ -24,10 +24,9 @@ from traceforge.layout import Layout
 from traceforge.model import padded_vocab, stage_layer_ranges, total_params
 from traceforge.plan.ops import Program
 from traceforge.plan.program import stage_program
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import Spec
 
-COMM_GROUP_FILE = "comm_group.json"
-MANIFEST_FILE = "manifest.json"
 MAX_CHUNK_RANKS = 256
 CHUNKS_PER_JOB = 16  # enough chunks for a smooth progress bar and balanced workers
 

@@ -36,8 +36,6 @@ class Cost:
         return Cost(round(self.flops * factor), round(self.bytes * factor), self.micros * factor)
 
 
-ZERO = Cost(0, 0, 0.0)
-
 
 class CostModel:
     def __init__(self, spec: Spec):
@@ -108,10 +106,6 @@ class CostModel:
     @property
     def mlp_wgrad(self) -> Cost:
         return self.fc2 + self.fc1
-
-    @property
-    def experts_wgrad(self) -> Cost:
-        return self.experts.scaled(1.0)
 
     def optimizer(self, params: int) -> Cost:
         return self.kernel(OPTIMIZER_FLOPS_PER_PARAM * params, OPTIMIZER_BYTES_PER_PARAM * params)
