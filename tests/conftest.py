@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from traffic import consistency_problems, load_set, unfinished
 from traceforge.emit.writer import write_trace_set
 from traceforge.spec import build_spec
 
@@ -16,6 +17,11 @@ def make_set(tmp_path):
         spec = build_spec(preset, overrides=overrides)
         out = tmp_path / f"set{counter['n']}"
         write_trace_set(spec, out, jobs=1)
+        # Every set a test makes must be consistent across ranks (collectives matched per
+        # group, Send/Recv paired) and run to completion; checked by the independent oracle.
+        ts = load_set(out)
+        assert not consistency_problems(ts), consistency_problems(ts)[:5]
+        assert not unfinished(ts), unfinished(ts)[:5]
         doc = json.loads((out / "manifest.json").read_text())
         return spec, out, doc
 
