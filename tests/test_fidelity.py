@@ -352,9 +352,9 @@ def test_moe_expert_gradients_use_their_own_group(make_set):
 @pytest.mark.parametrize("bad, match", [
     (dict(MOE, ep=3), "must divide"),
     (dict(MOE, sequence_parallel=False), "sequence-parallel"),
-    (dict(MOE, order="tp-ep-pp-dp"), "next to dp"),
+    (dict(MOE, order="tp-ep-pp-dp", order_unchecked=True), "next to dp"),
     (dict(MOE, experts=None, ep=2), "needs a mixture-of-experts"),
-    (dict(cp=2), "lacks cp"),
+    (dict(cp=2), "Megatron refuses"),  # cp inserted after tp: tp-cp-pp-dp, pp not outermost
 ])
 def test_expert_and_context_refusals(bad, match):
     with pytest.raises(SpecError, match=match):

@@ -63,7 +63,11 @@ FIELDS: tuple[Field, ...] = (
     Field("dp", int, "Data-parallel size d (derived from --world-size when that is given)."),
     Field("ep", int, "Expert-parallel size (divides dp*cp; default 1)."),
     Field("world_size", int, "Total GPUs; must equal tp*cp*pp*dp (give it instead of --dp to derive dp)."),
-    Field("order", str, "Rank order, innermost dimension first, e.g. tp-pp-dp (default) or megatron (= tp-cp-ep-dp-pp)."),
+    Field("order", str, "Rank order, innermost dimension first, e.g. tp-pp-dp (default) or megatron (= tp-cp-ep-dp-pp); a missing cp or ep is inserted where Megatron puts it."),
+    Field("order_unchecked", bool, "Plan rank orders Megatron refuses (pp not outermost with cp or ep > 1, unless ep = cp).",
+          bool_flags=("--order-unchecked", "--order-checked")),
+    Field("cp_comm_type", str, "Context-parallel attention: p2p (ring), all-gather (of K,V, as Llama 3) or a2a (Ulysses AllToAll of heads).",
+          ("p2p", "all-gather", "a2a")),
     # training step
     Field("micro_batch", int, "Micro-batch size b in sequences."),
     Field("global_batch", int, "Global batch in sequences; micro-batches per step m = global_batch / (b*dp)."),
@@ -88,6 +92,10 @@ FIELDS: tuple[Field, ...] = (
           bool_flags=("--overlap-grad-reduce", "--no-overlap-grad-reduce")),
     Field("overlap_param_gather", bool, "Sharded optimizers: overlap the parameter AllGather with the next forward.",
           bool_flags=("--overlap-param-gather", "--no-overlap-param-gather")),
+    Field("sync_collectives", bool, "The small synchronising collectives Megatron runs by default: batch broadcast in TP, grad-norm and loss AllReduces, found-inf (fp16), MoE routing counts.",
+          bool_flags=("--sync-collectives", "--no-sync-collectives")),
+    Field("attention_mask_in_dataloader", bool, "Broadcast the b*s*s attention mask with each batch (Megatron's default; its --no-create-attention-mask-in-dataloader drops it).",
+          bool_flags=("--attention-mask-in-dataloader", "--no-attention-mask-in-dataloader")),
     Field("steps", int, "Training steps to emit."),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
           ("h100", "h200", "a100", "b200", "custom")),
@@ -118,6 +126,8 @@ class Spec:
     dp: int
     world_size: int
     order: str
+    order_unchecked: bool
+    cp_comm_type: str
     micro_batch: int
     global_batch: int
     num_microbatches: int
@@ -136,6 +146,8 @@ class Spec:
     bucket_mb: float | None
     overlap_grad_reduce: bool
     overlap_param_gather: bool
+    sync_collectives: bool
+    attention_mask_in_dataloader: bool
     steps: int
     gpu: str
     gpu_tflops: float
@@ -353,11 +365,8 @@ def _parallel(r: _Raw, v: dict) -> dict:
         raise SpecError(f"layers ({v['layers']}) must be at least pp ({pp}): every pipeline stage needs a layer; lower --pp")
     if cp > 1 and v["seq_len"] % (2 * cp):
         raise SpecError(f"seq_len ({v['seq_len']}) must be divisible by 2*cp ({2 * cp}): context parallelism splits it into 2*cp chunks")
-    order = normalize_order(r.need("order"))
+    order = complete_order(normalize_order(r.need("order")), cp, ep)
     dims = order.split("-")
-    for dim, size in (("cp", cp), ("ep", ep)):
-        if size > 1 and dim not in dims:
-            raise SpecError(f"order {order!r} lacks {dim} but {dim} = {size}: add it, e.g. --order megatron (tp-cp-ep-dp-pp)")
     if ep > 1:
         if (dp * cp) % ep:
             raise SpecError(f"ep ({ep}) must divide dp*cp ({dp * cp}): experts are spread over data-parallel ranks")
@@ -365,7 +374,44 @@ def _parallel(r: _Raw, v: dict) -> dict:
         first = dims.index(block[0])
         if dims[first:first + len(block)] != block or abs(dims.index("ep") - dims.index("dp")) != 1:
             raise SpecError(f"order {order!r}: ep must sit next to dp (and cp next to them), as Megatron requires, e.g. tp-cp-ep-dp-pp")
-    return dict(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, world_size=world, order=order)
+    unchecked = bool(r.get("order_unchecked"))
+    if pp > 1 and dims[-1] != "pp" and ep != cp and not unchecked:
+        # Megatron builds a second (expert) rank grid with cp folded into its data-parallel
+        # dimension and asserts that either pp is outermost or both grids have the same DP size
+        # (core/parallel_state.py, initialize_model_parallel): ep must equal cp.
+        raise SpecError(f"order {order!r} puts {dims[-1]} outside pp with cp = {cp} and ep = {ep}: Megatron refuses it unless pp is "
+                        "outermost or ep = cp (parallel_state.py); use --order megatron, or --order-unchecked to plan it anyway")
+    cp_comm = r.get("cp_comm_type", "p2p")
+    if cp_comm != "p2p" and cp == 1:
+        raise SpecError(f"cp_comm_type {cp_comm} needs context parallelism: give --cp 2 or more, or drop --cp-comm-type")
+    if cp_comm == "a2a" and (heads // tp % cp or kv_heads // tp % cp):
+        # TransformerEngine's AttnFuncWithCPAndQKVOA2A scatters heads over the CP group.
+        raise SpecError(f"cp_comm_type a2a splits each TP rank's heads over cp: heads/tp ({heads // tp}) and kv_heads/tp "
+                        f"({kv_heads // tp}) must be divisible by cp ({cp}); use p2p or all-gather, or a smaller cp")
+    return dict(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, world_size=world, order=order, order_unchecked=unchecked,
+                cp_comm_type=cp_comm)
+
+
+def complete_order(order: str, cp: int, ep: int) -> str:
+    """Insert a missing cp (right after tp) or ep (right before dp) of size > 1 where Megatron's
+    default order tp-cp-ep-dp-pp has them; a missing dimension of size 1 needs no place."""
+    dims = order.split("-")
+    if cp > 1 and "cp" not in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
+    if ep > 1 and "ep" not in dims:
+        dims.insert(dims.index("dp"), "ep")
+    return "-".join(dims)
+
+
+def requested_order(preset: str | None, config: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> str:
+    """The order string as given (flag > config file > preset), before missing dimensions are inserted."""
+    from traceforge.presets import get_preset
+
+    config = dict(config or {})
+    given = overrides.get("order") or config.get("order")
+    if given is None:
+        given = get_preset(preset or config.get("preset") or "demo").get("order", "")
+    return normalize_order(str(given))
 
 
 def _batch(r: _Raw, v: dict) -> dict:
@@ -468,7 +514,9 @@ def _modes(r: _Raw, v: dict) -> dict:
         raise SpecError(f"steps ({steps}) x micro-batches ({m}) make too many p2p transfers for tags below {MAX_TAG}: emit fewer steps")
     return dict(schedule=schedule, virtual_stages=vs, layers_per_stage=layers_per_stage, dp_mode=dp_mode,
                 shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
-                overlap_param_gather=overlap_param, steps=steps)
+                overlap_param_gather=overlap_param, steps=steps,
+                sync_collectives=bool(r.get("sync_collectives", True)),
+                attention_mask_in_dataloader=bool(r.get("attention_mask_in_dataloader", True)))
 
 
 def _gpu(r: _Raw, v: dict) -> dict:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
-from traceforge.spec import FIELDS, build_spec, load_config_file
+from traceforge.spec import FIELDS, build_spec, load_config_file, requested_order
 
 # -- generate -------------------------------------------------------------------------------
 
@@ -80,6 +80,8 @@ def generate(**kwargs: Any) -> None:
     cluster_opts = {k: kwargs.pop(k) for k in CLUSTER_HELP}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
+    given = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
+    inserted = [d for d in spec.order_dims if d not in given]
     cluster = None
     if run["astra_sim"]:
         if run["shard"] is not None:
@@ -111,7 +113,7 @@ def generate(**kwargs: Any) -> None:
     with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
         doc = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, **common)
     if not run["quiet"]:
-        _summary(doc, run["out_dir"], time.perf_counter() - started)
+        _summary(doc, run["out_dir"], time.perf_counter() - started, inserted)
         if cluster:
             out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to AstraSim_Analytical_Congestion_Unaware]", markup=False)
     if run["report"]:
@@ -163,16 +165,22 @@ class _progress:
             self.bar.stop()
 
 
-def _summary(doc: dict, out_dir: Path, seconds: float) -> None:
+def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None) -> None:
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
     out.print(
         f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: {sizes}, "
-        f"order {doc['order']}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
+        f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
+
+
+def _inserted_note(inserted: list[str] | None) -> str:
+    """Say which dimensions the order string lacked and where they went, as Megatron places them."""
+    where = {"cp": "after tp", "ep": "before dp"}
+    return "".join(f" ({d} inserted {where[d]}, as Megatron)" for d in inserted or ())
 
 
 @app.command("merge")

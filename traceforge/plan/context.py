@@ -1,37 +1,55 @@
-"""Context parallelism: ring attention over the CP group (Megatron's default p2p CP, as
-TransformerEngine's AttnFuncWithCPAndKVP2P runs it).
+"""Context parallelism: attention over a sequence split across the CP group, in the three ways
+Megatron offers (``--cp-comm-type``, TransformerEngine's
+``attention/dot_product_attention/context_parallel.py``). Each rank holds s/cp tokens (two of
+2*cp load-balanced chunks). With kv = b*(s/cp)*(kv_dim/t)*e, one of K or V on a rank:
 
-Each rank holds s/cp tokens (two of 2*cp load-balanced chunks) and computes attention of its
-queries against every key block as the K/V blocks travel the ring:
-- forward: cp - 1 exchanges per layer, each rank sending the K and V block it holds to the
-  next CP rank and receiving one from the previous: 2*b*(s/cp)*(kv_dim/t)*e bytes;
-- backward, in the opposite direction: K,V blocks in steps 0..cp-2 and the accumulated dK,dV
-  in steps 1..cp-1 (2*(cp-1) transfers of the same size).
-Each attention block computes while the next block is in flight.
+- p2p (``AttnFuncWithCPAndKVP2P``, ring attention): forward, cp - 1 exchanges per layer, each
+  rank sending the K,V block it holds (2*kv bytes) to the next CP rank and receiving one from the
+  previous; backward, in the opposite direction, one message per step: K,V at step 0, the K,V
+  block and the accumulated dK,dV together (4*kv) at steps 1..cp-2, dK,dV (2*kv) at step cp-1.
+  Each attention block computes while the next block is in flight.
+- all-gather (``AttnFuncWithCPAndKVAllGather``, as Llama 3 trained): forward, AllGather of K and
+  of V in the CP group (each rank contributes kv); backward, the same two AllGathers again (the
+  gathered K,V are not kept), then ReduceScatter of dK and of dV (cp*kv in, kv out).
+- a2a (``AttnFuncWithCPAndQKVOA2A``, Ulysses): AllToAll of Q, K and V (sequence-sharded to
+  head-sharded) before attention and of its output after; backward, AllToAll of the output's
+  gradient, then of dQ, dK and dV. Q and the output are b*(s/cp)*(h/t)*e on a rank.
 """
 
 from __future__ import annotations
 
 from traceforge.model import local_tokens
 from traceforge.plan.compute import Cost
-from traceforge.plan.ops import ProgramBuilder
+from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
 CP_NEXT, CP_PREV = "cp_next", "cp_prev"
-KV_FWD, KV_BWD, DKV_BWD, KV_RECOMPUTE = range(4)
+KV_FWD, BWD, KV_RECOMPUTE = range(3)
+TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
 
 
-class ContextParallel:
+def context_parallel(spec: Spec) -> "RingAttention | GatheredAttention | UlyssesAttention | None":
+    if spec.cp == 1:
+        return None
+    return {"p2p": RingAttention, "all-gather": GatheredAttention, "a2a": UlyssesAttention}[spec.cp_comm_type](spec)
+
+
+def kv_shard_bytes(spec: Spec) -> int:
+    """One of K or V on one rank: b*(s/cp)*(kv_dim/t)*e."""
+    kv_dim = spec.kv_heads * (spec.hidden // spec.heads)
+    return local_tokens(spec) * kv_dim // spec.tp * spec.act_bytes
+
+
+class RingAttention:
     def __init__(self, spec: Spec):
         self.spec = spec
         self.cp = spec.cp
-        kv_dim = spec.kv_heads * (spec.hidden // spec.heads)
-        self.kv_bytes = 2 * local_tokens(spec) * kv_dim // spec.tp * spec.act_bytes
+        self.kv_bytes = 2 * kv_shard_bytes(spec)
 
     def _tag(self, layer: int, ring_step: int, kind: int) -> int:
         """Unique per (src, dst) pair within the run: CP pairs never carry pipeline traffic."""
         s = self.spec
-        return 1 + ((((self._step * s.num_microbatches + self._mb) * s.layers + layer) * self.cp + ring_step) * 4 + kind)
+        return 1 + ((((self._step * s.num_microbatches + self._mb) * s.layers + layer) * self.cp + ring_step) * TAG_KINDS + kind)
 
     def _begin(self, b: ProgramBuilder) -> int:
         self._step, self._mb = b.ctx.step, b.ctx.microbatch or 0
@@ -53,20 +71,58 @@ class ContextParallel:
             b.compute(f"attn_core{j}", block)
             received = nxt
 
+    def backward_messages(self) -> list[tuple[str, int]]:
+        """(what, bytes) TransformerEngine sends at each backward step: K,V first, then K,V with
+        the dK,dV accumulated so far in one buffer, and the finished dK,dV last."""
+        if self.cp == 2:
+            return [("kv", self.kv_bytes), ("dkv", self.kv_bytes)]
+        return [("kv", self.kv_bytes)] + [("kv_dkv", 2 * self.kv_bytes)] * (self.cp - 2) + [("dkv", self.kv_bytes)]
+
     def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
-        """Attention backward in cp blocks: K/V and the accumulated dK/dV travel backward."""
+        """Attention backward in cp blocks, one message to the previous rank per step."""
         layer = self._begin(b)
         block = core_bwd.scaled(1 / self.cp)
-        received: list[int] = []
-        for j in range(self.cp):
-            for op in received:
-                b.gate(op)
-            received = []
-            for kind, sends in ((KV_BWD, j < self.cp - 1), (DKV_BWD, j >= 1)):
-                if sends:
-                    what = "kv" if kind == KV_BWD else "dkv"
-                    b.send(what, CP_PREV, self.kv_bytes, self._tag(layer, j, kind), dim="cp")
-                    received.append(b.recv(what, CP_NEXT, self.kv_bytes, self._tag(layer, j, kind), dim="cp", gate=False))
+        received = None
+        for j, (what, size) in enumerate(self.backward_messages()):
+            b.gate(received)
+            b.send(what, CP_PREV, size, self._tag(layer, j, BWD), dim="cp")
+            received = b.recv(what, CP_NEXT, size, self._tag(layer, j, BWD), dim="cp", gate=False)
             b.compute(f"attn_core_bwd{j}", block)
-        for op in received:  # the last dK/dV feeds the QKV input gradient
-            b.gate(op)
+        b.gate(received)  # the last dK/dV feeds the QKV input gradient
+
+
+class GatheredAttention:
+    def __init__(self, spec: Spec):
+        self.cp, self.kv = spec.cp, kv_shard_bytes(spec)
+
+    def _gather(self, b: ProgramBuilder) -> None:
+        b.collective("k", Coll.ALL_GATHER, self.kv, "cp")
+        b.collective("v", Coll.ALL_GATHER, self.kv, "cp")
+
+    def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
+        self._gather(b)
+        b.compute("attn_core", core)
+
+    def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
+        self._gather(b)
+        b.compute("attn_core_bwd", core_bwd)
+        b.collective("dk", Coll.REDUCE_SCATTER, self.cp * self.kv, "cp")
+        b.collective("dv", Coll.REDUCE_SCATTER, self.cp * self.kv, "cp")
+
+
+class UlyssesAttention:
+    def __init__(self, spec: Spec):
+        self.kv = kv_shard_bytes(spec)
+        self.q = local_tokens(spec) * spec.hidden // spec.tp * spec.act_bytes
+
+    def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
+        for what, size in (("q", self.q), ("k", self.kv), ("v", self.kv)):
+            b.collective(what, Coll.ALL_TO_ALL, size, "cp")
+        b.compute("attn_core", core)
+        b.collective("out", Coll.ALL_TO_ALL, self.q, "cp")
+
+    def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
+        b.collective("dout", Coll.ALL_TO_ALL, self.q, "cp")
+        b.compute("attn_core_bwd", core_bwd)
+        for what, size in (("dq", self.q), ("dk", self.kv), ("dv", self.kv)):
+            b.collective(what, Coll.ALL_TO_ALL, size, "cp")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from traceforge.model import is_moe_layer
 from traceforge.plan.compute import CostModel
-from traceforge.plan.context import ContextParallel
+from traceforge.plan.context import context_parallel
 from traceforge.plan.expert import MixtureOfExperts
 from traceforge.plan.ops import ProgramBuilder
 from traceforge.plan.tensor import TensorParallel
@@ -15,7 +15,7 @@ from traceforge.spec import Spec
 class LayerTemplate:
     def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel):
         self.spec, self.tp, self.cost = spec, tp, cost
-        self.cp = ContextParallel(spec) if spec.cp > 1 else None
+        self.cp = context_parallel(spec)
         self.moe = MixtureOfExperts(spec)
 
     def forward(self, b: ProgramBuilder, layer: int, recompute: bool = False) -> None:
