@@ -161,6 +161,32 @@ class M:
     def stage_params(self, stage: int) -> int:
         return sum(self.units(stage))
 
+    def backward_params(self, stage: int) -> list[tuple[int, bool]]:
+        """(elements per TP rank, shared embedding) of each parameter tensor of a (single-chunk)
+        stage in backward order, the reverse of Megatron's registration order (gpt_model.py:
+        embedding, layers, final norm, output layer; a TE layer: linear_proj, linear_qkv with its
+        norm first, linear_fc1 with its norm first, linear_fc2)."""
+        h, t, gpt = self.h, self.t, self.arch == "gpt"
+        kv_dim = self.kv * h // self.heads
+        fc1 = h * self.f // t * (1 if gpt else 2)
+        norm = [h, h] if gpt else [h]
+        layer = ([h * h // t] + ([h] if gpt else []) + norm + [h * (h + 2 * kv_dim) // t] + ([(h + 2 * kv_dim) // t] if gpt else [])
+                 + norm + [fc1] + ([self.f // t] if gpt else []) + [self.f * h // t] + ([h] if gpt else []))
+        shared = self.tied and self.p > 1
+        word = self.Vp // t * h
+        forward: list[tuple[int, bool]] = []
+        if stage == 0:
+            forward += [(word, shared)] + ([(self.s * h, False)] if gpt else [])
+        forward += [(n, False) for n in layer] * len(self.stage_layers(stage))
+        if stage == self.p - 1:
+            forward += [(n, False) for n in self.final_norm_tensors()]
+            if not self.tied or self.p > 1:
+                forward.append((word, shared))
+        return forward[::-1]
+
+    def final_norm_tensors(self) -> list[int]:
+        return [self.h, self.h] if self.arch == "gpt" else [self.h]
+
     def chunk_params(self, stage: int) -> list[int]:
         """Parameters per TP rank of each model chunk on a stage (one chunk unless interleaved)."""
         if self.v == 1:
@@ -670,17 +696,49 @@ def test_oracle_catches_broken_sets(sets):
 
 # -- bucketing and the GPT-3 175B worked check ----------------------------------------------------
 
+def megatron_buckets(params: list[tuple[int, bool]], bucket: int | None, dist_opt: bool, pad: int) -> list[int]:
+    """Bucket sizes (elements, padded) as Megatron lays out a gradient buffer
+    (core/distributed/param_and_grad_buffer.py, optimizer/distrib_optimizer.py): parameters in
+    the given (backward) order; a bucket closes after the parameter whose end is at least
+    `bucket` elements past the bucket's start; its end is padded to `pad`. The distributed
+    optimizer also starts each parameter on a multiple of 64 and puts a shared embedding in a
+    bucket of its own."""
+    sizes, start, opened, count = [], 0, 0, 0
+    for n, shared in params:
+        if dist_opt:
+            start = ceil_to(start, 64)
+            if shared and count:
+                end = ceil_to(start, pad)
+                sizes.append(end - opened)
+                start = opened = end
+                count = 0
+        start += n
+        count += 1
+        if (bucket and start - opened >= bucket) or (dist_opt and shared):
+            end = ceil_to(start, pad)
+            sizes.append(end - opened)
+            start = opened = end
+            count = 0
+    if count:
+        sizes.append(ceil_to(start, pad) - opened)
+    return sizes
+
+
 def test_gradient_buckets(make_set):
+    """Buckets close at parameter boundaries, as Megatron's: each bucket of a 1 MiB setting
+    ends with the parameter that reaches 2**18 fp32 elements."""
     spec, out, _ = make_set("demo", bucket_mb=1)
     ts = load_set(out)
     mm = model(ts)
     bucket = 2**20 // mm.g  # elements per 1 MiB bucket of fp32 gradients
     for rank, nodes in ts.nodes.items():
-        G = mm.stage_params(ts.stage(rank))
+        stage = ts.stage(rank)
+        G = mm.stage_params(stage)
         sizes = [n.size for n in nodes if n.type == COLL and n.dim == "dp"]
         assert all(COLL_TYPES[n.ctype] == "ALL_REDUCE" for n in nodes if n.type == COLL and n.dim == "dp")
-        assert len(sizes) == -(-G // bucket), rank
-        assert max(sizes) <= bucket * mm.g and sum(sizes) == G * mm.g, rank
+        assert sum(n for n, _ in mm.backward_params(stage)) == G
+        assert sizes == [n * mm.g for n in megatron_buckets(mm.backward_params(stage), bucket, False, 1)], rank
+        assert sum(sizes) == G * mm.g and min(sizes[:-1]) >= bucket * mm.g, rank
     spec, out, _ = make_set("demo", bucket_mb=0)
     ts = load_set(out)
     for rank, nodes in ts.nodes.items():
@@ -739,6 +797,7 @@ def test_overlapped_gradient_buckets_on_the_first_stage_only():
         dp = _count(stage_program(spec, stage).ops, "dp")
         assert all(int(op.comm_type) == AR for op in dp)
         assert sum(op.comm_size for op in dp) == G * mm.g, stage
-        assert len(dp) == (-(-G // bucket) if stage == 0 else 1), stage
-        if stage == 0:
-            assert max(op.comm_size for op in dp) <= bucket * mm.g
+        expected = megatron_buckets(mm.backward_params(stage), bucket if stage == 0 else None, False, 1)
+        assert [op.comm_size for op in dp] == [n * mm.g for n in expected], stage
+        if stage == 0:  # every bucket but the last reaches the size, by less than one parameter
+            assert all(bucket * mm.g <= op.comm_size < (bucket + 4 * 12288**2 // 8) * mm.g for op in dp[:-1])

@@ -184,3 +184,60 @@ def p2p_bytes(spec: Spec) -> int:
     """Activation (or its gradient) crossing a stage boundary; sequence-sharded with SP."""
     full = activation_bytes(spec)
     return full // spec.tp if spec.sequence_parallel else full
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor as one TP rank (and, for experts, one EP rank) holds it."""
+
+    name: str
+    elements: int
+    expert: bool = False  # reduced over the expert-DP group
+    shared_embedding: bool = False  # the tied word embedding on the first or last stage
+
+
+def layer_param_list(spec: Spec, layer: int) -> list[Param]:
+    """A layer's parameters per TP rank in the order Megatron registers them (the TE layer spec:
+    each LayerNorm fused into the linear after it; an MoE layer's pre-MLP norm on its own):
+    linear_proj, linear_qkv (norm first), then the MLP's linear_fc1 (norm first) and linear_fc2,
+    or the norm, router and the local experts' fc1 and fc2. (Megatron-LM core/transformer/
+    {transformer_layer,attention,mlp}.py; TransformerEngine registers a LayerNormLinear's norm
+    weight and bias before its weight and bias.) Sums to layer_params(...).per_rank(t)."""
+    h, t, f, gpt = spec.hidden, spec.tp, spec.ffn_hidden, spec.arch == "gpt"
+    kv_dim = spec.kv_heads * (h // spec.heads)
+    qkv_out = h + 2 * kv_dim
+    norm = [Param("norm_weight", h)] + ([Param("norm_bias", h)] if gpt else [])
+    out = [Param("proj_weight", h * h // t)] + ([Param("proj_bias", h)] if gpt else [])
+    out += norm + [Param("qkv_weight", h * qkv_out // t)] + ([Param("qkv_bias", qkv_out // t)] if gpt else [])
+    fc1 = h * f // t if gpt else 2 * h * f // t  # Llama's gate and up projections in one weight
+    if is_moe_layer(spec, layer):
+        out += norm + [Param("router_weight", spec.experts * h)]
+        for e in range(spec.experts // spec.ep):
+            out += [Param(f"expert{e}_fc1_weight", fc1, expert=True)]
+            out += [Param(f"expert{e}_fc1_bias", f // t, expert=True)] if gpt else []
+        out += [Param(f"expert{e}_fc2_weight", f * h // t, expert=True) for e in range(spec.experts // spec.ep)]
+        return out + ([Param("fc2_bias", h)] if gpt else [])  # one replicated output bias, as layer_params counts
+    out += norm + [Param("fc1_weight", fc1)] + ([Param("fc1_bias", f // t)] if gpt else [])
+    return out + [Param("fc2_weight", f * h // t)] + ([Param("fc2_bias", h)] if gpt else [])
+
+
+def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
+    """(unit, parameter) of one model chunk per TP rank, in registration order: the embedding
+    (word, then learned positions), the layers, the final norm, the output layer (Megatron-LM
+    core/models/gpt/gpt_model.py). Units are what ZeRO-3 gathers: embed, L<i>, head."""
+    h, shared = spec.hidden, spec.tied_embeddings and spec.pp > 1
+    word = padded_vocab(spec) * h // spec.tp
+    out: list[tuple[str, Param]] = []
+    if chunk.first:
+        out.append(("embed", Param("word_embeddings", word, shared_embedding=shared)))
+        if spec.arch == "gpt":
+            out.append(("embed", Param("position_embeddings", spec.seq_len * h)))
+    for layer in chunk.layers:
+        out += [(f"L{layer}", p) for p in layer_param_list(spec, layer)]
+    if chunk.last:
+        out.append(("head", Param("final_norm_weight", h)))
+        if spec.arch == "gpt":
+            out.append(("head", Param("final_norm_bias", h)))
+        if not (spec.tied_embeddings and spec.pp == 1):  # tied with p == 1: the embedding serves
+            out.append(("head", Param("output_layer", word, shared_embedding=shared)))
+    return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from traceforge.model import Chunk, StageParams, padded_vocab
+from traceforge.model import Chunk, Param, StageParams, chunk_param_list
 from traceforge.errors import SpecError
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
@@ -70,78 +70,89 @@ def bucket_padding(spec: Spec, group_size: int) -> int:
     return group_size
 
 
+DIST_OPT_PARAM_ALIGN = 64  # elements; Megatron's pad_param_start (optimizer/param_layout.py)
+
+
 @dataclass
 class Buffer:
-    """One chunk's gradient buffer on one group: its units and buckets."""
+    """One chunk's gradient buffer on one group: its parameters and buckets.
+
+    Laid out as Megatron's ``_compute_per_buffer_param_layout`` (distributed optimizer,
+    ``optimizer/distrib_optimizer.py``) and ``_compute_default_per_buffer_param_layout``
+    (``core/distributed/param_and_grad_buffer.py``): parameters in backward order (reversed
+    registration), a bucket closed at the parameter whose end reaches ``size`` elements from
+    the bucket's start, each bucket's end padded (bucket_padding); with the distributed
+    optimizer each parameter starts on a 64-element boundary and a shared (tied) embedding
+    gets a bucket of its own."""
 
     role: str  # "dp" or "edp"
     group_size: int
     counts: dict[str, int]  # unit -> gradient elements, in backward order
-    ends: list[int]  # bucket end offsets in backward order
-    padded: list[int]  # bucket sizes after padding
-    produced: int = 0
+    padded: list[int]  # bucket sizes after padding (alignment gaps included)
+    last_unit: list[int]  # per bucket: index (in counts) of the unit of its last parameter
+    units: list[set[str]]  # per bucket: the units with parameters in it
+    produced: int = 0  # units whose backward is done
     issued: int = 0
 
     @classmethod
-    def build(cls, spec: Spec, role: str, group_size: int, counts: dict[str, int], size: int | None,
-              cuts: tuple[int, ...] = ()) -> "Buffer":
-        """cuts: offsets where a bucket must end (around a shared embedding)."""
+    def build(cls, spec: Spec, role: str, group_size: int, params: list[tuple[str, Param]], size: int | None) -> "Buffer":
+        """params: (unit, parameter) in backward order; size: bucket elements, None for one."""
+        counts: dict[str, int] = {}
+        for unit, param in params:
+            counts[unit] = counts.get(unit, 0) + param.elements
         total = sum(counts.values())
-        size = size or max(total, 1)
-        if total // size > MAX_BUCKETS:
+        if size and total // size > MAX_BUCKETS:
             raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
                             f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
-        ends = sorted({*range(size, total, size), *(c for c in cuts if 0 < c < total), total})
-        starts = [0] + ends[:-1]
-        padded = [pad_to(e - s, bucket_padding(spec, group_size)) for s, e in zip(starts, ends)]
-        return cls(role, group_size, counts, ends, padded)
+        dist_opt = spec.dp_mode == "dist-opt"
+        multiple = bucket_padding(spec, group_size)
+        order = list(counts)
+        buf = cls(role, group_size, counts, [], [], [])
+        start = bucket_start = 0
+        members: set[str] = set()
+
+        def close(end: int, unit: str) -> int:
+            padded_end = pad_to(end, multiple)
+            buf.padded.append(padded_end - bucket_start)
+            buf.last_unit.append(order.index(unit))
+            buf.units.append(set(members))
+            members.clear()
+            return padded_end
+
+        last = ""
+        for unit, param in params:
+            if dist_opt:
+                start = pad_to(start, DIST_OPT_PARAM_ALIGN)
+                if param.shared_embedding and members:
+                    start = bucket_start = close(start, last)
+            end = start + param.elements
+            members.add(unit)
+            last = unit
+            if (size and end - bucket_start >= size) or (dist_opt and param.shared_embedding):
+                start = bucket_start = close(end, unit)
+            else:
+                start = end
+        if members:
+            close(start, last)
+        if not buf.padded:  # a chunk without parameters still has its (empty) buffer
+            buf.padded, buf.last_unit, buf.units = [0], [0], [set()]
+        return buf
 
     def buckets_of(self, unit: str) -> list[int]:
         """Indices of the buckets holding a unit's elements."""
-        start = 0
-        for name, n in self.counts.items():
-            if name == unit:
-                bucket_starts = [0] + self.ends[:-1]
-                return [i for i, (lo, hi) in enumerate(zip(bucket_starts, self.ends)) if lo < start + n and hi > start]
-            start += n
-        return []
+        return [i for i, units in enumerate(self.units) if unit in units]
 
 
-def chunk_buffers(spec: Spec, chunk: Chunk, params: StageParams) -> list[Buffer]:
-    dense: dict[str, int] = {"head": params.head} if chunk.last and params.head else {}
-    expert: dict[str, int] = {}
-    for layer in reversed(chunk.layers):
-        dense[f"L{layer}"] = params.dense[layer]
-        if params.expert[layer]:
-            expert[f"L{layer}"] = params.expert[layer]
-    if chunk.first and params.embedding:
-        dense["embed"] = params.embedding
+def chunk_buffers(spec: Spec, chunk: Chunk) -> list[Buffer]:
+    backward = list(reversed(chunk_param_list(spec, chunk)))
+    dense = [(u, p) for u, p in backward if not p.expert or spec.ep == 1]  # ep = 1: one buffer serves
+    expert = [(u, p) for u, p in backward if p.expert and spec.ep > 1]
     dp = spec.dp * spec.cp
-    if spec.ep == 1:  # experts replicated over the whole DP group: one buffer serves
-        for unit, n in expert.items():
-            dense[unit] += n
-        expert = {}
     size = bucket_elements(spec, chunk.stage, chunk.index)
-    buffers = [Buffer.build(spec, "dp", dp, dense, size, shared_embedding_cuts(spec, chunk, params, dense))]
+    buffers = [Buffer.build(spec, "dp", dp, dense, size)]
     if expert:
         buffers.append(Buffer.build(spec, "edp", dp // spec.ep, expert, size))
     return buffers
-
-
-def shared_embedding_cuts(spec: Spec, chunk: Chunk, params: StageParams, dense: dict[str, int]) -> tuple[int, ...]:
-    """Megatron's distributed optimizer gives a shared (tied) word embedding a bucket of its
-    own: the head's copy is the first V/t*h gradients of the last stage's backward, the
-    embedding's the last of the first stage's."""
-    if not (spec.dp_mode == "dist-opt" and spec.tied_embeddings and spec.pp > 1):
-        return ()
-    word = padded_vocab(spec) * spec.hidden // spec.tp
-    total = sum(dense.values())
-    cuts = []
-    if chunk.last and params.head:
-        cuts.append(word)
-    if chunk.first and params.embedding:
-        cuts.append(total - word)
-    return tuple(cuts)
 
 
 class DataParallel:
@@ -150,7 +161,7 @@ class DataParallel:
     def __init__(self, b: ProgramBuilder, spec: Spec, params: StageParams, chunks: list[Chunk]):
         self.b, self.spec, self.params = b, spec, params
         self.mode = spec.dp_mode
-        self.buffers = {c.index: chunk_buffers(spec, c, params) for c in chunks}
+        self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
         if self.mode == "hsdp":
@@ -195,13 +206,14 @@ class DataParallel:
                                      "dpr", blocking=False, after=(shard,)))
             return
         for buf in self.buffers[chunk]:
-            buf.produced += buf.counts.get(unit, 0)
+            if unit in buf.counts:
+                buf.produced = list(buf.counts).index(unit) + 1
             if self.mode == "zero2" or (last_microbatch and spec.overlap_grad_reduce):
                 self._issue_buckets(chunk, buf)
 
     def _issue_buckets(self, chunk: int, buf: Buffer) -> None:
         ctype = Coll.ALL_REDUCE if self.mode == "ddp" else Coll.REDUCE_SCATTER
-        while buf.issued < len(buf.ends) and buf.ends[buf.issued] <= buf.produced:
+        while buf.issued < len(buf.padded) and buf.last_unit[buf.issued] < buf.produced:
             name = self._name(chunk, buf, "grad", buf.issued)
             op = self.b.collective(name, ctype, buf.padded[buf.issued] * self.spec.grad_bytes, buf.role, blocking=False)
             self.b.defer(op)
