@@ -23,8 +23,11 @@ from traceforge.spec import KNOWN_DIMS, Spec
 # dense gradients over both). emb: the first and last pipeline stage at equal tp, dp (the tied
 # word-embedding gradient). dps/dpr: FSDP HYBRID_SHARD's shard groups of K consecutive DP ranks
 # and the replica groups across them. ep: expert parallel (MoE AllToAll). edp: expert data
-# parallel (expert gradients).
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp")
+# parallel (expert gradients). Kinds added later come last, so earlier ids never move:
+# mp: Megatron's model-parallel group, tp x pp (parallel_state.py, 'tp-pp'; cp not included).
+# world: every rank (the distributed optimizer's gradient statistics). tpep: tp x ep of the
+# expert grid (the MoE dispatcher's routing-count AllGather).
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep")
 
 
 @dataclass(frozen=True)
@@ -126,9 +129,13 @@ class Layout:
             blocks = dp_rows.reshape(len(dp_rows), -1, self.dp_shard)  # (groups, replicas, shard)
             rows = blocks.reshape(-1, self.dp_shard) if kind == "dps" else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
             return rows[np.argsort(rows[:, 0], kind="stable")]
+        if kind == "mp":
+            return self.dense.rows(("tp", "pp"))
+        if kind == "world":
+            return self.dense.ids.reshape(1, -1)
         if self.expert is None:
             return empty
-        return self.expert.rows(("ep",) if kind == "ep" else ("dp",))
+        return self.expert.rows({"ep": ("ep",), "edp": ("dp",), "tpep": ("tp", "ep")}[kind])
 
     @cached_property
     def group_rows(self) -> dict[str, tuple[int, np.ndarray]]:

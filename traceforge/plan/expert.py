@@ -9,7 +9,8 @@ T_local*k token copies, T_local = b*s/(cp*t) tokens with sequence parallelism):
 - backward mirrors it: AllToAll, AllGather, expert input- and weight-gradient GEMMs,
   ReduceScatters of the probability and token gradients, AllToAll of the probability
   gradients, then of the token gradients (Megatron's launch order).
-Megatron's small AllGather of per-expert token counts (routing metadata) is left out.
+With the synchronising collectives on (plan/sync.py), the dispatcher first AllGathers each
+rank's per-expert token counts (E int64) over the TP x EP group (preprocess).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
 FP32 = 4
+INT64 = 8
 
 
 class MixtureOfExperts:
@@ -29,9 +31,12 @@ class MixtureOfExperts:
         self.t = t
         self.routed = tokens * spec.top_k * spec.hidden * spec.act_bytes
         self.probs = tokens * spec.top_k * FP32
+        self.counts = spec.experts * INT64 if spec.sync_collectives else 0
+        self.counts_group = "tpep" if spec.ep > 1 else "tp"
 
     def forward(self, b: ProgramBuilder, cost: CostModel) -> None:
         b.compute("router", cost.router)
+        b.collective("routing_counts", Coll.ALL_GATHER, self.counts, self.counts_group)
         b.collective("dispatch", Coll.ALL_TO_ALL, self.routed, "ep")
         b.collective("dispatch_probs", Coll.ALL_TO_ALL, self.probs, "ep")
         b.collective("expert_in", Coll.ALL_GATHER, self.routed, "tp")

@@ -14,6 +14,7 @@ from traceforge.plan.embedding import (
 )
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, schedule
+from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel
 from traceforge.errors import SpecError
 from traceforge.spec import Spec
@@ -25,7 +26,8 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     """Members of each group role; collectives on single-member groups are dropped."""
     dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if spec.pp > 1 else 1,
-             "ep": spec.ep, "edp": dp // spec.ep}
+             "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
+             "tpep": spec.tp * spec.ep}
     if spec.dp_mode == "hsdp":
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes
@@ -41,6 +43,7 @@ class StagePlanner:
         self.layer = LayerTemplate(spec, self.tp, self.cost)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
+        self.sync = SyncCollectives(b, spec, stage)
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
     def forward_units(self, chunk: Chunk) -> list[Unit]:
@@ -85,6 +88,7 @@ class StagePlanner:
     def forward(self, chunk: Chunk, mb: int) -> None:
         self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
         self._p2p(chunk, mb, backward=False, send=False)
+        self.sync.before_forward(chunk)
         units = self.forward_units(chunk)
         for i, (name, n, body) in enumerate(units):
             self.dp.before_forward_unit(chunk.index, name)
@@ -144,8 +148,10 @@ class StagePlanner:
             if spec.sequence_parallel:
                 b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp")
             tied_embedding_sync(b, spec, self.stage)
+            self.sync.before_optimizer()
             b.compute("optimizer", self.cost.optimizer(self.dp.optimizer_params()))
             self.dp.after_optimizer()
+            self.sync.after_optimizer()
         return b.program
 
 

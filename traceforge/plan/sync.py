@@ -1,0 +1,83 @@
+"""The small synchronising collectives of a Megatron step: little data, but each one a barrier
+a simulator should see. On by default, as Megatron runs them; --no-sync-collectives drops them.
+
+- Batch broadcast (``get_batch_on_this_tp_rank``, megatron/core/utils.py): per micro-batch, TP
+  rank 0 broadcasts the batch it read to its TP group, one tensor at a time, on the model's
+  first chunk (tokens, position ids) and last chunk (labels, loss mask), all four when one
+  stage holds both, plus the b x s x s boolean attention mask on each unless
+  --no-attention-mask-in-dataloader (Megatron's --no-create-attention-mask-in-dataloader).
+  Tokens, labels and positions are int64, the loss mask fp32, all b x s (the whole sequence:
+  the CP split comes after). ASTRA-sim does not simulate Chakra's BROADCAST (it replays the
+  node's duration instead), so each broadcast of N bytes is written as an AllGather whose
+  ranks contribute ceil(N/t) bytes: a ring AllGather of N bytes moves (t-1)/t of them over
+  each link, as close as a runnable collective comes to a pipelined ring broadcast (N).
+- Optimizer step (megatron/core/optimizer/optimizer.py, clip_grads.py): with fp16 loss
+  scaling the found-inf flag, then the squared gradient norm, each an AllReduce of one fp32
+  over the gradient-statistics group: the model-parallel group (tp x pp) with a replicated
+  optimizer, every rank with a sharded one (distrib_optimizer.py). bf16 has no loss scaler,
+  hence no found-inf check.
+- After the step (megatron/training/training.py, train_step): update-successful (int32, MIN)
+  and grad-norm (fp32, MAX) AllReduces over the model-parallel group; on the last stage the
+  logging loss, [loss sum, tokens] in fp32, AllReduced over DP x CP.
+- MoE routing counts (token_dispatcher.py, MoEAlltoAllTokenDispatcher.preprocess): see
+  plan/expert.py.
+"""
+
+from __future__ import annotations
+
+from traceforge.model import Chunk
+from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.spec import Spec
+
+INT64, FP32, INT32, BOOL = 8, 4, 4, 1
+SHARDED_STATS = ("zero1", "zero2", "dist-opt", "zero3", "hsdp")
+
+
+def batch_tensors(spec: Spec, chunk: Chunk) -> list[tuple[str, int]]:
+    """(name, bytes) TP rank 0 broadcasts before this chunk's forward, in Megatron's order."""
+    bs = spec.micro_batch * spec.seq_len
+    out: list[tuple[str, int]] = []
+    if chunk.first:
+        out.append(("tokens", bs * INT64))
+    if chunk.last:
+        out += [("labels", bs * INT64), ("loss_mask", bs * FP32)]
+    if chunk.first:
+        out.append(("position_ids", bs * INT64))
+    if (chunk.first or chunk.last) and spec.attention_mask_in_dataloader:
+        out.append(("attention_mask", bs * spec.seq_len * BOOL))
+    return out
+
+
+def stats_group(spec: Spec) -> str:
+    """Where gradient statistics are reduced: every rank holds a slice of the gradients with a
+    sharded optimizer, only the model-parallel ranks of its replica otherwise."""
+    return "world" if spec.dp_mode in SHARDED_STATS else "mp"
+
+
+class SyncCollectives:
+    def __init__(self, b: ProgramBuilder, spec: Spec, stage: int):
+        self.b, self.spec, self.stage = b, spec, stage
+        self.on = spec.sync_collectives
+
+    def before_forward(self, chunk: Chunk) -> None:
+        if not self.on:
+            return
+        t = self.spec.tp
+        for name, size in batch_tensors(self.spec, chunk):
+            self.b.collective(f"bcast_{name}", Coll.ALL_GATHER, -(-size // t), "tp")
+
+    def before_optimizer(self) -> None:
+        if not self.on:
+            return
+        group = stats_group(self.spec)
+        if self.spec.dtype == "fp16":
+            self.b.collective("found_inf", Coll.ALL_REDUCE, FP32, group)
+        self.b.collective("grad_norm", Coll.ALL_REDUCE, FP32, group)
+
+    def after_optimizer(self) -> None:
+        if not self.on:
+            return
+        self.b.collective("update_ok", Coll.ALL_REDUCE, INT32, "mp")
+        self.b.collective("grad_norm_max", Coll.ALL_REDUCE, FP32, "mp")
+        if self.stage == self.spec.pp - 1:
+            self.b.collective("loss", Coll.ALL_REDUCE, 2 * FP32, "dp")
