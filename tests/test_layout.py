@@ -11,7 +11,7 @@ from traceforge.emit.writer import write_trace_set
 from traceforge.layout import Layout
 from traceforge.spec import build_spec
 
-KIND_ORDER = ("tp", "pp", "dp", "emb")
+KIND_ORDER = ("tp", "pp", "dp", "emb", "mp")  # mp (tp x pp) comes after every older kind
 
 
 def groups_of(layout: Layout, kind: str) -> set[tuple[int, ...]]:
@@ -21,6 +21,12 @@ def groups_of(layout: Layout, kind: str) -> set[tuple[int, ...]]:
 def layout_for(t: int, p: int, d: int, order: str) -> Layout:
     spec = build_spec("demo", overrides=dict(tp=t, pp=p, dp=d, layers=max(4, p), order=order, num_microbatches=4))
     return Layout.from_spec(spec)
+
+
+def mp_groups(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
+    """Megatron's model-parallel group: the tp x pp ranks of one DP replica (equal dp)."""
+    return {tuple(sorted(rank_of({"tp": t, "pp": p, "dp": d}, order, sizes)
+                         for t in range(sizes["tp"]) for p in range(sizes["pp"]))) for d in range(sizes["dp"])}
 
 
 def emb_groups(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
@@ -103,7 +109,8 @@ def expected_ids(order: str, sizes: dict[str, int]) -> dict[str, dict[tuple[int,
     """README: group ids are >= 1, in kind order (tp, pp, dp, emb), then by first rank."""
     out, next_id = {}, 1
     for kind in KIND_ORDER:
-        groups = emb_groups(order, sizes) if kind == "emb" else expected_groups(order, sizes, kind)
+        special = {"emb": emb_groups, "mp": mp_groups}
+        groups = special[kind](order, sizes) if kind in special else expected_groups(order, sizes, kind)
         ordered = sorted(groups, key=lambda g: min(g))
         out[kind] = {g: next_id + i for i, g in enumerate(ordered)}
         next_id += len(ordered)
@@ -139,7 +146,7 @@ def test_comm_group_file_is_exactly_the_groups_used(sets, name):
     # Ids and members as README defines them; pp groups carry only p2p, so they take ids
     # but never appear in the file.
     ids = expected_ids(order, sizes)
-    expected = {i: g for kind in ("tp", "dp", "emb") for g, i in ids[kind].items()}
+    expected = {i: g for kind in ("tp", "dp", "emb", "mp") for g, i in ids[kind].items()}
     assert {i: tuple(sorted(r)) for i, r in ts.groups.items()} == expected
 
 
@@ -151,6 +158,7 @@ def test_each_collective_names_the_ranks_own_group(sets, name):
     for rank, nodes in ts.nodes.items():
         mine = {dim: next(g for g in expected_groups(order, sizes, dim) if rank in g) for dim in ("tp", "dp")}
         mine["emb"] = next((g for g in emb if rank in g), None)
+        mine["mp"] = next(g for g in mp_groups(order, sizes) if rank in g)
         for n in nodes:
             if n.type == COLL:
                 assert tuple(sorted(ts.groups[n.group])) == mine[n.dim], (rank, n.name)

@@ -14,6 +14,8 @@ t=p=d=2, b=1, global batch 8 -> m=4, bf16 activations (e=2), fp32 gradients (g=4
       one bucket (Megatron: max(4e7, 1e6*d) elements), AR of G*4 bytes
   EMB (V/t)*h*g = 512*512*4 = 1,048,576 B AR, once per step, every rank (p=2: both stages)
 Ring wire bytes with n=2: AR 2(n-1)/n*S = S.
+These figures are the bulk traffic: the sets are made without the small synchronising
+collectives (BULK), whose own report rows are worked out in test_sync_collectives_in_report.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ EMB = 512 * 512 * 4
 TP0 = 36 * A
 TP1 = 36 * A + 12 * XENT
 PP = 4 * A
+BULK = dict(sync_collectives=False)
 
 
 def stage_of_demo(rank: int, order: str) -> int:
@@ -48,7 +51,7 @@ def rows_by_key(report):
 
 @pytest.fixture
 def demo(make_set):
-    _, out, _ = make_set()
+    _, out, _ = make_set(**BULK)
     return build_report(out, gpus_per_node=4, jobs=1)
 
 
@@ -75,7 +78,7 @@ def test_demo_per_dimension_bytes_and_wire(demo):
 
 @pytest.mark.parametrize("order", ["tp-pp-dp", "megatron"])
 def test_demo_scale_up_vs_scale_out_with_4_gpus_per_node(make_set, order):
-    _, out, _ = make_set(order=order)
+    _, out, _ = make_set(**BULK, order=order)
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
     tp_all = 4 * TP0 + 4 * TP1  # four ranks per stage
     dp_all = 4 * DP0 + 4 * DP1
@@ -125,7 +128,7 @@ def test_demo_test_matrix_rows(demo):
 
 
 def test_per_step_divides_by_steps(make_set):
-    _, out, _ = make_set(steps=2)
+    _, out, _ = make_set(**BULK, steps=2)
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
     assert report.traces.steps == 2
     assert report.dim("dp").rows[0].wire == DP0
@@ -157,7 +160,7 @@ NC_EMB = 256 * 512 * 4
 
 @pytest.fixture
 def noncubic(make_set):
-    _, out, _ = make_set(tp=4, pp=2, dp=3, global_batch=12, sequence_parallel=True)
+    _, out, _ = make_set(**BULK, tp=4, pp=2, dp=3, global_batch=12, sequence_parallel=True)
     return build_report(out, gpus_per_node=8, jobs=1)
 
 
@@ -249,7 +252,7 @@ def strip_annotations(directory):
 
 
 def test_foreign_trace_dimensions_inferred_from_membership(make_set):
-    _, out, _ = make_set()
+    _, out, _ = make_set(**BULK)
     strip_annotations(out)
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
     assert report.traces.steps == 1 and not report.traces.annotated
@@ -324,8 +327,8 @@ def run_cli(args):
 
 
 def test_cli_report_and_compare(make_set, tmp_path):
-    _, a, _ = make_set()
-    _, b, _ = make_set(order="megatron")
+    _, a, _ = make_set(**BULK)
+    _, b, _ = make_set(**BULK, order="megatron")
     res = run_cli(["report", str(a), "-g", "4", "--no-timeline"])
     assert res.exit_code == 0, res.output
     assert "dp" in res.output and "Collective test matrix" in res.output
@@ -349,7 +352,7 @@ def test_cli_bad_input_is_one_line(tmp_path):
 def test_link_model_validation(make_set):
     from traceforge.errors import UserError
 
-    _, out, _ = make_set()
+    _, out, _ = make_set(**BULK)
     with pytest.raises(UserError, match="inter-bw"):
         build_report(out, link=LinkModel(inter_gbps=0), jobs=1)
 
@@ -358,3 +361,24 @@ def test_generate_with_report_prints_it(tmp_path):
     res = run_cli(["generate", "-o", str(tmp_path / "g"), "-q", "--report"])
     assert res.exit_code == 0, res.output
     assert "Traffic per dimension" in res.output and "Collective test matrix" in res.output
+
+
+def test_sync_collectives_in_report(make_set):
+    """With the synchronising collectives (the default), per step: TP gains the batch
+    broadcasts, written as AllGathers of ceil(N/t) bytes per rank (stage 0: tokens and position
+    ids, int64, b*s*8 = 4,096 B, and the b*s*s bool attention mask, 262,144 B; stage 1: labels,
+    the fp32 loss mask 2,048 B, and the mask), 4 micro-batches; the model-parallel group
+    (tp x pp, 4 ranks) gets the grad-norm, update-ok and grad-norm-max AllReduces of 4 B; the
+    last stage's DP group the logging loss, 8 B."""
+    _, out, _ = make_set()
+    report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
+    for rank in range(8):
+        stage = stage_of_demo(rank, "tp-pp-dp")
+        bcast = [4096, 4096, 262_144] if stage == 0 else [4096, 2048, 262_144]
+        tp = report.dim("tp").rows[rank]
+        assert tp.bytes_by_type["AllGather"] == M * sum(n // 2 for n in bcast)
+        mp = report.dim("mp").rows[rank]
+        assert (mp.ops, mp.bytes_by_type) == (3, {"AllReduce": 12})
+        dp = report.dim("dp").rows[rank]
+        assert dp.ops == (1 if stage == 0 else 2)
+    assert report.dim("mp").group_sizes == {4}

@@ -62,6 +62,9 @@ class M:
     order: str
     v: int = 1  # model chunks per stage (interleaved schedule)
     recompute: str = "none"
+    dtype: str = "bf16"
+    sync: bool = True  # Megatron's small synchronising collectives
+    mask: bool = True  # the attention mask travels with the batch
 
     @classmethod
     def of(cls, spec: dict) -> "M":
@@ -74,6 +77,7 @@ class M:
             g=BYTES[spec["grad_dtype"]], sp=spec["sequence_parallel"], schedule=spec["schedule"],
             mode={"fsdp": "zero3"}.get(spec["dp_mode"], spec["dp_mode"]), steps=spec["steps"],
             order=spec["order"], v=spec.get("virtual_stages") or 1, recompute=spec.get("recompute") or "none",
+            dtype=spec["dtype"], sync=spec.get("sync_collectives", True), mask=spec.get("attention_mask_in_dataloader", True),
         )
 
     @property
@@ -226,6 +230,16 @@ class M:
                 c[("bwd", "tp", "REDUCE_SCATTER", self.act)] += 2 * n + last + 2 * replay
             if last:
                 c[("fwd", "tp", "ALL_REDUCE", self.xent)] += 3  # max, target logit, sum-exp
+            if self.sync:
+                # Megatron's get_batch_on_this_tp_rank: TP rank 0 broadcasts the first stage's
+                # tokens and position ids (int64), the last stage's labels (int64) and loss mask
+                # (fp32), b*s each, and to both the b*s*s bool attention mask; written as
+                # AllGathers in which each rank contributes ceil(N/t) bytes.
+                bs = self.b * self.s
+                sizes = ([8 * bs, 8 * bs] if first else []) + ([8 * bs, 4 * bs] if last else [])
+                sizes += [bs * self.s] if self.mask and (first or last) else []
+                for n in sizes:
+                    c[("fwd", "tp", "ALL_GATHER", -(-n // self.t))] += 1
         if self.mode == "zero3" and self.d > 1:
             for unit in self.units(stage):
                 padded = ceil_to(unit, self.d)
@@ -268,9 +282,21 @@ class M:
             # With per-unit sharding (zero3) only this rank's shard of the gradient is left.
             shards = self.d if self.mode == "zero3" else 1
             out.append(("emb", "ALL_REDUCE", -(-self.Vp // self.t * self.h * self.g // shards)))
+        if self.sync:
+            # Gradient statistics (optimizer.py, clip_grads.py): found-inf only with fp16 loss
+            # scaling, then the squared norm, one fp32 each, over the model-parallel group
+            # (tp x pp) with a replicated optimizer, over every rank with a sharded one.
+            stats = ("world", self.t * self.p * self.d) if self.mode != "ddp" else ("mp", self.t * self.p)
+            if stats[1] > 1:
+                out += [(stats[0], "ALL_REDUCE", 4)] * (2 if self.dtype == "fp16" else 1)
         out.append("optimizer")
         if self.d > 1 and sharded_optimizer:  # each chunk's parameters are gathered in forward order
             out += [("dp", "ALL_GATHER", n * self.e // self.d) for chunk in per_chunk for n in reversed(chunk)]
+        if self.sync:
+            # train_step: update-successful and grad-norm reductions over the model-parallel group;
+            # the last stage's logging loss, [sum, tokens] in fp32, over DP.
+            out += [("mp", "ALL_REDUCE", 4)] * 2 if self.t * self.p > 1 else []
+            out += [("dp", "ALL_REDUCE", 8)] if self.d > 1 and stage == self.p - 1 else []
         return out
 
     def p2p_per_step(self, rank: int, stage: int) -> Counter:
@@ -430,20 +456,30 @@ def test_demo_literal_numbers(sets):
     #   + word embedding 1024/2*512 = 262,144 + positions 512*512 = 262,144 -> 3,679,744.
     # Stage 1 (ranks 2, 3, 6, 7): 2 x 1,577,728 + tied copy 262,144 + final norm 1,024 = 3,418,624;
     #   9 AllReduces of b*s*h*e per micro-batch (LM head dgrad) and 3 cross-entropy ones of 1*512*4 B.
+    # Synchronising collectives: per micro-batch TP rank 0 broadcasts (an AllGather of N/2 B from
+    #   each rank) tokens and position ids, 512 int64 = 4,096 B, on stage 0; labels (4,096 B) and
+    #   the fp32 loss mask (2,048 B) on stage 1; the 512x512 bool attention mask (262,144 B) on
+    #   both. Per step: grad norm, update-ok, grad-norm max, 4 B each, over tp x pp (4 ranks);
+    #   stage 1 also reduces the logging loss (2 fp32) over DP.
+    mp = ("mp", "ALL_REDUCE"), (3, 12)
     for rank in (0, 1, 4, 5):
         got = collective_totals(ts.nodes[rank])
         assert got == {
             ("tp", "ALL_REDUCE"): (36, 36 * act),
+            ("tp", "ALL_GATHER"): (12, 4 * (4096 + 4096 + 262_144) // 2),
             ("dp", "ALL_REDUCE"): (1, 3_679_744 * 4),
             ("emb", "ALL_REDUCE"): (1, 512 * 512 * 4),
+            mp[0]: mp[1],
         }, rank
         assert p2p_counter(rank, ts.nodes[rank]) == {("send", "fwd", rank + 2, act): 4, ("recv", "bwd", rank + 2, act): 4}
     for rank in (2, 3, 6, 7):
         got = collective_totals(ts.nodes[rank])
         assert got == {
             ("tp", "ALL_REDUCE"): (36 + 12, 36 * act + 12 * 2048),
-            ("dp", "ALL_REDUCE"): (1, 3_418_624 * 4),
+            ("tp", "ALL_GATHER"): (12, 4 * (4096 + 2048 + 262_144) // 2),
+            ("dp", "ALL_REDUCE"): (2, 3_418_624 * 4 + 8),
             ("emb", "ALL_REDUCE"): (1, 512 * 512 * 4),
+            mp[0]: mp[1],
         }, rank
         assert p2p_counter(rank, ts.nodes[rank]) == {("recv", "fwd", rank - 2, act): 4, ("send", "bwd", rank - 2, act): 4}
 
@@ -593,7 +629,7 @@ def test_node_contract(sets, name):
             if n.type == COMP:
                 assert n.duration > 0 and n.get("tensor_size", 0) > 0 and n.get("num_ops", 0) > 0, (rank, n.name)
             else:
-                assert n.dim in ("tp", "pp", "dp", "emb") and n.size > 0, (rank, n.name)
+                assert n.dim in ("tp", "pp", "dp", "emb", "mp", "world") and n.size > 0, (rank, n.name)
                 if n.phase != "step":
                     assert n.mb is not None, (rank, n.name)
 
@@ -655,7 +691,8 @@ def test_dependencies_follow_the_streams(sets, name):
         # DP gradient reductions follow backward compute; the optimizer waits for every gradient
         # reduction of its step and for the end-of-step TP and embedding traffic.
         for n in nodes:
-            gradient = n.type == COLL and n.dim == "dp" and COLL_TYPES[n.ctype] in ("ALL_REDUCE", "REDUCE_SCATTER")
+            gradient = (n.type == COLL and n.dim == "dp" and COLL_TYPES[n.ctype] in ("ALL_REDUCE", "REDUCE_SCATTER")
+                        and not n.name.endswith("_loss"))  # the logging loss is reduced after the step
             end_of_step = n.type == COLL and n.phase == "step" and n.dim in ("tp", "emb")
             if gradient or end_of_step:
                 opt = next(c for c in comps if c.phase == "step" and c.step == n.step)
@@ -734,7 +771,7 @@ def test_gradient_buckets(make_set):
     for rank, nodes in ts.nodes.items():
         stage = ts.stage(rank)
         G = mm.stage_params(stage)
-        sizes = [n.size for n in nodes if n.type == COLL and n.dim == "dp"]
+        sizes = [n.size for n in nodes if n.type == COLL and n.dim == "dp" and "grad_bucket" in n.name]
         assert all(COLL_TYPES[n.ctype] == "ALL_REDUCE" for n in nodes if n.type == COLL and n.dim == "dp")
         assert sum(n for n, _ in mm.backward_params(stage)) == G
         assert sizes == [n * mm.g for n in megatron_buckets(mm.backward_params(stage), bucket, False, 1)], rank
@@ -742,7 +779,7 @@ def test_gradient_buckets(make_set):
     spec, out, _ = make_set("demo", bucket_mb=0)
     ts = load_set(out)
     for rank, nodes in ts.nodes.items():
-        sizes = [n.size for n in nodes if n.type == COLL and n.dim == "dp"]
+        sizes = [n.size for n in nodes if n.type == COLL and n.dim == "dp" and "grad_bucket" in n.name]
         assert sizes == [mm.stage_params(ts.stage(rank)) * mm.g]
 
 
@@ -767,7 +804,11 @@ def test_gpt3_175b_worked_check():
 
     for stage, extra_ar in ((5, 0), (0, 128), (15, 128)):
         ops = stage_program(spec, stage).ops
-        tp = _count(ops, "tp")
+        # the batch broadcasts from TP rank 0 (AllGathers, see test_demo_literal_numbers): three
+        # tensors per micro-batch on the first and the last stage, none in between
+        bcast = [op for op in _count(ops, "tp") if "bcast" in op.name]
+        assert len(bcast) == (3 * 128 if stage in (0, 15) else 0), stage
+        tp = [op for op in _count(ops, "tp") if "bcast" not in op.name]
         big = [op for op in tp if op.comm_size == mm.act]
         assert all(int(op.comm_type) == AR for op in tp)
         assert len(big) == 3072 + extra_ar, stage  # 4 per layer x 6 layers x 128 micro-batches (+ edges)
@@ -778,7 +819,7 @@ def test_gpt3_175b_worked_check():
         assert len(p2p) == (2 if 0 < stage < 15 else 1) * 2 * 128
 
     # DP: 4 x 1.359 B = 5.44 GB of fp32 gradients, one bucket (no overlap), in the DP group only.
-    dp = _count(stage_program(spec, 5).ops, "dp")
+    dp = _count(stage_program(spec, 5).ops, "dp")  # (stage 5 is not the last: no logging-loss reduction)
     assert [(int(op.comm_type), op.comm_size) for op in dp] == [(AR, 4 * G)]
     assert round(4 * G / 1e7) == 544
 
@@ -794,7 +835,7 @@ def test_overlapped_gradient_buckets_on_the_first_stage_only():
     bucket = max(MEGATRON_MIN_BUCKET, 1_000_000 * mm.d)
     for stage in (0, 5, 15):
         G = mm.stage_params(stage)
-        dp = _count(stage_program(spec, stage).ops, "dp")
+        dp = [op for op in _count(stage_program(spec, stage).ops, "dp") if "grad_bucket" in op.name]
         assert all(int(op.comm_type) == AR for op in dp)
         assert sum(op.comm_size for op in dp) == G * mm.g, stage
         expected = megatron_buckets(mm.backward_params(stage), bucket if stage == 0 else None, False, 1)
