@@ -92,9 +92,11 @@ FIELDS: tuple[Field, ...] = (
           bool_flags=("--overlap-grad-reduce", "--no-overlap-grad-reduce")),
     Field("overlap_param_gather", bool, "Sharded optimizers: overlap the parameter AllGather with the next forward.",
           bool_flags=("--overlap-param-gather", "--no-overlap-param-gather")),
-    Field("sync_collectives", bool, "The small synchronising collectives Megatron runs by default: batch broadcast in TP, grad-norm and loss AllReduces, found-inf (fp16), MoE routing counts.",
+    Field("sync_collectives", bool, "The small synchronising collectives Megatron runs by default: TP batch broadcast, "
+          "grad-norm and loss AllReduces, found-inf (fp16), MoE routing counts.",
           bool_flags=("--sync-collectives", "--no-sync-collectives")),
-    Field("attention_mask_in_dataloader", bool, "Broadcast the b*s*s attention mask with each batch (Megatron's default; its --no-create-attention-mask-in-dataloader drops it).",
+    Field("attention_mask_in_dataloader", bool, "Broadcast the b*s*s attention mask with each batch (Megatron's default; "
+          "its --no-create-attention-mask-in-dataloader drops it).",
           bool_flags=("--attention-mask-in-dataloader", "--no-attention-mask-in-dataloader")),
     Field("steps", int, "Training steps to emit."),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
@@ -379,15 +381,17 @@ def _parallel(r: _Raw, v: dict) -> dict:
         # Megatron builds a second (expert) rank grid with cp folded into its data-parallel
         # dimension and asserts that either pp is outermost or both grids have the same DP size
         # (core/parallel_state.py, initialize_model_parallel): ep must equal cp.
-        raise SpecError(f"order {order!r} puts {dims[-1]} outside pp with cp = {cp} and ep = {ep}: Megatron refuses it unless pp is "
-                        "outermost or ep = cp (parallel_state.py); use --order megatron, or --order-unchecked to plan it anyway")
+        raise SpecError(f"order {order!r} puts {dims[-1]} outside pp with cp = {cp} and ep = {ep}: Megatron refuses it "
+                        "unless pp is outermost or ep = cp (parallel_state.py); use --order megatron, or "
+                        "--order-unchecked to plan it anyway")
     cp_comm = r.get("cp_comm_type", "p2p")
     if cp_comm != "p2p" and cp == 1:
-        raise SpecError(f"cp_comm_type {cp_comm} needs context parallelism: give --cp 2 or more, or drop --cp-comm-type")
+        raise SpecError(f"cp_comm_type {cp_comm} needs context parallelism: give --cp 2 or more, "
+                        "or drop --cp-comm-type")
     if cp_comm == "a2a" and (heads // tp % cp or kv_heads // tp % cp):
         # TransformerEngine's AttnFuncWithCPAndQKVOA2A scatters heads over the CP group.
-        raise SpecError(f"cp_comm_type a2a splits each TP rank's heads over cp: heads/tp ({heads // tp}) and kv_heads/tp "
-                        f"({kv_heads // tp}) must be divisible by cp ({cp}); use p2p or all-gather, or a smaller cp")
+        raise SpecError(f"cp_comm_type a2a splits each TP rank's heads over cp: heads/tp ({heads // tp}) and "
+                        f"kv_heads/tp ({kv_heads // tp}) must be divisible by cp ({cp}); use p2p or all-gather, or a smaller cp")
     return dict(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, world_size=world, order=order, order_unchecked=unchecked,
                 cp_comm_type=cp_comm)
 

@@ -80,8 +80,8 @@ def generate(**kwargs: Any) -> None:
     cluster_opts = {k: kwargs.pop(k) for k in CLUSTER_HELP}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
-    given = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
-    inserted = [d for d in spec.order_dims if d not in given]
+    given_order = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
+    inserted = [d for d in spec.order_dims if d not in given_order]
     cluster = None
     if run["astra_sim"]:
         if run["shard"] is not None:

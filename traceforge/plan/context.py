@@ -28,10 +28,6 @@ KV_FWD, BWD, KV_RECOMPUTE = range(3)
 TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
 
 
-def context_parallel(spec: Spec) -> "RingAttention | GatheredAttention | UlyssesAttention | None":
-    if spec.cp == 1:
-        return None
-    return {"p2p": RingAttention, "all-gather": GatheredAttention, "a2a": UlyssesAttention}[spec.cp_comm_type](spec)
 
 
 def kv_shard_bytes(spec: Spec) -> int:
@@ -49,7 +45,8 @@ class RingAttention:
     def _tag(self, layer: int, ring_step: int, kind: int) -> int:
         """Unique per (src, dst) pair within the run: CP pairs never carry pipeline traffic."""
         s = self.spec
-        return 1 + ((((self._step * s.num_microbatches + self._mb) * s.layers + layer) * self.cp + ring_step) * TAG_KINDS + kind)
+        position = ((self._step * s.num_microbatches + self._mb) * s.layers + layer) * self.cp + ring_step
+        return 1 + position * TAG_KINDS + kind
 
     def _begin(self, b: ProgramBuilder) -> int:
         self._step, self._mb = b.ctx.step, b.ctx.microbatch or 0
@@ -126,3 +123,11 @@ class UlyssesAttention:
         b.compute("attn_core_bwd", core_bwd)
         for what, size in (("dq", self.q), ("dk", self.kv), ("dv", self.kv)):
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
+
+
+def context_parallel(spec: Spec) -> RingAttention | GatheredAttention | UlyssesAttention | None:
+    if spec.cp == 1:
+        return None
+    if spec.cp_comm_type == "all-gather":
+        return GatheredAttention(spec)
+    return UlyssesAttention(spec) if spec.cp_comm_type == "a2a" else RingAttention(spec)

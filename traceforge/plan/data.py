@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from traceforge.model import Chunk, Param, StageParams, chunk_param_list
 from traceforge.errors import SpecError
+from traceforge.model import Chunk, Param, StageParams, chunk_param_list
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -95,7 +95,8 @@ class Buffer:
     issued: int = 0
 
     @classmethod
-    def build(cls, spec: Spec, role: str, group_size: int, params: list[tuple[str, Param]], size: int | None) -> "Buffer":
+    def build(cls, spec: Spec, role: str, group_size: int, params: list[tuple[str, Param]],
+              size: int | None) -> Buffer:
         """params: (unit, parameter) in backward order; size: bucket elements, None for one."""
         counts: dict[str, int] = {}
         for unit, param in params:
