@@ -43,10 +43,13 @@ def gpipe(stage: int, stages: int, microbatches: int) -> list[Pass]:
     return [("F", 0, mb) for mb in range(microbatches)] + [("B", 0, mb) for mb in range(microbatches)]
 
 
-def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list[Pass]:
+def interleaved(stage: int, stages: int, microbatches: int, chunks: int, combined: bool = False) -> list[Pass]:
     """Megatron's interleaved 1F1B (micro-batch groups of p, its default): virtual iteration k
     runs chunk (k mod p*v) // p (reversed for backward) on micro-batch (k // (p*v)) * p + k mod p;
-    warm-up min((p - i - 1) * 2 + (v - 1) * p, m*v) iterations."""
+    warm-up min((p - i - 1) * 2 + (v - 1) * p, m*v) iterations.
+
+    combined: mark the steady state's forwards "F&": Megatron computes each forward and
+    backward, then exchanges both results in one blocking send_forward_backward_recv_forward_backward."""
     p, v, m = stages, chunks, microbatches
     total = m * v
     warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
@@ -57,8 +60,9 @@ def interleaved(stage: int, stages: int, microbatches: int, chunks: int) -> list
         return (chunk if forward else v - 1 - chunk), (k // (p * v)) * p + k % p
 
     passes: list[Pass] = [("F", *at(k, True)) for k in range(warmup)]
+    paired = "F&" if combined else "F"
     for k in range(total - warmup):
-        passes += [("F", *at(warmup + k, True)), ("B", *at(k, False))]
+        passes += [(paired, *at(warmup + k, True)), ("B", *at(k, False))]
     passes += [("B", *at(k, False)) for k in range(total - warmup, total)]
     return passes
 
@@ -202,18 +206,10 @@ def dualpipev(stage: int, stages: int, microbatches: int) -> list[Pass]:
     return passes
 
 
-def combined_steady_state(passes: list[Pass]) -> list[Pass]:
-    """Megatron's interleaved steady state computes a forward and a backward, then exchanges
-    both results in one blocking send_forward_backward_recv_forward_backward: mark each forward
-    directly followed by a backward as computed together with it."""
-    return [("F&", c, mb) if kind == "F" and k + 1 < len(passes) and passes[k + 1][0] == "B" else (kind, c, mb)
-            for k, (kind, c, mb) in enumerate(passes)]
-
-
 def schedule(spec: Spec, stage: int) -> list[Pass]:
     p, m, v = spec.pp, spec.num_microbatches, spec.virtual_stages
     if spec.schedule == "interleaved":
-        return combined_steady_state(interleaved(stage, p, m, v))
+        return interleaved(stage, p, m, v, combined=True)
     if spec.schedule == "gpipe":
         return gpipe(stage, p, m)
     if spec.schedule in ("zb-h1", "interleaved-zb"):
