@@ -72,8 +72,10 @@ def main() -> int:
     for stem, name, p, m, v in CASES:
         doc = {"source": f"torch {torch.__version__} torch.distributed.pipelining.{name}", "p": p, "m": m, "v": v,
                "ranks": rank_orders(getattr(schedules, name), p, m, v)}
-        text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(doc[k])}" for k in ("source", "p", "m", "v")) + ",\n"
-        text += '  "ranks": [\n' + ",\n".join("    " + json.dumps(r, separators=(",", ":")) for r in doc["ranks"]) + "\n  ]\n}\n"
+        head = (f"  {json.dumps(k)}: {json.dumps(doc[k])}" for k in ("source", "p", "m", "v"))
+        text = "{\n" + ",\n".join(head) + ",\n"
+        rows = ("    " + json.dumps(r, separators=(",", ":")) for r in doc["ranks"])
+        text += '  "ranks": [\n' + ",\n".join(rows) + "\n  ]\n}\n"
         (OUT / f"{stem}.json").write_text(text)
         print(f"wrote {OUT / stem}.json")
     return 0

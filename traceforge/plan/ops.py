@@ -25,10 +25,11 @@ collects them (a zero-bubble schedule's input-gradient pass), kept for a later W
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from traceforge.plan.compute import Cost
@@ -117,7 +118,7 @@ class ProgramBuilder:
         self._group_tail: dict[str, int] = {}
         self._async: list[int] = []
         # While not None: weight-gradient GEMMs (layer, name, cost) kept for a later W pass.
-        self.split_backward: list[tuple[int | None, str, "Cost"]] | None = None
+        self.split_backward: list[tuple[int | None, str, Cost]] | None = None
 
     # -- recording ---------------------------------------------------------------------
     def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
@@ -146,7 +147,7 @@ class ProgramBuilder:
         self._pending.clear()
         self._sends.clear()
 
-    def compute(self, name: str, cost: "Cost") -> int:
+    def compute(self, name: str, cost: Cost) -> int:
         op_id = self._add(name, NodeType.COMP, self._follows(), "", duration_micros=max(1, round(cost.micros)),
                           num_ops=cost.flops, tensor_size=max(1, cost.bytes))
         self._advance(op_id)
@@ -170,7 +171,7 @@ class ProgramBuilder:
             self._advance(op_id)
         return op_id
 
-    def wgrad(self, name: str, cost: "Cost") -> None:
+    def wgrad(self, name: str, cost: Cost) -> None:
         """A weight-gradient GEMM: now, or kept for the W pass when the backward is split."""
         if self.split_backward is None:
             self.compute(name, cost)
@@ -218,7 +219,8 @@ class ProgramBuilder:
     def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True) -> int:
         """gate=False: the caller gates a later op on it (e.g. ring attention's next block)."""
         # Posted together with the sends before it (one batch_isend_irecv), not after them.
-        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor + tuple(self._pending), dim, comm_size=size, peer=peer, tag=tag)
+        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor + tuple(self._pending), dim,
+                          comm_size=size, peer=peer, tag=tag)
         if gate:
             self._pending.append(op_id)
         return op_id

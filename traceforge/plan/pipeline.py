@@ -128,16 +128,23 @@ def zbv(stage: int, stages: int, microbatches: int) -> list[Pass]:
         run("F", 1)
         run("F", 0)
     for _ in range(p - i):
-        run("F", 1), run("I", 1), run("W", 1)
+        run("F", 1)
+        run("I", 1)
+        run("W", 1)
     while count["F", 1] < count["F", 0] or count["F", 0] < n:
         if count["F", 0] < n:
             run("F", 0)
-        run("I", 0), run("W", 0)
-        run("F", 1), run("I", 1), run("W", 1)
+        run("I", 0)
+        run("W", 0)
+        run("F", 1)
+        run("I", 1)
+        run("W", 1)
     for _ in range(i):
-        run("I", 0), run("I", 1)
+        run("I", 0)
+        run("I", 1)
     for _ in range(p - i):
-        run("I", 0), run("W", 0)
+        run("I", 0)
+        run("W", 0)
     while count["W", 1] < count["I", 1]:
         run("W", 1)
     while count["W", 0] < count["I", 0]:
@@ -181,17 +188,22 @@ def dualpipev(stage: int, stages: int, microbatches: int) -> list[Pass]:
     for _ in range(2 * (p - i - 1)):
         run("F", 0)
     for _ in range(i + 1):
-        run("F", 0), run("F", 1)
+        run("F", 0)
+        run("F", 1)
     for _ in range(p - i - 1):
-        run("I", 1), weight(), run("F", 1)
+        run("I", 1)
+        weight()
+        run("F", 1)
     for k in range(m - 2 * p + i + 1):
         if k == 0 and i == p - 1:
-            run("F", 0), run("B", 1)
+            run("F", 0)
+            run("B", 1)
         else:
             overlapped(0)
         overlapped(1)
     for _ in range(p - i - 1):
-        run("B", 1), overlapped(1)
+        run("B", 1)
+        overlapped(1)
     split = False
     for k in range(i + 1):
         split = split or (k == (i + 1) // 2 and i % 2 == 1)
