@@ -98,11 +98,13 @@ class StagePlanner:
 
     def backward_compute(self, chunk: Chunk, mb: int, input_only: bool) -> list[tuple[tuple[int, ...], str, int]]:
         """The backward's compute; input_only keeps the weight-gradient GEMMs for a W pass.
-        Returns, per unit, the stream position after it, for its gradient reduction."""
+        A full backward that sends a gradient returns, per unit, the stream position after it,
+        for reduce_gradients after the send; one that sends nothing reduces in place."""
         b = self.b
         b.ctx.phase, b.ctx.microbatch = "bwd", mb
         self.dp.begin_backward(chunk.index)
         units = self.backward_units(chunk)
+        sends = self.spec.pp > 1 and self._peer(chunk, backward=True, send=True) is not None
         done = []
         for i, (name, n, body) in enumerate(units):
             self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
@@ -110,7 +112,12 @@ class StagePlanner:
                 b.split_backward = self._wgrads.setdefault((chunk.index, mb), {}).setdefault(name, [])
             body()
             b.split_backward = None
-            done.append((b.cursor, name, n))
+            if input_only:
+                continue
+            if sends:
+                done.append((b.cursor, name, n))
+            else:
+                self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
         return done
 
     def reduce_gradients(self, chunk: Chunk, mb: int, done: list[tuple[tuple[int, ...], str, int]]) -> None:
@@ -132,14 +139,12 @@ class StagePlanner:
         b.ctx.phase, b.ctx.microbatch = "bwd", mb
         kept = self._wgrads.pop((chunk.index, mb))
         self.dp.begin_backward(chunk.index)
-        done = []
         for name, n, _ in self.backward_units(chunk):
             for layer, what, cost in kept.get(name, []):
                 b.ctx.layer = layer
                 b.compute(what, cost)
             b.ctx.layer = None
-            done.append((b.cursor, name, n))
-        self.reduce_gradients(chunk, mb, done)
+            self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
 
     def run_passes(self, passes: list[tuple[str, int, int]]) -> None:
         k = 0
@@ -153,8 +158,7 @@ class StagePlanner:
                 self._recv(chunk, mb, backward=True)
                 done = self.backward_compute(chunk, mb, input_only=kind == "I")
                 self._send(chunk, mb, backward=True)
-                if kind == "B":
-                    self.reduce_gradients(chunk, mb, done)
+                self.reduce_gradients(chunk, mb, done)
             elif kind == "F&" and k + 1 < len(passes) and passes[k + 1][0] == "B":
                 _, c2, mb2 = passes[k + 1]
                 back = self.chunks[c2]
