@@ -121,7 +121,7 @@ class StagePlanner:
         return done
 
     def reduce_gradients(self, chunk: Chunk, mb: int, done: list[tuple[tuple[int, ...], str, int]]) -> None:
-        """Gradient reductions of the units a backward (or W pass) completed. Recorded after the
+        """Gradient reductions of the units a sending backward completed. Recorded after the
         pass's sends, each at the stream position its gradients were ready: it still overlaps
         the rest of the backward, but a simulator that issues a rank's communication one at a
         time, lowest id first (ASTRA-sim), lets the pipeline send go before the DP buckets, as
