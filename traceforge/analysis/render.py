@@ -116,7 +116,8 @@ def estimate_lines(report) -> list[str]:
         f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "
         f"idle {c.idle / 1e3:,.2f} ms ({pct(c.idle, c.total)})",
         f"  mean over ranks: compute {pct(m.compute, m.total)}, exposed communication {pct(m.exposed_comm, m.total)}, "
-        f"idle {pct(m.idle, m.total)} (the pipeline bubble and other waits); {e.classes} distinct rank behaviours replayed",
+        f"idle {pct(m.idle, m.total)} (the pipeline bubble and other waits); "
+        f"{e.classes} distinct rank behaviours replayed",
         f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
         f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank",
     ]
