@@ -655,8 +655,13 @@ def test_dependencies_follow_the_streams(sets, name):
         anc = ancestors(nodes)
         sends = {n.id for n in nodes if n.type == SEND}
         comps = [n for n in nodes if n.type == COMP]
-        # A PP send gates nothing.
-        assert not any(set(n.deps) & sends for n in nodes), rank
+        # A PP send blocks, as Megatron's p2p without --overlap-p2p-comm (p2p_communication.py
+        # waits for its requests): the next compute waits for it; the recvs posted with it do not.
+        for s in sends:
+            following = [c for c in comps if c.id > s]
+            if following:
+                assert depends_on(anc, following[0].id, s), (rank, s)
+        assert not any(set(n.deps) & sends for n in nodes if n.type == RECV), rank
         # Compute is one chain.
         for a, b in zip(comps, comps[1:]):
             assert depends_on(anc, b.id, a.id), (rank, a.name, b.name)

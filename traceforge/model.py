@@ -56,29 +56,77 @@ def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
     return LayerParams(attention + mlp_params(spec), replicated)
 
 
-def stage_layer_ranges(spec: Spec) -> list[range]:
-    """Global layer indices per stage (non-interleaved): --layers-per-stage, or even with any
-    shortfall taken from the outer stages first (last, first, second-last, ...), which hold the
-    LM head and embedding (as Llama 3 405B did)."""
-    p = spec.pp
-    if spec.layers_per_stage:
-        starts = [sum(spec.layers_per_stage[:i]) for i in range(p)]
-        return [range(a, a + n) for a, n in zip(starts, spec.layers_per_stage)]
-    base = -(-spec.layers // p)
+def _even_with_outer_shortfall(layers: int, p: int) -> list[int]:
+    """ceil(L/p) per stage, any shortfall taken from the outer stages first (last, first,
+    second-last, ...), which hold the LM head and embedding (as Llama 3 405B did)."""
+    base = -(-layers // p)
     counts = [base] * p
-    deficit = base * p - spec.layers
     order = [s for pair in zip(range(p - 1, -1, -1), range(p)) for s in pair]
     seen: list[int] = []
     for stage in order:
         if stage not in seen:
             seen.append(stage)
-    for stage in seen[:deficit]:
+    for stage in seen[:base * p - layers]:
         counts[stage] -= 1
+    return counts
+
+
+def _first_last(layers: int, slots: int, first: int | None, last: int | None) -> list[int]:
+    """Megatron's uneven split: the first/last counts as given, the rest even over the middle."""
+    middle = layers - (first or 0) - (last or 0)
+    left = slots - (first is not None) - (last is not None)
+    counts = [middle // left if left else 0] * slots
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+def virtual_stage_layer_counts(spec: Spec) -> list[int]:
+    """Layers of each of the model's p*v virtual stages, in model order (Megatron's
+    get_num_layers_to_build / get_transformer_layer_offset rules):
+    - --layers-per-stage as given (one chunk per stage);
+    - --decoder-first/last-pipeline-num-layers: those on the first/last stage, the rest even
+      over the middle stages; each stage's layers split evenly over its chunks, virtual stage
+      c*p + i getting stage i's share (the V schedules split over their 2p virtual stages);
+    - --account-for-embedding/loss-in-pipeline-split: the embedding (loss) counts as one layer
+      of the first (last) virtual stage, then (L + 1 + 1) / (p*v) per virtual stage;
+    - otherwise even, with one chunk per stage any shortfall from the outer stages."""
+    p, v = spec.pp, spec.virtual_stages
+    v_shaped = spec.schedule in ("zbv", "dualpipev")
+    n = p * v
+    first, last = spec.decoder_first_pipeline_num_layers, spec.decoder_last_pipeline_num_layers
+    if spec.layers_per_stage:
+        return list(spec.layers_per_stage)
+    if first is not None or last is not None:
+        if v_shaped:
+            return _first_last(spec.layers, n, first, last)
+        per_stage = _first_last(spec.layers, p, first, last)
+        return [per_stage[vs % p] // v for vs in range(n)]
+    emb, loss = spec.account_for_embedding_in_pipeline_split, spec.account_for_loss_in_pipeline_split
+    if emb or loss:
+        counts = [(spec.layers + emb + loss) // n] * n
+        counts[0] -= emb
+        counts[-1] -= loss
+        return counts
+    if n == p:
+        return _even_with_outer_shortfall(spec.layers, p)
+    return [spec.layers // n] * n
+
+
+def virtual_stage_layers(spec: Spec) -> list[range]:
+    """Global layer indices of each virtual stage, in model order."""
     ranges, start = [], 0
-    for count in counts:
+    for count in virtual_stage_layer_counts(spec):
         ranges.append(range(start, start + count))
         start += count
     return ranges
+
+
+def stage_layer_ranges(spec: Spec) -> list[range]:
+    """Global layer indices per stage with one chunk per stage."""
+    return virtual_stage_layers(spec)[:spec.pp]
 
 
 @dataclass(frozen=True)
@@ -94,16 +142,24 @@ class Chunk:
 
 
 def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
-    p, v = spec.pp, spec.virtual_stages
-    last_stage = stage == p - 1
-    if v == 1:
-        return [Chunk(stage, 0, stage_layer_ranges(spec)[stage], stage == 0, last_stage)]
-    per_chunk = spec.layers // (p * v)
-    return [
-        Chunk(stage, c, range((c * p + stage) * per_chunk, (c * p + stage + 1) * per_chunk),
-              stage == 0 and c == 0, last_stage and c == v - 1)
-        for c in range(v)
-    ]
+    """The stage's chunks: chunk c is virtual stage c*p + stage when interleaved, stage and
+    2p-1-stage in a V (plan.pipeline.virtual_stage)."""
+    from traceforge.plan.pipeline import virtual_stage
+
+    ranges = virtual_stage_layers(spec)
+    n = len(ranges)
+    chunks = []
+    for c in range(spec.virtual_stages):
+        vs = virtual_stage(spec, stage, c)
+        chunks.append(Chunk(stage, c, ranges[vs], vs == 0, vs == n - 1))
+    return chunks
+
+
+def embedding_stages(spec: Spec) -> tuple[int, int]:
+    """(stage of the word embedding, stage of the LM head): 0 and p-1, both 0 in a V."""
+    from traceforge.plan.pipeline import placement
+
+    return placement(spec, 0)[0], placement(spec, spec.pp * spec.virtual_stages - 1)[0]
 
 
 @dataclass(frozen=True)
@@ -132,9 +188,10 @@ class StageParams:
 
 def stage_params(spec: Spec, stage: int) -> StageParams:
     t, h = spec.tp, spec.hidden
-    layers = tuple(layer for chunk in model_chunks(spec, stage) for layer in chunk.layers)
+    chunks = model_chunks(spec, stage)
+    layers = tuple(layer for chunk in chunks for layer in chunk.layers)
     params = {layer: layer_params(spec, layer) for layer in layers}
-    first, last = stage == 0, stage == spec.pp - 1
+    first, last = any(c.first for c in chunks), any(c.last for c in chunks)
     word = padded_vocab(spec) * h // t
     final_norm = 2 * h if spec.arch == "gpt" else h
     embedding = 0
@@ -143,9 +200,9 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
         embedding = word + positions
     head = 0
     if last:
-        # Untied: its own output layer. Tied with p > 1: a second copy of the word embedding.
-        # Tied with p == 1: the first stage's copy serves, nothing more.
-        output = 0 if (spec.tied_embeddings and spec.pp == 1) else word
+        # Untied: its own output layer. Tied with the embedding elsewhere: a second copy of the
+        # word embedding. Tied on the embedding's own stage (p == 1, or a V): that copy serves.
+        output = 0 if (spec.tied_embeddings and first) else word
         head = output + final_norm
     replicated = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
     return StageParams(

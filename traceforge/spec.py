@@ -81,9 +81,24 @@ FIELDS: tuple[Field, ...] = (
     Field("moe_layer_freq", int, "Mixture-of-experts: every k-th layer is an MoE layer (default 1: all)."),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
-    Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe", "interleaved")),
-    Field("virtual_stages", int, "Model chunks per stage for --schedule interleaved (Megatron's virtual pipeline size)."),
+    Field("schedule", str, "Pipeline schedule: 1f1b, gpipe, interleaved (Megatron), zb-h1, interleaved-zb, zbv (zero bubble), "
+          "dualpipev (DeepSeek); see docs/pipeline-schedules.md.",
+          ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")),
+    Field("virtual_stages", int, "Model chunks per stage for --schedule interleaved or interleaved-zb "
+          "(Megatron's virtual pipeline size; zbv and dualpipev use 2)."),
     Field("layers_per_stage", list, "Layers on each stage, comma-separated (e.g. 7,8,...,8,7); default: even, shortfall from the outer stages."),
+    Field("decoder_first_pipeline_num_layers", int,
+          "Layers on the first pipeline stage; the rest are split evenly over the middle stages (Megatron)."),
+    Field("decoder_last_pipeline_num_layers", int,
+          "Layers on the last pipeline stage; the rest are split evenly over the middle stages (Megatron)."),
+    Field("account_for_embedding_in_pipeline_split", bool,
+          "Count the embedding as one layer of the first stage when splitting layers (Megatron).",
+          bool_flags=("--account-for-embedding-in-pipeline-split", "--no-account-for-embedding-in-pipeline-split")),
+    Field("account_for_loss_in_pipeline_split", bool,
+          "Count the LM head and loss as one layer of the last stage when splitting layers (Megatron).",
+          bool_flags=("--account-for-loss-in-pipeline-split", "--no-account-for-loss-in-pipeline-split")),
+    Field("overlap_p2p_comm", bool, "Pipeline sends run alongside the next compute (default: the compute after a send waits for it, "
+          "as Megatron without --overlap-p2p-comm).", bool_flags=("--overlap-p2p-comm", "--no-overlap-p2p-comm")),
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
           ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
@@ -143,6 +158,11 @@ class Spec:
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
+    decoder_first_pipeline_num_layers: int | None
+    decoder_last_pipeline_num_layers: int | None
+    account_for_embedding_in_pipeline_split: bool
+    account_for_loss_in_pipeline_split: bool
+    overlap_p2p_comm: bool
     dp_mode: str
     shard_size: int | None
     bucket_mb: float | None
@@ -492,35 +512,114 @@ def _modes(r: _Raw, v: dict) -> dict:
         raise SpecError("overlap_param_gather needs --overlap-grad-reduce too, as Megatron requires")
 
     schedule = r.need("schedule")
+    vs = _virtual_stages(r, schedule, pp, m)
+    split = _layer_split(r, layers, pp, vs, schedule)
+    steps = r.need("steps")
+    # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
+    if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) make too many p2p transfers for tags below {MAX_TAG}: emit fewer steps")
+    return dict(schedule=schedule, virtual_stages=vs, **split, overlap_p2p_comm=bool(r.get("overlap_p2p_comm")),
+                dp_mode=dp_mode,
+                shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
+                overlap_param_gather=overlap_param, steps=steps,
+                sync_collectives=bool(r.get("sync_collectives", True)),
+                attention_mask_in_dataloader=bool(r.get("attention_mask_in_dataloader", True)))
+
+
+def _virtual_stages(r: _Raw, schedule: str, pp: int, m: int) -> int:
+    """Model chunks per stage, with the rules of the framework each schedule comes from."""
     vs = r.get("virtual_stages", 1)
-    layers_per_stage = r.get("layers_per_stage")
+    if schedule in ("zbv", "dualpipev") and "virtual_stages" not in r.explicit:
+        vs = 2  # the V's two chunks, whatever a preset says
     if schedule == "interleaved":
         if vs < 2:
             raise SpecError("schedule interleaved needs --virtual-stages V with V >= 2 model chunks per stage")
         if pp < 3:
             raise SpecError("schedule interleaved needs pp > 2, as Megatron requires (without its p2p overlap)")
         if m % pp:
-            raise SpecError(f"interleaved schedule: num_microbatches ({m}) must be divisible by pp ({pp}), as Megatron requires")
-        if layers % (pp * vs):
-            raise SpecError(f"interleaved schedule: layers ({layers}) must be divisible by pp*virtual_stages ({pp}*{vs} = {pp * vs})")
-        if layers_per_stage is not None:
-            raise SpecError("layers_per_stage cannot be combined with the interleaved schedule: drop one of them")
+            raise SpecError(f"interleaved schedule: num_microbatches ({m}) must be divisible by pp ({pp}), "
+                            "as Megatron requires")
+    elif schedule == "interleaved-zb":
+        if vs < 2:
+            raise SpecError("schedule interleaved-zb needs --virtual-stages V with V >= 2 "
+                            "(use zb-h1 for one chunk per stage)")
+    elif schedule in ("zbv", "dualpipev"):
+        if vs != 2:
+            raise SpecError(f"schedule {schedule} places exactly 2 model chunks per stage (a V): "
+                            "drop --virtual-stages")
     elif vs != 1:
-        raise SpecError(f"virtual_stages ({vs}) needs --schedule interleaved")
-    if layers_per_stage is not None:
-        if len(layers_per_stage) != pp:
-            raise SpecError(f"layers_per_stage has {len(layers_per_stage)} entries; give one per stage (pp = {pp})")
-        if sum(layers_per_stage) != layers:
-            raise SpecError(f"layers_per_stage sums to {sum(layers_per_stage)} but layers is {layers}: make them agree")
-    steps = r.need("steps")
-    # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
-    if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
-        raise SpecError(f"steps ({steps}) x micro-batches ({m}) make too many p2p transfers for tags below {MAX_TAG}: emit fewer steps")
-    return dict(schedule=schedule, virtual_stages=vs, layers_per_stage=layers_per_stage, dp_mode=dp_mode,
-                shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
-                overlap_param_gather=overlap_param, steps=steps,
-                sync_collectives=bool(r.get("sync_collectives", True)),
-                attention_mask_in_dataloader=bool(r.get("attention_mask_in_dataloader", True)))
+        raise SpecError(f"virtual_stages ({vs}) needs --schedule interleaved or interleaved-zb")
+    if schedule in ("zb-h1", "interleaved-zb") and m % max(1, m // pp):
+        raise SpecError(f"schedule {schedule}: num_microbatches ({m}) must be a multiple of its {m // pp} rounds "
+                        "(m // pp), as PyTorch's ScheduleInterleavedZeroBubble requires")
+    if schedule == "dualpipev" and m < 2 * pp:
+        raise SpecError(f"schedule dualpipev needs num_microbatches >= 2*pp = {2 * pp} (got {m}), "
+                        "as PyTorch's ScheduleDualPipeV requires")
+    if schedule != "1f1b" and schedule != "gpipe" and pp < 2:
+        raise SpecError(f"schedule {schedule} needs pp >= 2 pipeline stages")
+    return vs
+
+
+def _layer_split(r: _Raw, layers: int, pp: int, vs: int, schedule: str) -> dict:
+    """Layers per stage: --layers-per-stage, Megatron's first/last-stage counts, or its
+    embedding/loss accounting (mutually exclusive, as Megatron asserts); checked so that every
+    model chunk gets a whole number of layers."""
+    per_stage = r.get("layers_per_stage")
+    first, last = r.get("decoder_first_pipeline_num_layers"), r.get("decoder_last_pipeline_num_layers")
+    emb = bool(r.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(r.get("account_for_loss_in_pipeline_split"))
+    v_shaped = schedule in ("zbv", "dualpipev")
+    chosen = [name for name, on in (("layers_per_stage", per_stage is not None),
+                                    ("decoder_first/last_pipeline_num_layers", first is not None or last is not None),
+                                    ("account_for_embedding/loss_in_pipeline_split", emb or loss)) if on]
+    if len(chosen) > 1:
+        raise SpecError(f"{' and '.join(chosen)} each set the layer split: give only one of them, as Megatron allows")
+    out = dict(layers_per_stage=per_stage, decoder_first_pipeline_num_layers=first,
+               decoder_last_pipeline_num_layers=last, account_for_embedding_in_pipeline_split=emb,
+               account_for_loss_in_pipeline_split=loss)
+    if per_stage is not None:
+        if vs > 1:
+            raise SpecError("layers_per_stage applies to one model chunk per stage: use --decoder-first/last-"
+                            "pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split")
+        if len(per_stage) != pp:
+            raise SpecError(f"layers_per_stage has {len(per_stage)} entries; give one per stage (pp = {pp})")
+        if sum(per_stage) != layers:
+            raise SpecError(f"layers_per_stage sums to {sum(per_stage)} but layers is {layers}: make them agree")
+        return out
+    slots = 2 * pp if v_shaped else pp  # the V schedules split over their 2p virtual stages (as DualPipeV forks do)
+    what = "virtual stages" if v_shaped else "stages"
+    if first is not None or last is not None:
+        if pp < 2:
+            raise SpecError("decoder_first/last_pipeline_num_layers need pp > 1")
+        middle = layers - (first or 0) - (last or 0)
+        stages_left = slots - (first is not None) - (last is not None)
+        uneven = stages_left and (middle % stages_left or middle < stages_left)
+        if middle < 0 or (stages_left == 0 and middle) or uneven:
+            raise SpecError(f"layers ({layers}) minus the first/last-stage layers leaves {middle} for {stages_left} "
+                            f"middle {what}: make it a positive multiple of them")
+        per_chunk = 1 if v_shaped else vs
+        middle_share = middle // stages_left if stages_left else None
+        for name, n in (("decoder_first_pipeline_num_layers", first), ("decoder_last_pipeline_num_layers", last),
+                        ("middle stages' layers", middle_share)):
+            if n is not None and n % per_chunk:
+                raise SpecError(f"{name} ({n}) must be divisible by virtual_stages ({vs}): "
+                                "each model chunk gets a whole share")
+        return out
+    total = layers + emb + loss
+    chunks = slots if v_shaped else pp * vs
+    if emb or loss:
+        if total % chunks:
+            raise SpecError(f"layers ({layers}) + embedding/loss ({emb + loss}) must be divisible by the {chunks} "
+                            "model chunks (pp*virtual_stages) when accounted in the pipeline split")
+        if total // chunks < 2:
+            raise SpecError("accounting the embedding/loss as a layer leaves a model chunk without layers: "
+                            "use fewer stages")
+        return out
+    if (vs > 1 or v_shaped) and layers % chunks:
+        raise SpecError(f"{schedule} schedule: layers ({layers}) must be divisible by pp*virtual_stages ({chunks}); "
+                        "or set --decoder-first/last-pipeline-num-layers or "
+                        "--account-for-embedding/loss-in-pipeline-split")
+    return out
 
 
 def _gpu(r: _Raw, v: dict) -> dict:

@@ -49,6 +49,9 @@ def _header(report) -> str:
     if "spec" in src:
         s = src["spec"]
         text += f"; {s['preset']}: tp={s['tp']} pp={s['pp']} dp={s['dp']}, order {src.get('order')}"
+        if s.get("pp", 1) > 1 and s.get("schedule"):
+            v = s.get("virtual_stages") or 1
+            text += f", schedule {s['schedule']}" + (f" v={v}" if v > 1 else "")
     return text + f") on {report.nodes} node(s) of {report.gpus_per_node} GPUs"
 
 
@@ -113,7 +116,8 @@ def estimate_lines(report) -> list[str]:
         f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "
         f"idle {c.idle / 1e3:,.2f} ms ({pct(c.idle, c.total)})",
         f"  mean over ranks: compute {pct(m.compute, m.total)}, exposed communication {pct(m.exposed_comm, m.total)}, "
-        f"idle {pct(m.idle, m.total)}; {e.classes} distinct rank behaviours replayed",
+        f"idle {pct(m.idle, m.total)} (the pipeline bubble and other waits); "
+        f"{e.classes} distinct rank behaviours replayed",
         f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
         f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank",
     ]

@@ -73,8 +73,8 @@ class Report:
         m = ts.manifest or {}
         spec = m.get("spec") if isinstance(m.get("spec"), dict) else None
         if spec:
-            out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule", "dp_mode",
-                                                     "sequence_parallel")}
+            out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule",
+                                                     "virtual_stages", "dp_mode", "sequence_parallel")}
             out["order"] = m.get("order")
         return out
 

@@ -21,7 +21,7 @@ from traceforge import __version__
 from traceforge.emit.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
-from traceforge.model import padded_vocab, stage_layer_ranges, total_params
+from traceforge.model import model_chunks, padded_vocab, total_params
 from traceforge.plan.ops import Program
 from traceforge.plan.program import stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
@@ -169,7 +169,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
         "model": {
             "parameters": total_params(spec),
             "padded_vocab": padded_vocab(spec),
-            "layers_per_stage": [len(r) for r in stage_layer_ranges(spec)],
+            "layers_per_stage": [sum(len(c.layers) for c in model_chunks(spec, s)) for s in range(spec.pp)],
         },
         "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},

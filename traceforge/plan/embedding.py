@@ -9,12 +9,13 @@ cross-entropy (last stage), and the tied-embedding gradient AllReduce between th
 - Cross-entropy over vocab-parallel logits: 3 AllReduce of b*s fp32 values (max logit,
   predicted logit, sum of exponentials).
 - Tied embeddings with p > 1: at end of step, AllReduce of the word-embedding gradient,
-  (V/t)*h*g bytes, in the embedding group (first and last stage at equal tp, dp).
+  (V/t)*h*g bytes, in the embedding group (first and last stage at equal tp, dp); none when
+  one stage holds both (a V-shaped schedule).
 """
 
 from __future__ import annotations
 
-from traceforge.model import local_tokens, padded_vocab
+from traceforge.model import embedding_stages, local_tokens, padded_vocab
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.tensor import TensorParallel
@@ -36,7 +37,7 @@ def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, sp
 
 def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
     tp.row_bwd(b, "embed")
-    b.compute("embed_wgrad", cost.embed)
+    b.wgrad("embed_wgrad", cost.embed)
 
 
 def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
@@ -59,5 +60,6 @@ def tied_embedding_grad_bytes(spec: Spec) -> int:
 
 
 def tied_embedding_sync(b: ProgramBuilder, spec: Spec, stage: int) -> None:
-    if spec.tied_embeddings and spec.pp > 1 and stage in (0, spec.pp - 1):
+    holders = embedding_stages(spec)
+    if spec.tied_embeddings and holders[0] != holders[1] and stage in holders:
         b.collective("word_embed_grad", Coll.ALL_REDUCE, tied_embedding_grad_bytes(spec), "emb")

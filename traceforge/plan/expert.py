@@ -49,7 +49,7 @@ class MixtureOfExperts:
         b.collective("combine_grad", Coll.ALL_TO_ALL, self.routed, "ep")
         b.collective("expert_out_grad", Coll.ALL_GATHER, self.routed, "tp")
         b.compute("experts_dgrad", cost.experts)
-        b.compute("experts_wgrad", cost.experts)  # weight-gradient GEMMs cost what the forward ones do
+        b.wgrad("experts_wgrad", cost.experts)  # weight-gradient GEMMs cost what the forward ones do
         b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, self.probs * self.t, "tp")
         b.collective("expert_in_grad", Coll.REDUCE_SCATTER, self.routed * self.t, "tp")
         # Megatron launches the probabilities' AllToAll backward before the tokens'.

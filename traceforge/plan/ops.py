@@ -12,14 +12,21 @@ Dependencies follow the GPU's streams, not a total order:
   prefetches) or nothing does until ``wait_async`` (``defer``: DP buckets);
 - collectives on one communicator run in issue order (NCCL serializes a communicator's
   stream), so each also follows the previous collective of its group role;
-- a Send follows the cursor and gates nothing; a Recv follows the cursor and gates the next
-  blocking op, which consumes its data.
+- a Send follows the cursor; a blocking one (Megatron's pipeline p2p without
+  --overlap-p2p-comm, which waits for its requests before computing on) gates the next op, an
+  eager one nothing. A Recv follows the cursor and gates the next blocking op, which consumes
+  its data.
 Every new op also waits for what is gated; a blocking op (compute, blocking collective)
 absorbs the gated ops, so later ops wait for them through it.
+
+Weight-gradient GEMMs go through ``wgrad``: computed in place, or, while ``split_backward``
+collects them (a zero-bubble schedule's input-gradient pass), kept for a later W pass.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -107,8 +114,11 @@ class ProgramBuilder:
         self.ctx = Context()
         self._cursor: tuple[int, ...] = ()
         self._pending: list[int] = []  # recvs the next compute consumes
+        self._sends: list[int] = []  # blocking sends the next op waits for (the recvs posted with them need not)
         self._group_tail: dict[str, int] = {}
         self._async: list[int] = []
+        # While not None: weight-gradient GEMMs (layer, name, cost) kept for a later W pass.
+        self.split_backward: list[tuple[int | None, str, Cost]] | None = None
 
     # -- recording ---------------------------------------------------------------------
     def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
@@ -129,14 +139,15 @@ class ProgramBuilder:
 
     def _follows(self) -> tuple[int, ...]:
         """What any new op waits for: the stream position and the ops gated onto it."""
-        return self._cursor + tuple(self._pending)
+        return self._cursor + tuple(self._pending) + tuple(self._sends)
 
     def _advance(self, op_id: int) -> None:
         """A blocking op becomes the stream position; it has absorbed everything gated."""
         self._cursor = (op_id,)
         self._pending.clear()
+        self._sends.clear()
 
-    def compute(self, name: str, cost: "Cost") -> int:
+    def compute(self, name: str, cost: Cost) -> int:
         op_id = self._add(name, NodeType.COMP, self._follows(), "", duration_micros=max(1, round(cost.micros)),
                           num_ops=cost.flops, tensor_size=max(1, cost.bytes))
         self._advance(op_id)
@@ -160,6 +171,29 @@ class ProgramBuilder:
             self._advance(op_id)
         return op_id
 
+    def wgrad(self, name: str, cost: Cost) -> None:
+        """A weight-gradient GEMM: now, or kept for the W pass when the backward is split."""
+        if self.split_backward is None:
+            self.compute(name, cost)
+        else:
+            self.split_backward.append((self.ctx.layer, name, cost))
+
+    @contextmanager
+    def at(self, cursor: tuple[int, ...]) -> Iterator[None]:
+        """Record ops as if the stream stood at ``cursor`` (ops issued earlier in stream time
+        but given later ids), then return to the current position. Only for ops nothing
+        gates: deferred collectives."""
+        saved = self._cursor, self._pending, self._sends
+        self._cursor, self._pending, self._sends = cursor, [], []
+        try:
+            yield
+        finally:
+            self._cursor, self._pending, self._sends = saved
+
+    @property
+    def cursor(self) -> tuple[int, ...]:
+        return self._cursor
+
     def gate(self, op_id: int | None) -> None:
         """The next compute waits for this op (e.g. an overlapped collective or a prefetch)."""
         if op_id is not None:
@@ -175,12 +209,18 @@ class ProgramBuilder:
         self._cursor = self._cursor + tuple(self._async)
         self._async.clear()
 
-    def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp") -> int:
-        return self._add(f"send_{name}", NodeType.SEND, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
+    def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", blocking: bool = False) -> int:
+        """blocking: the next op waits for the transfer to complete."""
+        op_id = self._add(f"send_{name}", NodeType.SEND, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
+        if blocking:
+            self._sends.append(op_id)
+        return op_id
 
     def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True) -> int:
         """gate=False: the caller gates a later op on it (e.g. ring attention's next block)."""
-        op_id = self._add(f"recv_{name}", NodeType.RECV, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
+        # Posted together with the sends before it (one batch_isend_irecv), not after them.
+        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor + tuple(self._pending), dim,
+                          comm_size=size, peer=peer, tag=tag)
         if gate:
             self._pending.append(op_id)
         return op_id

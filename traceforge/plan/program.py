@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable
 
-from traceforge.model import Chunk, activation_bytes, model_chunks, p2p_bytes, stage_params
+from traceforge.model import Chunk, activation_bytes, embedding_stages, model_chunks, p2p_bytes, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import DataParallel
 from traceforge.plan.layer import LayerTemplate
@@ -13,7 +13,7 @@ from traceforge.plan.embedding import (
     embedding_backward, embedding_forward, head_backward, head_forward, tied_embedding_sync,
 )
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
-from traceforge.plan.pipeline import p2p_tag, schedule
+from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
 from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel
 from traceforge.errors import SpecError
@@ -25,7 +25,8 @@ Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emi
 def group_sizes(spec: Spec) -> dict[str, int]:
     """Members of each group role; collectives on single-member groups are dropped."""
     dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
-    sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if spec.pp > 1 else 1,
+    first, last = embedding_stages(spec)
+    sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
              "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
              "tpep": spec.tp * spec.ep}
     if spec.dp_mode == "hsdp":
@@ -44,6 +45,8 @@ class StagePlanner:
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
         self.sync = SyncCollectives(b, spec, stage)
+        # (chunk, micro-batch) -> unit -> weight-gradient GEMMs an I pass left for its W pass
+        self._wgrads: dict[tuple[int, int], dict[str, list]] = {}
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
     def forward_units(self, chunk: Chunk) -> list[Unit]:
@@ -85,51 +88,138 @@ class StagePlanner:
         return run
 
     # -- passes ---------------------------------------------------------------------------
-    def forward(self, chunk: Chunk, mb: int) -> None:
+    # Each pass: recv its input, compute, send its output. A forward computed together with the
+    # following backward ("F&") defers its send until both are computed.
+
+    def forward_compute(self, chunk: Chunk, mb: int) -> None:
         self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
-        self._p2p(chunk, mb, backward=False, send=False)
         self.sync.before_forward(chunk)
         units = self.forward_units(chunk)
         for i, (name, n, body) in enumerate(units):
             self.dp.before_forward_unit(chunk.index, name)
             self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
             body()
-        self._p2p(chunk, mb, backward=False, send=True)
 
-    def backward(self, chunk: Chunk, mb: int) -> None:
-        self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb
-        self._p2p(chunk, mb, backward=True, send=False)
+    def backward_compute(self, chunk: Chunk, mb: int, input_only: bool) -> list[tuple[tuple[int, ...], str, int]]:
+        """The backward's compute; input_only keeps the weight-gradient GEMMs for a W pass.
+        A full backward that sends a gradient returns, per unit, the stream position after it,
+        for reduce_gradients after the send; one that sends nothing reduces in place."""
+        b = self.b
+        b.ctx.phase, b.ctx.microbatch = "bwd", mb
         self.dp.begin_backward(chunk.index)
         units = self.backward_units(chunk)
-        last_mb = mb == self.spec.num_microbatches - 1
+        sends = self.spec.pp > 1 and self._peer(chunk, backward=True, send=True) is not None
+        done = []
         for i, (name, n, body) in enumerate(units):
             self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
+            if input_only:
+                b.split_backward = self._wgrads.setdefault((chunk.index, mb), {}).setdefault(name, [])
             body()
-            self.dp.after_unit_backward(chunk.index, name, n, last_mb)
-        self._p2p(chunk, mb, backward=True, send=True)
+            b.split_backward = None
+            if input_only:
+                continue
+            if sends:
+                done.append((b.cursor, name, n))
+            else:
+                self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
+        return done
 
-    def _p2p(self, chunk: Chunk, mb: int, backward: bool, send: bool) -> None:
-        """Activations flow to the next stage (and from the last stage to chunk+1 on the first
-        when interleaved); their gradients flow back. The tag carries the sender's chunk."""
-        p, stage = self.spec.pp, self.stage
-        if p == 1:
+    def reduce_gradients(self, chunk: Chunk, mb: int, done: list[tuple[tuple[int, ...], str, int]]) -> None:
+        """Gradient reductions of the units a sending backward completed. Recorded after the
+        pass's sends, each at the stream position its gradients were ready: it still overlaps
+        the rest of the backward, but a simulator that issues a rank's communication one at a
+        time, lowest id first (ASTRA-sim), lets the pipeline send go before the DP buckets, as
+        Megatron's separate communicators and streams do."""
+        last_mb = mb == self.spec.num_microbatches - 1
+        self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb
+        for cursor, name, n in done:
+            with self.b.at(cursor):
+                self.dp.after_unit_backward(chunk.index, name, n, last_mb)
+
+    def weight_pass(self, chunk: Chunk, mb: int) -> None:
+        """W: the weight-gradient GEMMs an input-gradient pass left, unit by unit, each unit's
+        gradient reduction after its GEMMs."""
+        b = self.b
+        b.ctx.phase, b.ctx.microbatch = "bwd", mb
+        kept = self._wgrads.pop((chunk.index, mb))
+        self.dp.begin_backward(chunk.index)
+        for name, n, _ in self.backward_units(chunk):
+            for layer, what, cost in kept.get(name, []):
+                b.ctx.layer = layer
+                b.compute(what, cost)
+            b.ctx.layer = None
+            self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
+
+    def run_passes(self, passes: list[tuple[str, int, int]]) -> None:
+        k = 0
+        while k < len(passes):
+            kind, c, mb = passes[k]
+            chunk = self.chunks[c]
+            if kind == "W":
+                self.weight_pass(chunk, mb)
+            elif kind in ("B", "I"):
+                self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb
+                self._recv(chunk, mb, backward=True)
+                done = self.backward_compute(chunk, mb, input_only=kind == "I")
+                self._send(chunk, mb, backward=True)
+                self.reduce_gradients(chunk, mb, done)
+            elif kind == "F&" and k + 1 < len(passes) and passes[k + 1][0] == "B":
+                _, c2, mb2 = passes[k + 1]
+                back = self.chunks[c2]
+                self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
+                self._recv(chunk, mb, backward=False)
+                self.forward_compute(chunk, mb)
+                self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
+                self._recv(back, mb2, backward=True)
+                done = self.backward_compute(back, mb2, input_only=False)
+                self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
+                self._send(chunk, mb, backward=False)
+                self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
+                self._send(back, mb2, backward=True)
+                self.reduce_gradients(back, mb2, done)
+                k += 1
+            else:
+                self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
+                self._recv(chunk, mb, backward=False)
+                self.forward_compute(chunk, mb)
+                self._send(chunk, mb, backward=False)
+            k += 1
+
+    def _peer(self, chunk: Chunk, backward: bool, send: bool) -> tuple[str, int] | None:
+        """(peer role, sender's chunk) of a pass's transfer, None at the model's edge or when the
+        neighbouring virtual stage is on this stage (the bottom of a V: no transfer at all).
+        Activations flow from virtual stage k to k+1, their gradients back."""
+        spec, stage = self.spec, self.stage
+        me = virtual_stage(spec, stage, chunk.index)
+        toward_later = send != backward  # forward sends and backward receives face virtual stage k+1
+        other = me + 1 if toward_later else me - 1
+        if not 0 <= other < spec.pp * spec.virtual_stages:
+            return None
+        other_stage, other_chunk = placement(spec, other)
+        if other_stage == stage:
+            return None
+        role = NEXT if other_stage == (stage + 1) % spec.pp else PREV
+        return role, chunk.index if send else other_chunk
+
+    def _transfer(self, chunk: Chunk, mb: int, backward: bool, send: bool) -> None:
+        if self.spec.pp == 1:
             return
-        toward_next = send != backward  # forward sends and backward receives face the next stage
-        if toward_next and chunk.last or not toward_next and chunk.first:
-            return  # the model's edge: nothing beyond it
-        if send:
-            sender_chunk = chunk.index
-        elif not backward:  # receiving activations from the previous stage (or wrap)
-            sender_chunk = chunk.index - (1 if stage == 0 else 0)
-        else:  # receiving gradients from the next stage (or wrap)
-            sender_chunk = chunk.index + (1 if stage == p - 1 else 0)
+        peer = self._peer(chunk, backward, send)
+        if peer is None:
+            return
+        role, sender_chunk = peer
         tag = p2p_tag(self.spec, self.b.ctx.step, sender_chunk, mb, backward)
-        peer = NEXT if toward_next else PREV
         what = "grad" if backward else "act"
         if send:
-            self.b.send(what, peer, p2p_bytes(self.spec), tag)
+            self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=not self.spec.overlap_p2p_comm)
         else:
-            self.b.recv(what, peer, p2p_bytes(self.spec), tag)
+            self.b.recv(what, role, p2p_bytes(self.spec), tag)
+
+    def _recv(self, chunk: Chunk, mb: int, backward: bool) -> None:
+        self._transfer(chunk, mb, backward, send=False)
+
+    def _send(self, chunk: Chunk, mb: int, backward: bool) -> None:
+        self._transfer(chunk, mb, backward, send=True)
 
     # -- the step -------------------------------------------------------------------------
     def build(self) -> Program:
@@ -137,12 +227,7 @@ class StagePlanner:
         passes = schedule(spec, self.stage)
         for step in range(spec.steps):
             b.ctx.step = step
-            for kind, c, mb in passes:
-                chunk = self.chunks[c]
-                if kind == "F":
-                    self.forward(chunk, mb)
-                else:
-                    self.backward(chunk, mb)
+            self.run_passes(passes)
             b.ctx.phase, b.ctx.microbatch, b.ctx.layer = "step", None, None
             self.dp.end_of_backward()
             if spec.sequence_parallel:

@@ -25,7 +25,7 @@ a simulator should see. On by default, as Megatron runs them; --no-sync-collecti
 
 from __future__ import annotations
 
-from traceforge.model import Chunk
+from traceforge.model import Chunk, embedding_stages
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -79,5 +79,5 @@ class SyncCollectives:
             return
         self.b.collective("update_ok", Coll.ALL_REDUCE, INT32, "mp")
         self.b.collective("grad_norm_max", Coll.ALL_REDUCE, FP32, "mp")
-        if self.stage == self.spec.pp - 1:
+        if self.stage == embedding_stages(self.spec)[1]:  # the loss lives with the LM head
             self.b.collective("loss", Coll.ALL_REDUCE, 2 * FP32, "dp")

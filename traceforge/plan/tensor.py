@@ -38,7 +38,7 @@ class TensorParallel:
         ctype, size = (Coll.REDUCE_SCATTER, self.full) if self.sp else (Coll.ALL_REDUCE, self.full)
         reduction = b.collective(f"{what}_dgrad", ctype, size, "tp", blocking=False)
         b.gate(regather)
-        b.compute(*wgrad)
+        b.wgrad(*wgrad)
         b.gate(reduction)
 
     # Row-parallel exit (proj, fc2, vocab-parallel embedding): partial sums are reduced.
