@@ -24,8 +24,8 @@ import json
 import numpy as np
 import pytest
 
-from traceforge.analysis.report import build_report
-from traceforge.analysis.timing_replay import LinkModel
+from traceforge.report.build import build_report
+from traceforge.report.timing_replay import LinkModel
 
 A = 512 * 512 * 2
 XENT = 512 * 4
@@ -229,8 +229,8 @@ def test_noncubic_test_matrix_rows(noncubic):
 def strip_annotations(directory):
     """Rewrite a set as a foreign tool might: no dim/step/phase/... attributes, no group file."""
     from traceforge._proto import traceforge_et_pb2 as pb
-    from traceforge.analysis.reader import iter_payloads
-    from traceforge.emit.wire import varint
+    from traceforge.read.reader import iter_payloads
+    from traceforge.wire import varint
 
     for path in directory.glob("*.et"):
         out = bytearray()

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.report import build_report
-from traceforge.analysis.timeline import sample_ranks
-from traceforge.analysis.timing_replay import LinkModel, rank_classes
-from traceforge.emit.wire import varint
+from traceforge.report.build import build_report
+from traceforge.report.timeline import sample_ranks
+from traceforge.report.timing_replay import LinkModel, rank_classes
+from traceforge.wire import varint
 
 COMP, SEND, RECV, COLL = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
 

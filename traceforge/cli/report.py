@@ -18,7 +18,7 @@ from traceforge.errors import UserError
 def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
     """Build and print the report of a trace set (what `generate --report` calls); options go
     to build_report (link=LinkModel(...), timeline=, track_ranks=, jobs=)."""
-    from traceforge.analysis.report import build_report
+    from traceforge.report.build import build_report
 
     build_report(directory, prefix, gpus_per_node, **options).render(out)
 
@@ -41,9 +41,9 @@ def report(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
-    from traceforge.analysis.render import render_comparison
-    from traceforge.analysis.timing_replay import LinkModel
-    from traceforge.analysis.report import build_report
+    from traceforge.report.render import render_comparison
+    from traceforge.report.timing_replay import LinkModel
+    from traceforge.report.build import build_report
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")

@@ -29,8 +29,8 @@ import numpy as np
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import iter_nodes
-from traceforge.emit.wire import read_varint
+from traceforge.read.reader import iter_nodes
+from traceforge.wire import read_varint
 from traceforge.errors import TraceReadError
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7

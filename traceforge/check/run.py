@@ -24,11 +24,11 @@ from functools import partial
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from traceforge.analysis.check_cross import CrossRank
-from traceforge.analysis.check_findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
-from traceforge.analysis.check_rank import RankSummary, node_name, scan_rank
-from traceforge.analysis.check_replay import GENERAL, MODELS, Replay
-from traceforge.analysis.reader import find_rank_files, manifest_world_size
+from traceforge.check.cross import CrossRank
+from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
+from traceforge.check.rank import RankSummary, node_name, scan_rank
+from traceforge.check.replay import GENERAL, MODELS, Replay
+from traceforge.read.reader import find_rank_files, manifest_world_size
 from traceforge.schema import COMM_GROUP_FILE
 from traceforge.errors import TraceReadError, UserError
 

@@ -23,10 +23,10 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from traceforge.analysis.ring import wire_bytes
-from traceforge.analysis.scan import COLL, COMP, RECV, SEND, Program
-from traceforge.analysis.traceset import TraceSet
-from traceforge.analysis.traffic import crosses_nodes, node_of
+from traceforge.report.ring import wire_bytes
+from traceforge.report.scan import COLL, COMP, RECV, SEND, Program
+from traceforge.report.traceset import TraceSet
+from traceforge.report.traffic import crosses_nodes, node_of
 
 # Replays bigger than this many nodes (classes x nodes per program) are refused.
 REPLAY_NODE_LIMIT = 4_000_000

@@ -20,9 +20,9 @@ from typing import Iterator
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import attr_value, find_rank_files
-from traceforge.analysis.reader import load_groups, open_trace, parse_node, read_json_file
-from traceforge.analysis.show import Row, node_row
+from traceforge.read.reader import attr_value, find_rank_files
+from traceforge.read.reader import load_groups, open_trace, parse_node, read_json_file
+from traceforge.browse.show import Row, node_row
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)

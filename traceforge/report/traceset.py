@@ -16,10 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.analysis import scan_cache
-from traceforge.analysis.dims import infer_group_dims
-from traceforge.analysis.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.analysis.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
+from traceforge.report import records as scan_cache
+from traceforge.report.dims import infer_group_dims
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
+from traceforge.report.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from traceforge.analysis.matrix import (
+from traceforge.report.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
     write_matrix_csv,
 )
-from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
-from traceforge.analysis.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
-from traceforge.analysis.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
-from traceforge.analysis.traceset import TraceSet, load_trace_set
-from traceforge.analysis.traffic import DimTraffic, dimension_traffic, node_of
-from traceforge.emit.output import atomic_output_dir
+from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
+from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
+from traceforge.report.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
+from traceforge.report.traceset import TraceSet, load_trace_set
+from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
+from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
 
 # The node matrix goes into report.json up to this many nodes (always into its CSV).
@@ -112,7 +112,7 @@ class Report:
 
     # -- output --------------------------------------------------------------------------
     def render(self, console) -> None:
-        from traceforge.analysis.render import render_report
+        from traceforge.report.render import render_report
 
         render_report(self, console)
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.check_findings import ERROR, WARNING, Finding, Tally
-from traceforge.analysis.check_nodes import (
+from traceforge.check.findings import ERROR, WARNING, Finding, Tally
+from traceforge.check.nodes import (
     COLL, COMM_TYPES, SEND, WORLD, CorruptNode, NodeRecord, decode_node,
 )
-from traceforge.emit.wire import read_varint
+from traceforge.wire import read_varint
 
 # Records by payload bytes; cleared when full. ~50k entries is a few dozen ranks' distinct nodes.
 CACHE_LIMIT = 50_000

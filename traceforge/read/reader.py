@@ -15,7 +15,7 @@ from typing import Iterator
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.wire import read_varint
+from traceforge.wire import read_varint
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 

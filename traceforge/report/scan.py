@@ -18,8 +18,8 @@ from typing import Container
 
 import numpy as np
 
-from traceforge.analysis import scan_cache
-from traceforge.analysis.scan_cache import (
+from traceforge.report import records as scan_cache
+from traceforge.report.records import (
     COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, NodeRecord, read_records,
 )
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.analysis.timing_replay import ReplayResult
-from traceforge.analysis.ring import RECV_NAME, SEND_NAME, coll_name
-from traceforge.analysis.scan import COLL, COMP, RECV, SEND
-from traceforge.analysis.traffic import node_of
+from traceforge.report.timing_replay import ReplayResult
+from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
+from traceforge.report.scan import COLL, COMP, RECV, SEND
+from traceforge.report.traffic import node_of
 
 DEFAULT_TRACK_RANKS = 32
 
