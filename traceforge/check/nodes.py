@@ -44,7 +44,7 @@ ERROR, WARNING = "error", "warning"
 Problem = tuple[str, str, str]
 
 
-class NodeRecord(NamedTuple):
+class CheckRecord(NamedTuple):
     id: int
     type: int
     deps: tuple[int, ...]  # data_deps then ctrl_deps, duplicates removed
@@ -59,7 +59,7 @@ class CorruptNode(Exception):
     """The payload does not parse as a Node."""
 
 
-def decode_node(payload: bytes) -> NodeRecord:
+def decode_node(payload: bytes) -> CheckRecord:
     node = pb.Node()
     try:
         node.ParseFromString(payload)
@@ -73,7 +73,7 @@ def decode_node(payload: bytes) -> NodeRecord:
             attrs[attr.name] = (which, getattr(attr, which) if which else None)
     problems: list[Problem] = []
     comm = _validate(node.type, attrs, problems)
-    return NodeRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
+    return CheckRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
 
 
 def _validate(ntype: int, attrs: dict, problems: list[Problem]) -> tuple | None:

@@ -18,13 +18,13 @@ from google.protobuf.message import DecodeError
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
 from traceforge.check.nodes import (
-    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, NodeRecord, decode_node,
+    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, CheckRecord, decode_node,
 )
 from traceforge.wire import read_varint
 
 # Records by payload bytes; cleared when full. ~50k entries is a few dozen ranks' distinct nodes.
 CACHE_LIMIT = 50_000
-_cache: dict[bytes, NodeRecord] = {}
+_cache: dict[bytes, CheckRecord] = {}
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RankSummary:
     seqs: dict[int, bytes] = field(default_factory=dict)  # group -> packed (comm_type, size) pairs
 
 
-def scan_rank(rank: int, path: Path | str, world: int) -> RankSummary:
+def summarize_rank(rank: int, path: Path | str, world: int) -> RankSummary:
     summary = RankSummary(rank, str(path))
     try:
         _scan(summary, world)
@@ -98,12 +98,12 @@ def _scan(s: RankSummary, world: int) -> None:
     _check_graph(s, records, offsets, world)
 
 
-def _decode(data: bytes) -> tuple[list[NodeRecord], list[int]]:
+def _decode(data: bytes) -> tuple[list[CheckRecord], list[int]]:
     """Frame the file, check its GlobalMetadata, decode every node (through the cache)."""
     cache = _cache
     if len(cache) > CACHE_LIMIT:
         cache.clear()
-    records: list[NodeRecord] = []
+    records: list[CheckRecord] = []
     offsets: list[int] = []
     pos, end, first = 0, len(data), True
     while pos < end:
@@ -162,7 +162,7 @@ def _check_metadata(payload: bytes) -> None:
                                     "starts with one") from None
 
 
-def _check_graph(s: RankSummary, records: list[NodeRecord], offsets: list[int], world: int) -> None:
+def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> None:
     rank, tally = s.rank, Tally(s.rank)
     n = len(records)
     index = {r[0]: i for i, r in enumerate(records)}
@@ -192,7 +192,7 @@ def _check_graph(s: RankSummary, records: list[NodeRecord], offsets: list[int], 
         _reduce(s.comm, records, index, order, comm_at)
 
 
-def _duplicates(records: list[NodeRecord], tally: Tally) -> None:
+def _duplicates(records: list[CheckRecord], tally: Tally) -> None:
     seen: dict[int, int] = {}
     for r in records:
         seen[r[0]] = seen.get(r[0], 0) + 1
@@ -204,7 +204,7 @@ def _duplicates(records: list[NodeRecord], tally: Tally) -> None:
             seen[r[0]] = 0
 
 
-def _topological_order(records: list[NodeRecord], index: dict[int, int], tally: Tally) -> list[int] | None:
+def _topological_order(records: list[CheckRecord], index: dict[int, int], tally: Tally) -> list[int] | None:
     """Kahn's order over the known dependencies; None (and a cycle finding) when there is a cycle."""
     n = len(records)
     indeg = [0] * n
@@ -333,7 +333,7 @@ def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
     comm.succ_ptr, comm.succ = ptr, succ
 
 
-def read_record(path: str, offset: int) -> NodeRecord | None:
+def read_record(path: str, offset: int) -> CheckRecord | None:
     """The node whose length prefix sits at offset, decoded again (for reports)."""
     try:
         with open(path, "rb") as f:

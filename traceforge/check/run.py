@@ -26,7 +26,7 @@ from typing import Iterator, Mapping
 
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
-from traceforge.check.rank import RankSummary, node_name, scan_rank
+from traceforge.check.rank import RankSummary, node_name, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
 from traceforge.read.reader import find_rank_files, manifest_world_size
 from traceforge.schema import COMM_GROUP_FILE
@@ -248,13 +248,13 @@ def _cores() -> int:
 
 
 def _scan_chunk(world: int, chunk: list[tuple[int, Path]]) -> list[RankSummary]:
-    return [scan_rank(r, p, world) for r, p in chunk]
+    return [summarize_rank(r, p, world) for r, p in chunk]
 
 
 def _scan_all(items: list[tuple[int, Path]], world: int, jobs: int) -> Iterator[RankSummary]:
     if jobs <= 1 or len(items) < PARALLEL_MIN_RANKS:
         for r, p in items:
-            yield scan_rank(r, p, world)
+            yield summarize_rank(r, p, world)
         return
     chunks = [items[i:i + CHUNK_RANKS] for i in range(0, len(items), CHUNK_RANKS)]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:

@@ -43,14 +43,14 @@ VOLATILE_LIMIT = 16_384  # payloads with them: the groups and peers of the last 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
 
 # A node's numbers as one packed row, so a rank's rows become numpy columns in one join. The
-# ranges are those of the arrays scan.Program keeps (a value outside them fails there, as before).
+# ranges are those of the arrays scan.RankProgram keeps (a value outside them fails there, as before).
 ROW = struct.Struct("<QbqhqqiI?")
 ROW_DTYPE = np.dtype([("id", "<u8"), ("type", "i1"), ("duration", "<i8"), ("ctype", "<i2"), ("size", "<i8"),
                       ("tag", "<i8"), ("step", "<i4"), ("ndeps", "<u4"), ("annotated", "?")])
 assert ROW_DTYPE.itemsize == ROW.size
 
 
-class NodeRecord(NamedTuple):
+class ScanRecord(NamedTuple):
     row: bytes | None  # ROW: id, type, duration, ctype, size, tag, step, dependency count, annotated
     deps: bytes  # dependency ids (data_deps then ctrl_deps, duplicates removed) as native uint64
     traffic_key: tuple | None  # (dim, "coll" | "send" | "recv", comm_type, comm_size, pg name | peer rank)
@@ -84,7 +84,7 @@ def _int(value, default: int = 0) -> int:
         return default
 
 
-def decode_record(node: pb.Node) -> NodeRecord:
+def decode_record(node: pb.Node) -> ScanRecord:
     """Interpret one parsed node. Values of odd types (foreign traces) fall back as they always
     have: a non-numeric integer attribute counts as 0 (a peer as -1), names print with str()."""
     a = _attrs(node)
@@ -107,7 +107,7 @@ def decode_record(node: pb.Node) -> NodeRecord:
         row, wide = ROW.pack(node.id, *numbers, len(deps), step is not None or dim != NO_DIM), None
     except struct.error:
         row, wide = None, numbers
-    return NodeRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
+    return ScanRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
 
 
 # -- level 2: templates over the rank-specific values ---------------------------------------
@@ -176,12 +176,12 @@ def _template_key(payload: bytes, spans: list[Span]) -> tuple[bytes, ...]:
     return tuple(key)
 
 
-class Template(NamedTuple):
-    record: NodeRecord  # the record of the payload the template was made from
+class PayloadTemplate(NamedTuple):
+    record: ScanRecord  # the record of the payload the template was made from
     used: int  # index in the spans of the value the record depends on, -1 for none
 
 
-def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: NodeRecord) -> Template | None:
+def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: ScanRecord) -> PayloadTemplate | None:
     """A template, if the found spans are exactly the node's only attribute of each rank-specific
     name (checked on the wire, once per template); else None."""
     attrs = _attribute_ranges(payload)
@@ -196,7 +196,7 @@ def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: Nod
         return None
     wanted = _USES.get(record.wide[0] if record.row is None else ROW.unpack(record.row)[1])
     used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
-    return Template(record, used)
+    return PayloadTemplate(record, used)
 
 
 def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
@@ -224,7 +224,7 @@ def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
     return ranges if pos == end else None
 
 
-def _fill(template: Template, payload: bytes, spans: list[Span]) -> NodeRecord | None:
+def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanRecord | None:
     """The template's record with this payload's value; None when a value needs the full decoder."""
     for _, name, start, stop in spans:
         if name == S.PG_NAME and not payload[start:stop].isascii():  # protobuf judges other text
@@ -234,14 +234,14 @@ def _fill(template: Template, payload: bytes, spans: list[Span]) -> NodeRecord |
         return record
     _, name, start, stop = spans[template.used]
     target = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
-    return NodeRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
+    return ScanRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
 
 
 # -- level 1 and the file loop --------------------------------------------------------------
 
-_stable: dict[bytes, NodeRecord] = {}
-_volatile: dict[bytes, NodeRecord] = {}
-_templates: dict[tuple, Template | None] = {}
+_stable: dict[bytes, ScanRecord] = {}
+_volatile: dict[bytes, ScanRecord] = {}
+_templates: dict[tuple, PayloadTemplate | None] = {}
 
 
 def clear() -> None:
@@ -251,7 +251,7 @@ def clear() -> None:
     _templates.clear()
 
 
-def read_records(path: Path) -> list[NodeRecord]:
+def read_records(path: Path) -> list[ScanRecord]:
     """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
     try:
         data = Path(path).read_bytes()
@@ -269,7 +269,7 @@ def read_records(path: Path) -> list[NodeRecord]:
         _raise_reader_error(path)
     pos += size
     stable, volatile = _stable.get, _volatile.get
-    records: list[NodeRecord] = []
+    records: list[ScanRecord] = []
     append = records.append
     while pos < end:
         # Length prefix: one or two bytes inline (every node we write), longer ones aside.
@@ -292,7 +292,7 @@ def read_records(path: Path) -> list[NodeRecord]:
     return records
 
 
-def _miss(payload: bytes, path: Path) -> NodeRecord:
+def _miss(payload: bytes, path: Path) -> ScanRecord:
     """Levels 2 and 3 for a payload not seen before; the record is cached under it."""
     spans = _find_spans(payload)
     if spans == []:

@@ -20,14 +20,14 @@ import numpy as np
 
 from traceforge.report import records as scan_cache
 from traceforge.report.records import (
-    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, NodeRecord, read_records,
+    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, ScanRecord, read_records,
 )
 
-__all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "Program", "RankScan", "scan_rank", "scan_ranks"]
+__all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "RankProgram", "RankScan", "scan_rank", "scan_ranks"]
 
 
 @dataclass
-class Program:
+class RankProgram:
     """A rank's nodes in file order (index = position), with group/peer values as role numbers."""
 
     types: np.ndarray  # NodeType
@@ -65,7 +65,7 @@ class RankScan:
     group_roles: tuple[str, ...] = ()  # pg names in order of first use
     peer_roles: tuple[int, ...] = ()  # peer ranks in order of first use
     shape: bytes = b""
-    program: Program | None = None  # set only where the caller asked to keep it
+    program: RankProgram | None = None  # set only where the caller asked to keep it
     dangling_deps: int = 0
     has_annotations: bool = False
 
@@ -91,7 +91,7 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
     roles, group_roles, peer_roles = _roles(traffic, traffic_keys)
     deps = np.frombuffer(b"".join([r.deps for r in records]), np.uint64)
     dep_ptr, dep_idx, dangling = _dependencies(table["id"], table["ndeps"], deps)
-    program = Program(
+    program = RankProgram(
         types, durations, table["ctype"].astype(np.int16), table["size"].astype(np.int64), roles,
         table["tag"].astype(np.int64), steps, dep_ptr, dep_idx, names=[], dims=[],
     )
@@ -144,8 +144,8 @@ def _total(values: np.ndarray) -> int:
     return int(values.sum())
 
 
-def _overflow(records: list[NodeRecord]) -> OverflowError:
-    """Some value is outside the range of its Program array: the error building that array from
+def _overflow(records: list[ScanRecord]) -> OverflowError:
+    """Some value is outside the range of its RankProgram array: the error building that array from
     Python ints gives, for the first column and value that does not fit (as it always has)."""
     wide = [r.wide for r in records if r.wide is not None]
     try:

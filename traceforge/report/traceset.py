@@ -19,7 +19,7 @@ from pathlib import Path
 from traceforge.report import records as scan_cache
 from traceforge.report.dims import infer_group_dims
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.report.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -32,7 +32,7 @@ class TraceSet:
     prefix: str
     world: int
     scans: list[RankScan]  # indexed by rank
-    programs: dict[bytes, Program]  # one per distinct rank-independent program
+    programs: dict[bytes, RankProgram]  # one per distinct rank-independent program
     groups: dict[str, tuple[int, ...]]  # pg name -> members in ring order
     group_dims: dict[str, str]  # pg name -> dimension label
     steps: int
@@ -80,7 +80,7 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
                              f"({len(missing)} missing)")
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
-    programs: dict[bytes, Program] = {}
+    programs: dict[bytes, RankProgram] = {}
     for scan in scans:
         if scan.program is not None:
             programs.setdefault(scan.shape, scan.program)
