@@ -122,7 +122,7 @@ def nests(events):
 @pytest.mark.parametrize("overrides", [{}, {"sequence_parallel": True, "dp_mode": "zero1"}])
 def test_chrome_trace_is_valid_and_nests(make_set, tmp_path, overrides):
     _, out, _ = make_set(**overrides)
-    report = build_report(out, gpus_per_node=4, jobs=1)
+    report = build_report(out, gpus_per_node=4, jobs=1, track_ranks="all")
     doc = json.loads(json.dumps(report.chrome_trace()))
     events = doc["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
