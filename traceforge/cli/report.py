@@ -23,6 +23,10 @@ def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: i
     build_report(directory, prefix, gpus_per_node, **options).render(out)
 
 
+TRACKS_HELP = ("Tracks in timeline.json: 'classes' (one per class of ranks that behave alike), 'all' (every rank, "
+               "streamed), or a number of ranks (every class first).")
+
+
 def _timeline_tracks(value: str) -> int | str:
     from traceforge.report.timeline import ALL, CLASSES
 
@@ -48,7 +52,7 @@ def report(
     inter_bw: float = typer.Option(45.0, "--inter-bw", help="Timeline: inter-node bandwidth per GPU, GB/s (achieved)."),
     latency: float = typer.Option(5.0, "--latency", help="Timeline: latency per collective or send, microseconds."),
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
-    track_ranks: str = typer.Option("classes", "--timeline-ranks", help="Tracks in timeline.json: 'classes' (one per class of ranks that behave alike), 'all' (every rank, streamed), or a number of ranks (every class first)."),
+    track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""

@@ -22,7 +22,9 @@ from traceforge.report.matrix import (
 )
 from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
-from traceforge.report.timeline import CLASSES, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace
+from traceforge.report.timeline import (
+    CLASSES, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace,
+)
 from traceforge.report.traceset import TraceSet, load_trace_set
 from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
 from traceforge.output import atomic_output_dir

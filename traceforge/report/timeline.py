@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, TextIO
+from typing import TextIO
 
 from traceforge.report.timing_replay import ReplayResult
 from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
