@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from google.protobuf.message import DecodeError
-
 from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.read.decode import CorruptNode, node_attributes, parse_node
 
 INVALID, METADATA, MEM_LOAD, MEM_STORE, COMP, SEND, RECV, COLL = range(8)
 COMM_TYPES = frozenset((SEND, RECV, COLL))
@@ -55,22 +53,11 @@ class CheckRecord(NamedTuple):
     name: str
 
 
-class CorruptNode(Exception):
-    """The payload does not parse as a Node."""
-
-
 def decode_node(payload: bytes) -> CheckRecord:
-    node = pb.Node()
-    try:
-        node.ParseFromString(payload)
-    except DecodeError:
-        raise CorruptNode() from None
+    """Raises CorruptNode when the payload is not a Node."""
+    node = parse_node(payload)
     deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
-    attrs: dict[str, tuple[str | None, object]] = {}
-    for attr in node.attr:
-        if attr.name not in attrs:  # ASTRA-sim reads the first attribute of a name
-            which = attr.WhichOneof("value")
-            attrs[attr.name] = (which, getattr(attr, which) if which else None)
+    attrs = node_attributes(node)
     problems: list[Problem] = []
     comm = _validate(node.type, attrs, problems)
     return CheckRecord(node.id, node.type, deps, comm, tuple(problems), node.name)

@@ -20,11 +20,13 @@ from traceforge.check.findings import ERROR, WARNING, Finding, Tally
 from traceforge.check.nodes import (
     COLL, COMM_TYPES, SEND, WORLD, CorruptNode, CheckRecord, decode_node,
 )
+from traceforge.read.decode import PayloadCache
+from traceforge.read.frame import FrameError, frames, payload_at, read_file
 from traceforge.wire import read_varint
 
 # Records by payload bytes; cleared when full. ~50k entries is a few dozen ranks' distinct nodes.
 CACHE_LIMIT = 50_000
-_cache: dict[bytes, CheckRecord] = {}
+_cache: PayloadCache[CheckRecord] = PayloadCache(CACHE_LIMIT)
 
 
 @dataclass
@@ -84,57 +86,35 @@ class _Fatal(Exception):
 
 def _scan(s: RankSummary, world: int) -> None:
     try:
-        data = Path(s.path).read_bytes()
-    except FileNotFoundError:
-        raise _Fatal("missing-rank", "no such file") from None
-    except OSError as exc:
-        raise _Fatal("unreadable", f"cannot read ({exc.strerror})") from None
-    if not data:
-        raise _Fatal("empty", "empty file (0 bytes); a Chakra ET file holds a GlobalMetadata and then nodes")
-    records, offsets = _decode(data)
+        records, offsets = _decode(read_file(s.path), s.path)
+    except FrameError as exc:
+        raise _Fatal(exc.kind, exc.detail) from None
     if not records:
         raise _Fatal("empty", "holds a GlobalMetadata but no nodes; ASTRA-sim aborts on a file with nothing to issue")
     s.nodes = len(records)
     _check_graph(s, records, offsets, world)
 
 
-def _decode(data: bytes) -> tuple[list[CheckRecord], list[int]]:
+def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
     """Frame the file, check its GlobalMetadata, decode every node (through the cache)."""
     cache = _cache
-    if len(cache) > CACHE_LIMIT:
-        cache.clear()
     records: list[CheckRecord] = []
     offsets: list[int] = []
-    pos, end, first = 0, len(data), True
-    while pos < end:
-        start = pos
-        size = data[pos]
-        if size < 0x80:
-            pos += 1
-        else:
-            try:
-                size, pos = read_varint(data, pos)
-            except ValueError as exc:
-                raise _Fatal("truncated" if "truncated" in str(exc) else "corrupt",
-                             f"bad length prefix at byte {start} ({exc}); the file is corrupt or truncated") from None
-        if pos + size > end:
-            raise _Fatal("truncated", f"the message at byte {start} needs {size:,} bytes but only {end - pos:,} remain; "
-                                      "the file is truncated")
-        payload = data[pos:pos + size]
-        pos += size
-        if first:
-            first = False
-            _check_metadata(payload)
-            continue
-        if size == 0 and not any(data[start:]):
-            raise _Fatal("corrupt", f"{end - start:,} zero bytes at byte {start} after the last node: trailing garbage")
+    payloads = frames(data, name)
+    for _, payload in payloads:
+        _check_metadata(payload)
+        break
+    for start, payload in payloads:
+        if not payload and not any(data[start:]):
+            raise _Fatal("corrupt", f"{len(data) - start:,} zero bytes at byte {start:,} after the last node: "
+                                    "trailing garbage")
         record = cache.get(payload)
         if record is None:
             try:
-                record = decode_node(payload)
+                record = cache.remember(payload, decode_node(payload))
             except CorruptNode:
-                raise _Fatal("corrupt", f"the message at byte {start} does not parse as a Node; the file is corrupt") from None
-            cache[payload] = record
+                raise _Fatal("corrupt", f"the message at byte {start:,} does not parse as a Node; "
+                                        "the file is corrupt") from None
         records.append(record)
         offsets.append(start)
     return records, offsets
@@ -335,14 +315,10 @@ def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
 
 def read_record(path: str, offset: int) -> CheckRecord | None:
     """The node whose length prefix sits at offset, decoded again (for reports)."""
+    payload = payload_at(path, offset)
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            head = f.read(10)
-            size, start = read_varint(head, 0)
-            f.seek(offset + start)
-            return decode_node(f.read(size))
-    except (OSError, ValueError, CorruptNode):
+        return None if payload is None else decode_node(payload)
+    except CorruptNode:
         return None
 
 

@@ -28,7 +28,7 @@ from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, node_name, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
-from traceforge.read.reader import find_rank_files, manifest_world_size
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups
 from traceforge.schema import COMM_GROUP_FILE
 from traceforge.errors import TraceReadError, UserError
 
@@ -170,35 +170,24 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
 
 
 def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:
-    """The communicator groups {id: ranks} and where they came from; None when there is no file."""
+    """The communicator groups {id: ranks} and where they came from; None when there is no file.
+    ASTRA-sim parses group ids as integers, so check also requires decimal keys."""
     if isinstance(source, Mapping):
-        return _parse_groups(source, "the given groups"), "the given groups"
-    path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
-    if source is None and not path.exists():
-        return None, COMM_GROUP_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceReadError(f"{path}: no such comm-group file") from None
-    except OSError as exc:
-        raise TraceReadError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceReadError(f"{path}: not valid JSON ({exc}); a comm-group file is {{\"<group id>\": [rank, ...]}}") from None
-    return _parse_groups(doc, str(path)), path.name
-
-
-def _parse_groups(doc, name: str) -> dict[int, list[int]]:
-    if not isinstance(doc, Mapping):
-        raise TraceReadError(f"{name}: expected an object {{\"<group id>\": [rank, ...]}}")
-    groups: dict[int, list[int]] = {}
-    for key, members in doc.items():
-        text = str(key)
-        if not (text.isascii() and text.isdigit()):
+        name = "the given groups"
+        groups = parse_groups(dict(source), name)
+    else:
+        path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
+        name = str(path)
+        loaded = load_groups(Path(directory), Path(source) if source is not None else None)
+        if loaded is None:
+            return None, COMM_GROUP_FILE
+        groups = loaded
+    out: dict[int, list[int]] = {}
+    for key, members in groups.items():
+        if not (key.isascii() and key.isdigit()):
             raise TraceReadError(f"{name}: group key {key!r} is not a decimal id (ASTRA-sim parses keys as integers)")
-        if not isinstance(members, list) or not all(isinstance(m, int) and not isinstance(m, bool) for m in members):
-            raise TraceReadError(f"{name}: group {key} must map to a list of integer ranks")
-        groups[int(text)] = members
-    return groups
+        out[int(key)] = list(members)
+    return out, (name if isinstance(source, Mapping) else Path(name).name)
 
 
 def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) -> list[Finding]:

@@ -18,6 +18,7 @@ from typing import Container
 
 import numpy as np
 
+from traceforge.errors import TraceReadError
 from traceforge.report import records as scan_cache
 from traceforge.report.records import (
     COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, ScanRecord, read_records,
@@ -82,7 +83,7 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
     try:
         table = np.frombuffer(b"".join([r.row for r in records]), ROW_DTYPE)
     except TypeError:  # a row is None: a value does not fit the program's arrays
-        raise _overflow(records) from None
+        raise _overflow(rank, path, records) from None
     types = table["type"].astype(np.int8)
     durations = table["duration"].astype(np.int64)
     steps = table["step"].astype(np.int32)
@@ -144,16 +145,26 @@ def _total(values: np.ndarray) -> int:
     return int(values.sum())
 
 
-def _overflow(records: list[ScanRecord]) -> OverflowError:
-    """Some value is outside the range of its RankProgram array: the error building that array from
-    Python ints gives, for the first column and value that does not fit (as it always has)."""
-    wide = [r.wide for r in records if r.wide is not None]
-    try:
-        for column, dtype in zip(zip(*wide), (np.int8, np.int64, np.int16, np.int64, np.int64, np.int32)):
-            np.array(column, dtype)
-    except OverflowError as exc:
-        return exc
-    return OverflowError("a node value does not fit the program arrays")
+# The columns a ScanRecord's `wide` tuple holds after the node id, with the range each is kept in.
+_WIDE_FIELDS = (("type", np.int8), ("duration_micros", np.int64), ("comm_type", np.int16),
+                ("comm_size", np.int64), ("comm_tag", np.int64), ("step", np.int32))
+
+
+def _overflow(rank: int, path: Path, records: list[ScanRecord]) -> TraceReadError:
+    """One line naming the rank, the node and the field whose value is outside what the report
+    keeps (a foreign or damaged file: step 2**40, a uint64 duration, node type 300, ...)."""
+    for record in records:
+        if record.wide is None:
+            continue
+        node_id, *values = record.wide
+        for (field_name, dtype), value in zip(_WIDE_FIELDS, values):
+            info = np.iinfo(dtype)
+            if not info.min <= value <= info.max:
+                return TraceReadError(
+                    f"{path}: rank {rank}, node {node_id} ({record.name!r}): {field_name} {value:,} is outside "
+                    f"{info.min:,}..{info.max:,}, the range traceforge report reads; fix the value "
+                    "('traceforge check' lists what else is wrong)")
+    return TraceReadError(f"{path}: rank {rank}: a node value is outside the range traceforge report reads")
 
 
 # -- a worker's view: keep each distinct program once ------------------------------------
