@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Container
 
@@ -60,15 +60,30 @@ class RankScan:
     nodes: int
     compute_micros: int
     max_step: int
-    # (dim, kind, comm_type, comm_size, target) -> count; kind "coll" (target: pg name),
-    # "send"/"recv" (target: peer rank; comm_type -1)
-    traffic: Counter = field(default_factory=Counter)
+    # ((dim, kind, comm_type, comm_size, role), count) in order of first use; kind "coll" (role:
+    # index into group_roles), "send"/"recv" (index into peer_roles; comm_type -1). Ranks of a
+    # stage share one such tuple (see intern_traffic): memory does not grow per rank with it.
+    role_traffic: tuple = ()
     group_roles: tuple[str, ...] = ()  # pg names in order of first use
     peer_roles: tuple[int, ...] = ()  # peer ranks in order of first use
     shape: bytes = b""
     program: RankProgram | None = None  # set only where the caller asked to keep it
     dangling_deps: int = 0
     has_annotations: bool = False
+
+    @property
+    def traffic(self) -> dict[tuple, int]:
+        """(dim, kind, comm_type, comm_size, target) -> count; target: the pg name of a collective,
+        the peer rank of a send or recv. Built on demand from the shared role_traffic."""
+        groups, peers = self.group_roles, self.peer_roles
+        return {(dim, kind, ctype, size, groups[role] if kind == "coll" else peers[role]): count
+                for (dim, kind, ctype, size, role), count in self.role_traffic}
+
+
+def intern_traffic(scan: RankScan, seen: dict[tuple, tuple]) -> None:
+    """Share one role_traffic tuple (and one copy of each pg name) among the scans seen."""
+    scan.role_traffic = seen.setdefault(scan.role_traffic, scan.role_traffic)
+    scan.group_roles = tuple(seen.setdefault(g, g) for g in scan.group_roles)  # type: ignore[misc]
 
 
 def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
@@ -89,7 +104,8 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
     steps = table["step"].astype(np.int32)
     traffic = Counter(traffic_keys)  # keys in order of first occurrence, as counting node by node would
     traffic.pop(None, None)
-    roles, group_roles, peer_roles = _roles(traffic, traffic_keys)
+    roles, group_roles, peer_roles, number = _roles(traffic, traffic_keys)
+    role_traffic = tuple((key[:4] + (number[key],), count) for key, count in traffic.items())
     deps = np.frombuffer(b"".join([r.deps for r in records]), np.uint64)
     dep_ptr, dep_idx, dangling = _dependencies(table["id"], table["ndeps"], deps)
     program = RankProgram(
@@ -103,12 +119,12 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
         program.names, program.dims = [r.name for r in records], [r.dim for r in records]
     return RankScan(
         rank=rank, nodes=n, compute_micros=_total(durations[types == COMP]), max_step=int(steps.max()) if n else 0,
-        traffic=traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
+        role_traffic=role_traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
         dangling_deps=dangling, has_annotations=bool(table["annotated"].any()),
     )
 
 
-def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str, ...], tuple[int, ...]]:
+def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str, ...], tuple[int, ...], dict]:
     """Per node, its group's or peer's role: numbered in order of first use, groups and peers
     each on their own (-1 for nodes that are not communication)."""
     groups: dict[str, int] = {}
@@ -118,7 +134,7 @@ def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str,
         kind, target = key[1], key[4]
         roles = groups if kind == "coll" else peers
         number[key] = roles.setdefault(target, len(roles))
-    return np.array(list(map(number.__getitem__, traffic_keys)), np.int32), tuple(groups), tuple(peers)
+    return np.array(list(map(number.__getitem__, traffic_keys)), np.int32), tuple(groups), tuple(peers), number
 
 
 def _dependencies(ids: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -157,7 +173,7 @@ def _overflow(rank: int, path: Path, records: list[ScanRecord]) -> TraceReadErro
         if record.wide is None:
             continue
         node_id, *values = record.wide
-        for (field_name, dtype), value in zip(_WIDE_FIELDS, values):
+        for (field_name, dtype), value in zip(_WIDE_FIELDS, values, strict=True):
             info = np.iinfo(dtype)
             if not info.min <= value <= info.max:
                 return TraceReadError(
@@ -186,9 +202,11 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     gc.disable()
     try:
         out = []
+        shared: dict[tuple, tuple] = {}
         for rank, path in items:
             scan = scan_rank(rank, path, _seen)
             _seen.add(scan.shape)
+            intern_traffic(scan, shared)
             out.append(scan)
         return out
     finally:

@@ -19,7 +19,7 @@ from pathlib import Path
 from traceforge.report import records as scan_cache
 from traceforge.report.dims import infer_group_dims
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, scan_ranks
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -81,7 +81,9 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
     programs: dict[bytes, RankProgram] = {}
+    shared: dict[tuple, tuple] = {}
     for scan in scans:
+        intern_traffic(scan, shared)
         if scan.program is not None:
             programs.setdefault(scan.shape, scan.program)
             scan.program = None
