@@ -161,3 +161,33 @@ def test_a_huge_duration_is_one_line_too(tmp_path):
         build_report(directory, jobs=1)
 
 
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+class _Terminal:
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_is_drawn_on_a_terminal_only(monkeypatch):
+    from traceforge.read import progress as P
+
+    monkeypatch.setattr(P, "EVERY_S", 0.0)
+    for tty in (True, False):
+        stream = _Terminal(tty)
+        bar = P.Progress("reading ranks", 1000, stream)
+        for _ in range(10):
+            bar.advance(100)
+        bar.close()
+        assert ("reading ranks 1,000/1,000 (100%)" in stream.text and stream.text.endswith("\n")) is tty
+        assert bool(stream.text) is tty

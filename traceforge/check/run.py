@@ -28,6 +28,7 @@ from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, node_name, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
+from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups
 from traceforge.schema import COMM_GROUP_FILE
 from traceforge.errors import TraceReadError, UserError
@@ -146,11 +147,15 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
         findings += _group_file_findings(groups, world, group_file)
     cross = CrossRank(world, groups, group_file)
     jobs = jobs if jobs is not None else _cores()
-    for summary in _scan_all([(r, files[r]) for r in sorted(files) if r < world], world, jobs):
+    items = [(r, files[r]) for r in sorted(files) if r < world]
+    progress = Progress("check: reading ranks", len(items))
+    for summary in _scan_all(items, world, jobs):
         result.ranks_read += 0 if summary.fatal else 1
         result.nodes += summary.nodes
         findings += summary.findings
         cross.add(summary)
+        progress.advance()
+    progress.close()
     findings += cross.check_groups()
     coll_findings, poisoned = cross.check_collectives()
     findings += coll_findings
