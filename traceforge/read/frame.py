@@ -66,12 +66,25 @@ def read_file(path: Path | str) -> bytes:
 
 def frames(data: bytes, name: object = "trace") -> Iterator[tuple[int, bytes]]:
     """(offset of its length prefix, payload) of each message in data, in order."""
+    offsets: list[int] = []
+    payloads = split(data, name, offsets)
+    return zip(offsets, payloads, strict=True)
+
+
+def split(data: bytes, name: object = "trace", offsets: list[int] | None = None) -> list[bytes]:
+    """The payload of each message in data, in order (and the offset of each length prefix
+    appended to offsets, when given); the whole file is framed before anything is decoded."""
+    payloads: list[bytes] = []
+    append = payloads.append
     pos, end = 0, len(data)
     while pos < end:
         start = pos
         size = data[pos]
         if size < 0x80:  # one-byte prefix: most nodes
             pos += 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:  # two bytes: the rest of ours
+            size = (size & 0x7F) | (data[pos + 1] << 7)
+            pos += 2
         else:
             try:
                 size, pos = read_varint(data, pos)
@@ -82,8 +95,11 @@ def frames(data: bytes, name: object = "trace") -> Iterator[tuple[int, bytes]]:
         if size > end - pos:
             raise FrameError(TRUNCATED, name, f"the message at byte {start:,} needs {size:,} bytes but only "
                                               f"{end - pos:,} remain; the file is truncated")
-        yield start, data[pos:pos + size]
+        if offsets is not None:
+            offsets.append(start)
+        append(data[pos:pos + size])
         pos += size
+    return payloads
 
 
 def payload_at(path: Path | str, offset: int) -> bytes | None:

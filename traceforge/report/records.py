@@ -29,7 +29,7 @@ import numpy as np
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.decode import PayloadCache, node_attributes
-from traceforge.read.frame import frames, read_file
+from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
 from traceforge.wire import read_varint
 
@@ -248,17 +248,17 @@ def clear() -> None:
 def read_records(path: Path) -> list[ScanRecord]:
     """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
     name = str(path)
-    payloads = frames(read_file(path), name)
-    for _, payload in payloads:
-        parse_metadata(payload, name)
-        break
+    offsets: list[int] = []
+    payloads = split(read_file(path), name, offsets)
+    parse_metadata(payloads[0], name)
     stable, volatile = _stable.get, _volatile.get
     records: list[ScanRecord] = []
     append = records.append
-    for offset, payload in payloads:
+    for i in range(1, len(payloads)):
+        payload = payloads[i]
         record = stable(payload) or volatile(payload)
         if record is None:
-            record = _miss(payload, name, offset)
+            record = _miss(payload, name, offsets[i])
         append(record)
     return records
 
