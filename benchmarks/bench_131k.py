@@ -10,7 +10,8 @@ the peak of the child and of its largest worker. Generate is compared, in the sa
 `cp -r` of its own output and with `dd` writing the same number of bytes as one sequential file
 (`ours/dd`: our MB/s over dd's, dd run first and deleted before generating; `cp/ours`: cp's time
 over ours, skipped when the disk lacks room for a second copy). All three write through the page cache
-and none syncs: on a shared disk a sync waits for everyone's writes (minutes, not ours). Everything written is deleted at the end, and the run refuses to start, in one line,
+and none syncs: on a shared disk a sync waits for everyone's writes (minutes, not ours).
+Everything written is deleted at the end, and the run refuses to start, in one line,
 when the scratch disk lacks the room it needs (the set, plus its copy for `cp -r`). The load
 average is printed beside every row: on a shared machine it explains most of the noise.
 """
@@ -172,7 +173,8 @@ def main() -> None:
 
 def print_row(row: tuple[str, dict], ranks: int) -> None:
     name, f = row
-    text = (f"{name:17} ranks {ranks:>7,}  wall {f['wall']:8.1f} s  cmd {f['command']:8.1f} s  RSS {f['peak_mb']:6.0f} MB"
+    text = (f"{name:17} ranks {ranks:>7,}  wall {f['wall']:8.1f} s  cmd {f['command']:8.1f} s"
+            f"  RSS {f['peak_mb']:6.0f} MB"
             f"  {ranks / f['wall']:8.0f} ranks/s")
     if "bytes" in f:
         text += f"  {f['bytes'] / 1e9:6.2f} GB  {f['bytes'] / 1e6 / f['wall']:6.0f} MB/s"

@@ -80,10 +80,10 @@ class RankScan:
                 for (dim, kind, ctype, size, role), count in self.role_traffic}
 
 
-def intern_traffic(scan: RankScan, seen: dict[tuple, tuple]) -> None:
+def intern_traffic(scan: RankScan, seen: dict) -> None:
     """Share one role_traffic tuple (and one copy of each pg name) among the scans seen."""
     scan.role_traffic = seen.setdefault(scan.role_traffic, scan.role_traffic)
-    scan.group_roles = tuple(seen.setdefault(g, g) for g in scan.group_roles)  # type: ignore[misc]
+    scan.group_roles = tuple(seen.setdefault(g, g) for g in scan.group_roles)
 
 
 def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
@@ -202,7 +202,7 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     gc.disable()
     try:
         out = []
-        shared: dict[tuple, tuple] = {}
+        shared: dict = {}
         for rank, path in items:
             scan = scan_rank(rank, path, _seen)
             _seen.add(scan.shape)

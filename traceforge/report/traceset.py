@@ -90,7 +90,7 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     jobs = jobs if jobs is not None else _cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
     programs: dict[bytes, RankProgram] = {}
-    shared: dict[tuple, tuple] = {}
+    shared: dict = {}
     for scan in scans:
         intern_traffic(scan, shared)
         if scan.program is not None:
