@@ -116,3 +116,15 @@ def test_report_writes_the_streamed_timeline(make_set, tmp_path):
     count = report.write_timeline(path)
     doc = json.loads(path.read_text())
     assert len(doc["traceEvents"]) == count and doc == report.chrome_trace()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "some", "1e3"])
+def test_timeline_ranks_flag_refuses_other_values_in_one_line(make_set, value):
+    from typer.testing import CliRunner
+
+    from traceforge.cli import app, load_commands
+
+    _, out, _ = make_set()
+    load_commands()
+    run = CliRunner().invoke(app, ["report", str(out), "--timeline-ranks", value])
+    assert run.exit_code == 2 and "--timeline-ranks must be" in run.output and "Traceback" not in run.output
