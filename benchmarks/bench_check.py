@@ -31,7 +31,7 @@ MODELS = ("general", "astra-sim")
 
 def _child(directory: str, model: str) -> None:
     """Run the check in this process; print wall time, peak RSS and the verdict as JSON."""
-    from traceforge.analysis.check import check_trace_set
+    from traceforge.check.run import check_trace_set
 
     started = time.perf_counter()
     result = check_trace_set(directory, model=model)

@@ -40,7 +40,7 @@ def _child(args: list[str], out: str) -> None:
     load_commands()
     # Import what generate imports lazily: interpreter start-up is not generation.
     importlib.import_module("traceforge.emit.shard")
-    importlib.import_module("traceforge.astra")
+    importlib.import_module("traceforge.emit.astra")
     started = time.perf_counter()
     try:
         app(["generate", *args, "-o", out, "-q"], prog_name="traceforge")

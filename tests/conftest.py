@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from traffic import consistency_problems, load_set, unfinished
+from oracle import consistency_problems, load_set, unfinished
 from traceforge.emit.writer import write_trace_set
 from traceforge.spec import build_spec
 

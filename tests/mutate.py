@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import attrs, read_trace
-from traceforge.emit import wire
+from traceforge.read.reader import attrs, read_trace
+from traceforge import wire
 
 PREFIX = "workload"
 

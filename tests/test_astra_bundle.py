@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceforge import astra
-from traceforge.analysis.reader import attrs, iter_nodes
-from traceforge.astra import Cluster, check_bundle, cluster_from_options, network_dimensions, write_astra_bundle
+from traceforge.emit import astra
+from traceforge.read.reader import attrs, iter_nodes
+from traceforge.emit.astra import Cluster, check_bundle, cluster_from_options, network_dimensions, write_astra_bundle
 from traceforge.errors import UserError
 
 # The keys ASTRA-sim's analytical network parser reads, one list entry per dimension.

@@ -19,7 +19,7 @@ from mutate import (
 )
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.check import check_trace_set
+from traceforge.check.run import check_trace_set
 from traceforge.cli import app, load_commands
 from traceforge.errors import TraceReadError
 

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.diff import diff_sets, open_set
-from traceforge.analysis.reader import attrs, read_trace
+from traceforge.browse.diff import diff_sets, open_set
+from traceforge.read.reader import attrs, read_trace
 from traceforge.cli import app, load_commands
-from traceforge.emit.wire import varint
+from traceforge.wire import varint
 
 load_commands()
 runner = CliRunner()
@@ -206,7 +206,7 @@ def test_unreadable_input_exits_2_with_one_line(demo, tmp_path):
 
 
 def test_parallel_comparison_gives_the_same_answer(demo, tmp_path, monkeypatch):
-    from traceforge.analysis import diff as diff_module
+    from traceforge.browse import diff as diff_module
 
     other = copy(demo, tmp_path / "other")
     edit_rank(other, 6, lambda ns: ns[:-1])

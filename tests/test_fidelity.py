@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.traffic import load_set
+from tests.oracle import load_set
 from traceforge.errors import SpecError
 from traceforge.plan.pipeline import interleaved
 from traceforge.spec import build_spec
@@ -367,7 +367,7 @@ def test_expert_and_context_refusals(bad, match):
 def test_overlapped_buckets_start_before_backward_ends_on_the_timeline(make_set, tmp_path):
     """Issue 6: with --overlap-grad-reduce the analytical timeline shows DP buckets running
     while the last micro-batch's backward still computes; without it they wait for its end."""
-    from traceforge.analysis.report import build_report
+    from traceforge.report.build import build_report
 
     starts = {}
     for overlap in (True, False):
@@ -394,7 +394,7 @@ def test_overlapped_buckets_start_before_backward_ends_on_the_timeline(make_set,
 def test_every_mode_checks_clean_under_both_replay_models(make_set, overrides):
     """The product's own checker: consistent, and deadlock-free even with ASTRA-sim's
     one-communication-in-flight rule."""
-    from traceforge.analysis.check import check_trace_set
+    from traceforge.check.run import check_trace_set
 
     _, out, _ = make_set("demo", **overrides)
     for model in ("general", "astra-sim"):

@@ -12,9 +12,9 @@ from chakra.schema.protobuf import et_def_pb2 as chakra_pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 from google.protobuf.json_format import MessageToDict
 
-import traffic
+import oracle as traffic
 from traceforge._proto import traceforge_et_pb2 as our_pb
-from traceforge.analysis.reader import find_rank_files, read_trace
+from traceforge.read.reader import find_rank_files, read_trace
 from traceforge.emit.reference import encode_rank
 from traceforge.emit.splice import StageEncoder
 from traceforge.emit.writer import role_values, write_trace_set

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from traffic import COLL, coord_of, expected_groups, load_set, order_dims, rank_of
+from oracle import COLL, coord_of, expected_groups, load_set, order_dims, rank_of
 from traceforge.emit.writer import write_trace_set
 from traceforge.layout import Layout
 from traceforge.spec import build_spec

@@ -26,8 +26,8 @@ import json
 import numpy as np
 import pytest
 
-from traceforge.analysis.report import build_report
-from traceforge.analysis.timing_replay import LinkModel
+from traceforge.report.build import build_report
+from traceforge.report.timing_replay import LinkModel
 
 A = 512 * 512 * 2
 XENT = 512 * 4
@@ -232,12 +232,12 @@ def test_noncubic_test_matrix_rows(noncubic):
 def strip_annotations(directory):
     """Rewrite a set as a foreign tool might: no dim/step/phase/... attributes, no group file."""
     from traceforge._proto import traceforge_et_pb2 as pb
-    from traceforge.analysis.reader import iter_payloads
-    from traceforge.emit.wire import varint
+    from traceforge.read.frame import frames
+    from traceforge.wire import varint
 
     for path in directory.glob("*.et"):
         out = bytearray()
-        for k, (_, payload) in enumerate(iter_payloads(path.read_bytes())):
+        for k, (_, payload) in enumerate(frames(path.read_bytes())):
             msg = pb.GlobalMetadata() if k == 0 else pb.Node()
             msg.ParseFromString(payload)
             if k:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceforge.analysis.reader import attrs, iter_nodes
+from traceforge.read.reader import attrs, iter_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

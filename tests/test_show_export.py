@@ -9,9 +9,9 @@ from google.protobuf.json_format import ParseDict
 from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.export import write_rank_json
-from traceforge.analysis.reader import attrs, read_trace
-from traceforge.analysis.show import parse_range
+from traceforge.browse.export import write_rank_json
+from traceforge.read.reader import attrs, read_trace
+from traceforge.browse.show import parse_range
 from traceforge.cli import app, load_commands
 from traceforge.errors import UserError
 

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.report import build_report
-from traceforge.analysis.timeline import sample_ranks
-from traceforge.analysis.timing_replay import LinkModel, rank_classes
-from traceforge.emit.wire import varint
+from traceforge.report.build import build_report
+from traceforge.report.timeline import sample_ranks
+from traceforge.report.timing_replay import LinkModel, rank_classes
+from traceforge.wire import varint
 
 COMP, SEND, RECV, COLL = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
 
@@ -122,7 +122,7 @@ def nests(events):
 @pytest.mark.parametrize("overrides", [{}, {"sequence_parallel": True, "dp_mode": "zero1"}])
 def test_chrome_trace_is_valid_and_nests(make_set, tmp_path, overrides):
     _, out, _ = make_set(**overrides)
-    report = build_report(out, gpus_per_node=4, jobs=1)
+    report = build_report(out, gpus_per_node=4, jobs=1, track_ranks="all")
     doc = json.loads(json.dumps(report.chrome_trace()))
     events = doc["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]

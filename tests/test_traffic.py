@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from traffic import (
+from oracle import (
     AR, COLL, COLL_TYPES, COMP, RECV, SEND, TraceSet, ancestors, by_step, collective_counter, collective_problems,
     collective_totals, consistency_problems, depends_on, group_order_problems, load_set, node_problems,
     p2p_counter, p2p_problems, peer, unfinished,

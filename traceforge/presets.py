@@ -35,6 +35,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                        vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=4, dp=4, global_batch=128),
     "llama3-405b": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
                         vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=16, dp=128, global_batch=2048),
+    # The same model on 131,072 GPUs (d1024), each GPU running the 16k layout's schedule: 16
+    # micro-batches of 8,192 tokens, a 134M-token global batch. `--global-batch 2048` keeps the
+    # paper's 16M-token batch instead (2 micro-batches per GPU). See docs/scale.md.
+    "llama3-405b-128k": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
+                             vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=16, dp=1024,
+                             global_batch=16384),
     # Mixtral 8x7B (Jiang et al. 2024, table 1): 8 experts, top-2 routing in every layer; layout as
     # Megatron-LM's examples/mixtral (tp1 pp4 ep8), pipeline outermost.
     "mixtral-8x7b": dict(_TRAINING, arch="llama", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,

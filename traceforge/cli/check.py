@@ -30,7 +30,7 @@ def check(
     collective sequences across ranks, Send/Recv pairs, and an abstract deadlock replay.
     Exit 0 clean (warnings allowed), 1 findings, 2 unreadable input.
     """
-    from traceforge.analysis.check import check_trace_set
+    from traceforge.check.run import check_trace_set
 
     if max_rows < 0:
         raise UserError(f"--max-rows must be at least 0, got {max_rows}")

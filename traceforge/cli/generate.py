@@ -55,7 +55,7 @@ def _run_options() -> list[inspect.Parameter]:
 
 
 def _astra_options() -> list[inspect.Parameter]:
-    from traceforge.astra import CLUSTER_HELP
+    from traceforge.emit.astra import CLUSTER_HELP
 
     params = [inspect.Parameter("astra_sim", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--astra-sim", rich_help_panel="ASTRA-sim",
@@ -73,7 +73,7 @@ def generate(**kwargs: Any) -> None:
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import default_jobs, write_trace_set
 
-    from traceforge.astra import CLUSTER_HELP, check_bundle, cluster_from_options, write_astra_bundle
+    from traceforge.emit.astra import CLUSTER_HELP, check_bundle, cluster_from_options, write_astra_bundle
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
     run = {k: kwargs.pop(k) for k in run_keys}
@@ -121,7 +121,7 @@ def generate(**kwargs: Any) -> None:
 
         print_report(run["out_dir"])
     if run["check"]:
-        from traceforge.analysis.check import check_trace_set
+        from traceforge.check.run import check_trace_set
 
         result = check_trace_set(run["out_dir"], jobs=jobs)
         if result.findings:

@@ -18,9 +18,24 @@ from traceforge.errors import UserError
 def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
     """Build and print the report of a trace set (what `generate --report` calls); options go
     to build_report (link=LinkModel(...), timeline=, track_ranks=, jobs=)."""
-    from traceforge.analysis.report import build_report
+    from traceforge.report.build import build_report
 
     build_report(directory, prefix, gpus_per_node, **options).render(out)
+
+
+TRACKS_HELP = ("Tracks in timeline.json: 'classes' (one per class of ranks that behave alike), 'all' (every rank, "
+               "streamed), or a number of ranks (every class first).")
+
+
+def _timeline_tracks(value: str) -> int | str:
+    from traceforge.report.timeline import ALL, CLASSES
+
+    text = value.strip().lower()
+    if text in (ALL, CLASSES):
+        return text
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 1 << 24:
+        return int(text)
+    raise UserError(f"--timeline-ranks must be '{CLASSES}', '{ALL}' or a number of ranks >= 1, got {value!r}")
 
 
 @app.command("report")
@@ -37,18 +52,17 @@ def report(
     inter_bw: float = typer.Option(45.0, "--inter-bw", help="Timeline: inter-node bandwidth per GPU, GB/s (achieved)."),
     latency: float = typer.Option(5.0, "--latency", help="Timeline: latency per collective or send, microseconds."),
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
-    track_ranks: int = typer.Option(32, "--timeline-ranks", help="Ranks shown in timeline.json (all when the set is smaller)."),
+    track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
-    from traceforge.analysis.render import render_comparison
-    from traceforge.analysis.timing_replay import LinkModel
-    from traceforge.analysis.report import build_report
+    from traceforge.report.render import render_comparison
+    from traceforge.report.timing_replay import LinkModel
+    from traceforge.report.build import build_report
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if track_ranks < 1:
-        raise UserError(f"--timeline-ranks must be at least 1, got {track_ranks}")
+    tracks = _timeline_tracks(track_ranks)
     for flag, value in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
         if not 0 < value < math.inf:
             raise UserError(f"{flag} must be a bandwidth in GB/s above 0, got {value}")
@@ -57,7 +71,7 @@ def report(
     link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
 
     def build(path: Path):
-        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=track_ranks, jobs=jobs)
+        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs)
 
     main = build(directory)
     other = build(compare) if compare is not None else None

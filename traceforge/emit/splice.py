@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from traceforge.emit import wire
+from traceforge import wire
 from traceforge.emit.nodes import Hole, node_attributes
 from traceforge.plan.ops import Op, Program
 from traceforge.schema import SCHEMA_VERSION

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from traceforge import __version__
-from traceforge.emit.output import atomic_output_dir
+from traceforge.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params

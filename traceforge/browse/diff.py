@@ -20,9 +20,9 @@ from typing import Iterator
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import attr_value, find_rank_files
-from traceforge.analysis.reader import load_groups, open_trace, parse_node, read_json_file
-from traceforge.analysis.show import Row, node_row
+from traceforge.read.reader import attr_value, find_rank_files
+from traceforge.read.reader import load_groups, open_trace, parse_node, read_json_file
+from traceforge.browse.show import Row, node_row
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -30,7 +30,7 @@ ALL_RANKS = ("", "0")  # ASTRA-sim's spelling of "the whole world" in pg_name
 
 
 @dataclass
-class TraceSet:
+class TraceFiles:
     directory: Path
     prefix: str
     files: dict[int, Path]
@@ -42,11 +42,11 @@ class TraceSet:
         return len(self.files)
 
 
-def open_set(directory: Path, prefix: str | None = None) -> TraceSet:
+def open_set(directory: Path, prefix: str | None = None) -> TraceFiles:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
     manifest = read_json_file(directory / MANIFEST_FILE)
-    return TraceSet(directory, prefix, files, manifest if isinstance(manifest, dict) else None, load_groups(directory))
+    return TraceFiles(directory, prefix, files, manifest if isinstance(manifest, dict) else None, load_groups(directory))
 
 
 # -- one node ------------------------------------------------------------------------------
@@ -174,8 +174,8 @@ def compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> R
 
 @dataclass
 class SetDiff:
-    a: TraceSet
-    b: TraceSet
+    a: TraceFiles
+    b: TraceFiles
     only_a: list[int] = field(default_factory=list)  # ranks with a file in A only
     only_b: list[int] = field(default_factory=list)
     groups_only_a: list[tuple[int, ...]] = field(default_factory=list)  # by membership
@@ -226,7 +226,7 @@ def _compare_groups(diff: SetDiff) -> None:
 
 
 # The pair being compared, inherited by forked workers (cheaper than pickling groups per task).
-_pair: tuple[TraceSet, TraceSet] | None = None
+_pair: tuple[TraceFiles, TraceFiles] | None = None
 CHUNK_RANKS = 32
 
 
@@ -236,7 +236,7 @@ def _compare_chunk(ranks: list[int]) -> list[RankDiff]:
     return [compare_rank(r, a.files[r], b.files[r], a.groups, b.groups) for r in ranks]
 
 
-def _rank_diffs(a: TraceSet, b: TraceSet, ranks: list[int], jobs: int) -> Iterator[RankDiff]:
+def _rank_diffs(a: TraceFiles, b: TraceFiles, ranks: list[int], jobs: int) -> Iterator[RankDiff]:
     """compare_rank over ranks, in rank order, in `jobs` processes when there is enough work."""
     global _pair
     chunks = [ranks[i:i + CHUNK_RANKS] for i in range(0, len(ranks), CHUNK_RANKS)]
@@ -253,7 +253,7 @@ def _rank_diffs(a: TraceSet, b: TraceSet, ranks: list[int], jobs: int) -> Iterat
         _pair = None
 
 
-def diff_sets(a: TraceSet, b: TraceSet, keep: int = 8, jobs: int = 1) -> SetDiff:
+def diff_sets(a: TraceFiles, b: TraceFiles, keep: int = 8, jobs: int = 1) -> SetDiff:
     """Compare two opened sets rank by rank; keep the details of the first `keep` differing ranks."""
     diff = SetDiff(a, b)
     diff.only_a = sorted(set(a.files) - set(b.files))
@@ -287,7 +287,7 @@ def _digest(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def set_files(ts: TraceSet) -> dict[str, Path]:
+def set_files(ts: TraceFiles) -> dict[str, Path]:
     """A set's files keyed by role: 'rank <r>', comm_group.json, manifest.json."""
     files = {f"rank {r}": p for r, p in ts.files.items()}
     for name in (COMM_GROUP_FILE, MANIFEST_FILE):
@@ -295,7 +295,7 @@ def set_files(ts: TraceSet) -> dict[str, Path]:
     return files
 
 
-def byte_differences(a: TraceSet, b: TraceSet) -> Iterator[tuple[str, str]]:
+def byte_differences(a: TraceFiles, b: TraceFiles) -> Iterator[tuple[str, str]]:
     """(file role, 'differs' | 'only in A' | 'only in B') for each file that is not identical."""
     fa, fb = set_files(a), set_files(b)
     ranks = sorted(k for k in set(fa) | set(fb) if k.startswith("rank "))

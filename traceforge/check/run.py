@@ -24,11 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from traceforge.analysis.check_cross import CrossRank
-from traceforge.analysis.check_findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
-from traceforge.analysis.check_rank import RankSummary, node_name, scan_rank
-from traceforge.analysis.check_replay import GENERAL, MODELS, Replay
-from traceforge.analysis.reader import find_rank_files, manifest_world_size
+from traceforge.check.cross import CrossRank
+from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
+from traceforge.check.rank import RankSummary, node_name, summarize_rank
+from traceforge.check.replay import GENERAL, MODELS, Replay
+from traceforge.read.progress import Progress
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups
 from traceforge.schema import COMM_GROUP_FILE
 from traceforge.errors import TraceReadError, UserError
 
@@ -146,11 +147,15 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
         findings += _group_file_findings(groups, world, group_file)
     cross = CrossRank(world, groups, group_file)
     jobs = jobs if jobs is not None else _cores()
-    for summary in _scan_all([(r, files[r]) for r in sorted(files) if r < world], world, jobs):
+    items = [(r, files[r]) for r in sorted(files) if r < world]
+    progress = Progress("check: reading ranks", len(items))
+    for summary in _scan_all(items, world, jobs):
         result.ranks_read += 0 if summary.fatal else 1
         result.nodes += summary.nodes
         findings += summary.findings
         cross.add(summary)
+        progress.advance()
+    progress.close()
     findings += cross.check_groups()
     coll_findings, poisoned = cross.check_collectives()
     findings += coll_findings
@@ -170,35 +175,24 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
 
 
 def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:
-    """The communicator groups {id: ranks} and where they came from; None when there is no file."""
+    """The communicator groups {id: ranks} and where they came from; None when there is no file.
+    ASTRA-sim parses group ids as integers, so check also requires decimal keys."""
     if isinstance(source, Mapping):
-        return _parse_groups(source, "the given groups"), "the given groups"
-    path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
-    if source is None and not path.exists():
-        return None, COMM_GROUP_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceReadError(f"{path}: no such comm-group file") from None
-    except OSError as exc:
-        raise TraceReadError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceReadError(f"{path}: not valid JSON ({exc}); a comm-group file is {{\"<group id>\": [rank, ...]}}") from None
-    return _parse_groups(doc, str(path)), path.name
-
-
-def _parse_groups(doc, name: str) -> dict[int, list[int]]:
-    if not isinstance(doc, Mapping):
-        raise TraceReadError(f"{name}: expected an object {{\"<group id>\": [rank, ...]}}")
-    groups: dict[int, list[int]] = {}
-    for key, members in doc.items():
-        text = str(key)
-        if not (text.isascii() and text.isdigit()):
+        name = "the given groups"
+        groups = parse_groups(dict(source), name)
+    else:
+        path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
+        name = str(path)
+        loaded = load_groups(Path(directory), Path(source) if source is not None else None)
+        if loaded is None:
+            return None, COMM_GROUP_FILE
+        groups = loaded
+    out: dict[int, list[int]] = {}
+    for key, members in groups.items():
+        if not (key.isascii() and key.isdigit()):
             raise TraceReadError(f"{name}: group key {key!r} is not a decimal id (ASTRA-sim parses keys as integers)")
-        if not isinstance(members, list) or not all(isinstance(m, int) and not isinstance(m, bool) for m in members):
-            raise TraceReadError(f"{name}: group {key} must map to a list of integer ranks")
-        groups[int(text)] = members
-    return groups
+        out[int(key)] = list(members)
+    return out, (name if isinstance(source, Mapping) else Path(name).name)
 
 
 def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) -> list[Finding]:
@@ -248,13 +242,13 @@ def _cores() -> int:
 
 
 def _scan_chunk(world: int, chunk: list[tuple[int, Path]]) -> list[RankSummary]:
-    return [scan_rank(r, p, world) for r, p in chunk]
+    return [summarize_rank(r, p, world) for r, p in chunk]
 
 
 def _scan_all(items: list[tuple[int, Path]], world: int, jobs: int) -> Iterator[RankSummary]:
     if jobs <= 1 or len(items) < PARALLEL_MIN_RANKS:
         for r, p in items:
-            yield scan_rank(r, p, world)
+            yield summarize_rank(r, p, world)
         return
     chunks = [items[i:i + CHUNK_RANKS] for i in range(0, len(items), CHUNK_RANKS)]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:

@@ -2,7 +2,7 @@
 oracle of our own.
 
 Nothing here uses the planner (traceforge.plan, traceforge.model) or the product's checker:
-traces are read through traceforge.analysis.reader and judged by rules written from DESIGN.md
+traces are read through traceforge.read.reader and judged by rules written from DESIGN.md
 section 2 (the output contract) and the rank-order definition of section 3. The constants
 below are Chakra et_def.proto's enum values; test_interop holds them to Chakra's own schema.
 """
@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from traceforge.analysis.reader import attrs, find_rank_files, read_trace
+from traceforge.read.reader import attrs, find_rank_files, read_trace
 
 # Chakra NodeType
 COMP, SEND, RECV, COLL = 4, 5, 6, 7

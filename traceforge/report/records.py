@@ -14,8 +14,7 @@ Caches are cleared when they grow past their limits, so a worker's memory stays 
 the number of distinct payloads. Payloads without rank-specific values (compute nodes) live in
 their own cache, which the far more numerous rank-specific payloads cannot flush.
 
-Broken files take the slow road on purpose: at the first thing the fast loop does not like, the
-reference reader (reader.iter_nodes) reads the file again and raises its own precise error.
+Framing, and the errors for broken files, are the shared read layer's (read/frame.py).
 """
 
 from __future__ import annotations
@@ -29,9 +28,10 @@ import numpy as np
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import iter_nodes
-from traceforge.emit.wire import read_varint
-from traceforge.errors import TraceReadError
+from traceforge.read.decode import PayloadCache, node_attributes
+from traceforge.read.frame import read_file, split
+from traceforge.read.reader import parse_metadata, parse_node
+from traceforge.wire import read_varint
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 NO_DIM = ""
@@ -43,20 +43,20 @@ VOLATILE_LIMIT = 16_384  # payloads with them: the groups and peers of the last 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
 
 # A node's numbers as one packed row, so a rank's rows become numpy columns in one join. The
-# ranges are those of the arrays scan.Program keeps (a value outside them fails there, as before).
+# ranges are those of the arrays scan.RankProgram keeps (a value outside them fails there, as before).
 ROW = struct.Struct("<QbqhqqiI?")
 ROW_DTYPE = np.dtype([("id", "<u8"), ("type", "i1"), ("duration", "<i8"), ("ctype", "<i2"), ("size", "<i8"),
                       ("tag", "<i8"), ("step", "<i4"), ("ndeps", "<u4"), ("annotated", "?")])
 assert ROW_DTYPE.itemsize == ROW.size
 
 
-class NodeRecord(NamedTuple):
+class ScanRecord(NamedTuple):
     row: bytes | None  # ROW: id, type, duration, ctype, size, tag, step, dependency count, annotated
     deps: bytes  # dependency ids (data_deps then ctrl_deps, duplicates removed) as native uint64
     traffic_key: tuple | None  # (dim, "coll" | "send" | "recv", comm_type, comm_size, pg name | peer rank)
     name: str
     dim: str  # the dim annotation, NO_DIM when absent
-    wide: tuple | None  # (type, duration, ctype, size, tag, step) when they do not fit ROW (row is None)
+    wide: tuple | None  # (id, type, duration, ctype, size, tag, step) when they do not fit ROW (row is None)
 
 
 # -- level 3: decoding a parsed node --------------------------------------------------------
@@ -65,14 +65,8 @@ _WANTED = frozenset((S.DIM, S.STEP, S.COMM_TYPE, S.COMM_SIZE, S.PG_NAME, S.COMM_
 
 
 def _attrs(node: pb.Node) -> dict:
-    """The attributes the report reads (the last one wins when a name repeats)."""
-    out = {}
-    for a in node.attr:
-        name = a.name
-        if name in _WANTED:
-            which = a.WhichOneof("value")
-            out[name] = getattr(a, which) if which else None
-    return out
+    """The attributes the report reads (the first one wins when a name repeats, as in check)."""
+    return {name: value for name, (_, value) in node_attributes(node, _WANTED).items()}
 
 
 def _int(value, default: int = 0) -> int:
@@ -84,7 +78,7 @@ def _int(value, default: int = 0) -> int:
         return default
 
 
-def decode_record(node: pb.Node) -> NodeRecord:
+def decode_record(node: pb.Node) -> ScanRecord:
     """Interpret one parsed node. Values of odd types (foreign traces) fall back as they always
     have: a non-numeric integer attribute counts as 0 (a peer as -1), names print with str()."""
     a = _attrs(node)
@@ -106,8 +100,8 @@ def decode_record(node: pb.Node) -> NodeRecord:
     try:
         row, wide = ROW.pack(node.id, *numbers, len(deps), step is not None or dim != NO_DIM), None
     except struct.error:
-        row, wide = None, numbers
-    return NodeRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
+        row, wide = None, (node.id, *numbers)
+    return ScanRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
 
 
 # -- level 2: templates over the rank-specific values ---------------------------------------
@@ -176,12 +170,12 @@ def _template_key(payload: bytes, spans: list[Span]) -> tuple[bytes, ...]:
     return tuple(key)
 
 
-class Template(NamedTuple):
-    record: NodeRecord  # the record of the payload the template was made from
+class PayloadTemplate(NamedTuple):
+    record: ScanRecord  # the record of the payload the template was made from
     used: int  # index in the spans of the value the record depends on, -1 for none
 
 
-def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: NodeRecord) -> Template | None:
+def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: ScanRecord) -> PayloadTemplate | None:
     """A template, if the found spans are exactly the node's only attribute of each rank-specific
     name (checked on the wire, once per template); else None."""
     attrs = _attribute_ranges(payload)
@@ -194,9 +188,9 @@ def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: Nod
                 return None
     if found:  # a marker inside something else (a node name, another value)
         return None
-    wanted = _USES.get(record.wide[0] if record.row is None else ROW.unpack(record.row)[1])
+    wanted = _USES.get(record.wide[1] if record.row is None else ROW.unpack(record.row)[1])
     used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
-    return Template(record, used)
+    return PayloadTemplate(record, used)
 
 
 def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
@@ -224,7 +218,7 @@ def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
     return ranges if pos == end else None
 
 
-def _fill(template: Template, payload: bytes, spans: list[Span]) -> NodeRecord | None:
+def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanRecord | None:
     """The template's record with this payload's value; None when a value needs the full decoder."""
     for _, name, start, stop in spans:
         if name == S.PG_NAME and not payload[start:stop].isascii():  # protobuf judges other text
@@ -234,14 +228,14 @@ def _fill(template: Template, payload: bytes, spans: list[Span]) -> NodeRecord |
         return record
     _, name, start, stop = spans[template.used]
     target = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
-    return NodeRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
+    return ScanRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
 
 
 # -- level 1 and the file loop --------------------------------------------------------------
 
-_stable: dict[bytes, NodeRecord] = {}
-_volatile: dict[bytes, NodeRecord] = {}
-_templates: dict[tuple, Template | None] = {}
+_stable: PayloadCache[ScanRecord] = PayloadCache(STABLE_LIMIT)
+_volatile: PayloadCache[ScanRecord] = PayloadCache(VOLATILE_LIMIT)
+_templates: PayloadCache[PayloadTemplate | None] = PayloadCache(TEMPLATE_LIMIT)
 
 
 def clear() -> None:
@@ -251,54 +245,29 @@ def clear() -> None:
     _templates.clear()
 
 
-def read_records(path: Path) -> list[NodeRecord]:
+def read_records(path: Path) -> list[ScanRecord]:
     """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError:
-        data = b""
-    if not data:
-        _raise_reader_error(path)
-    end = len(data)
-    size, pos = _varint(data, 0, path)  # the GlobalMetadata: checked, then skipped
-    try:
-        if pos + size > end:
-            raise ValueError
-        pb.GlobalMetadata().ParseFromString(data[pos:pos + size])
-    except Exception:
-        _raise_reader_error(path)
-    pos += size
+    name = str(path)
+    offsets: list[int] = []
+    payloads = split(read_file(path), name, offsets)
+    parse_metadata(payloads[0], name)
     stable, volatile = _stable.get, _volatile.get
-    records: list[NodeRecord] = []
+    records: list[ScanRecord] = []
     append = records.append
-    while pos < end:
-        # Length prefix: one or two bytes inline (every node we write), longer ones aside.
-        size = data[pos]
-        if size < 0x80:
-            pos += 1
-        elif pos + 1 < end and data[pos + 1] < 0x80:
-            size = (size & 0x7F) | (data[pos + 1] << 7)
-            pos += 2
-        else:
-            size, pos = _varint(data, pos, path)
-        if pos + size > end:
-            _raise_reader_error(path)
-        payload = data[pos:pos + size]
-        pos += size
+    for i in range(1, len(payloads)):
+        payload = payloads[i]
         record = stable(payload) or volatile(payload)
         if record is None:
-            record = _miss(payload, path)
+            record = _miss(payload, name, offsets[i])
         append(record)
     return records
 
 
-def _miss(payload: bytes, path: Path) -> NodeRecord:
+def _miss(payload: bytes, name: str, offset: int) -> ScanRecord:
     """Levels 2 and 3 for a payload not seen before; the record is cached under it."""
     spans = _find_spans(payload)
     if spans == []:
-        record = decode_record(_parse(payload, path))
-        _remember(_stable, STABLE_LIMIT, payload, record)
-        return record
+        return _stable.remember(payload, decode_record(parse_node(payload, offset, name)))
     record = template = key = None
     if spans is not None:
         key = _template_key(payload, spans)
@@ -306,38 +275,8 @@ def _miss(payload: bytes, path: Path) -> NodeRecord:
         if template is not None:
             record = _fill(template, payload, spans)
     if record is None:
-        node = _parse(payload, path)
+        node = parse_node(payload, offset, name)
         record = decode_record(node)
         if key is not None and key not in _templates:
-            _remember(_templates, TEMPLATE_LIMIT, key, _make_template(payload, node, spans, record))
-    _remember(_volatile, VOLATILE_LIMIT, payload, record)
-    return record
-
-
-def _remember(cache: dict, limit: int, key, value) -> None:
-    if len(cache) >= limit:  # records already handed out stay valid: they depend on bytes only
-        cache.clear()
-    cache[key] = value
-
-
-def _parse(payload: bytes, path: Path) -> pb.Node:
-    node = pb.Node()
-    try:
-        node.ParseFromString(payload)
-    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
-        _raise_reader_error(path)
-    return node
-
-
-def _varint(data: bytes, pos: int, path: Path) -> tuple[int, int]:
-    try:
-        return read_varint(data, pos)
-    except ValueError:
-        _raise_reader_error(path)
-
-
-def _raise_reader_error(path: Path) -> None:
-    """Let the reference reader read the file again and raise its own error for it."""
-    for _ in iter_nodes(path):
-        pass
-    raise TraceReadError(f"{path}: the file changed while it was read; run the command again")
+            _templates.remember(key, _make_template(payload, node, spans, record))
+    return _volatile.remember(payload, record)

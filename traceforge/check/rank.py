@@ -16,15 +16,17 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.check_findings import ERROR, WARNING, Finding, Tally
-from traceforge.analysis.check_nodes import (
-    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, NodeRecord, decode_node,
+from traceforge.check.findings import ERROR, WARNING, Finding, Tally
+from traceforge.check.nodes import (
+    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, CheckRecord, decode_node,
 )
-from traceforge.emit.wire import read_varint
+from traceforge.read.decode import PayloadCache
+from traceforge.read.frame import FrameError, frames, payload_at, read_file
+from traceforge.wire import read_varint
 
 # Records by payload bytes; cleared when full. ~50k entries is a few dozen ranks' distinct nodes.
 CACHE_LIMIT = 50_000
-_cache: dict[bytes, NodeRecord] = {}
+_cache: PayloadCache[CheckRecord] = PayloadCache(CACHE_LIMIT)
 
 
 @dataclass
@@ -60,7 +62,7 @@ class RankSummary:
     seqs: dict[int, bytes] = field(default_factory=dict)  # group -> packed (comm_type, size) pairs
 
 
-def scan_rank(rank: int, path: Path | str, world: int) -> RankSummary:
+def summarize_rank(rank: int, path: Path | str, world: int) -> RankSummary:
     summary = RankSummary(rank, str(path))
     try:
         _scan(summary, world)
@@ -84,57 +86,35 @@ class _Fatal(Exception):
 
 def _scan(s: RankSummary, world: int) -> None:
     try:
-        data = Path(s.path).read_bytes()
-    except FileNotFoundError:
-        raise _Fatal("missing-rank", "no such file") from None
-    except OSError as exc:
-        raise _Fatal("unreadable", f"cannot read ({exc.strerror})") from None
-    if not data:
-        raise _Fatal("empty", "empty file (0 bytes); a Chakra ET file holds a GlobalMetadata and then nodes")
-    records, offsets = _decode(data)
+        records, offsets = _decode(read_file(s.path), s.path)
+    except FrameError as exc:
+        raise _Fatal(exc.kind, exc.detail) from None
     if not records:
         raise _Fatal("empty", "holds a GlobalMetadata but no nodes; ASTRA-sim aborts on a file with nothing to issue")
     s.nodes = len(records)
     _check_graph(s, records, offsets, world)
 
 
-def _decode(data: bytes) -> tuple[list[NodeRecord], list[int]]:
+def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
     """Frame the file, check its GlobalMetadata, decode every node (through the cache)."""
     cache = _cache
-    if len(cache) > CACHE_LIMIT:
-        cache.clear()
-    records: list[NodeRecord] = []
+    records: list[CheckRecord] = []
     offsets: list[int] = []
-    pos, end, first = 0, len(data), True
-    while pos < end:
-        start = pos
-        size = data[pos]
-        if size < 0x80:
-            pos += 1
-        else:
-            try:
-                size, pos = read_varint(data, pos)
-            except ValueError as exc:
-                raise _Fatal("truncated" if "truncated" in str(exc) else "corrupt",
-                             f"bad length prefix at byte {start} ({exc}); the file is corrupt or truncated") from None
-        if pos + size > end:
-            raise _Fatal("truncated", f"the message at byte {start} needs {size:,} bytes but only {end - pos:,} remain; "
-                                      "the file is truncated")
-        payload = data[pos:pos + size]
-        pos += size
-        if first:
-            first = False
-            _check_metadata(payload)
-            continue
-        if size == 0 and not any(data[start:]):
-            raise _Fatal("corrupt", f"{end - start:,} zero bytes at byte {start} after the last node: trailing garbage")
+    payloads = frames(data, name)
+    for _, payload in payloads:
+        _check_metadata(payload)
+        break
+    for start, payload in payloads:
+        if not payload and not any(data[start:]):
+            raise _Fatal("corrupt", f"{len(data) - start:,} zero bytes at byte {start:,} after the last node: "
+                                    "trailing garbage")
         record = cache.get(payload)
         if record is None:
             try:
-                record = decode_node(payload)
+                record = cache.remember(payload, decode_node(payload))
             except CorruptNode:
-                raise _Fatal("corrupt", f"the message at byte {start} does not parse as a Node; the file is corrupt") from None
-            cache[payload] = record
+                raise _Fatal("corrupt", f"the message at byte {start:,} does not parse as a Node; "
+                                        "the file is corrupt") from None
         records.append(record)
         offsets.append(start)
     return records, offsets
@@ -162,7 +142,7 @@ def _check_metadata(payload: bytes) -> None:
                                     "starts with one") from None
 
 
-def _check_graph(s: RankSummary, records: list[NodeRecord], offsets: list[int], world: int) -> None:
+def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> None:
     rank, tally = s.rank, Tally(s.rank)
     n = len(records)
     index = {r[0]: i for i, r in enumerate(records)}
@@ -192,7 +172,7 @@ def _check_graph(s: RankSummary, records: list[NodeRecord], offsets: list[int], 
         _reduce(s.comm, records, index, order, comm_at)
 
 
-def _duplicates(records: list[NodeRecord], tally: Tally) -> None:
+def _duplicates(records: list[CheckRecord], tally: Tally) -> None:
     seen: dict[int, int] = {}
     for r in records:
         seen[r[0]] = seen.get(r[0], 0) + 1
@@ -204,7 +184,7 @@ def _duplicates(records: list[NodeRecord], tally: Tally) -> None:
             seen[r[0]] = 0
 
 
-def _topological_order(records: list[NodeRecord], index: dict[int, int], tally: Tally) -> list[int] | None:
+def _topological_order(records: list[CheckRecord], index: dict[int, int], tally: Tally) -> list[int] | None:
     """Kahn's order over the known dependencies; None (and a cycle finding) when there is a cycle."""
     n = len(records)
     indeg = [0] * n
@@ -333,16 +313,12 @@ def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
     comm.succ_ptr, comm.succ = ptr, succ
 
 
-def read_record(path: str, offset: int) -> NodeRecord | None:
+def read_record(path: str, offset: int) -> CheckRecord | None:
     """The node whose length prefix sits at offset, decoded again (for reports)."""
+    payload = payload_at(path, offset)
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            head = f.read(10)
-            size, start = read_varint(head, 0)
-            f.seek(offset + start)
-            return decode_node(f.read(size))
-    except (OSError, ValueError, CorruptNode):
+        return None if payload is None else decode_node(payload)
+    except CorruptNode:
         return None
 
 

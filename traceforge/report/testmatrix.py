@@ -14,9 +14,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from traceforge.analysis.ring import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
-from traceforge.analysis.traceset import TraceSet
-from traceforge.analysis.traffic import crosses_nodes, dim_sort_key
+from traceforge.report.ring import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
+from traceforge.report.traceset import TraceSet
+from traceforge.report.traffic import crosses_nodes, dim_sort_key
 
 
 @dataclass

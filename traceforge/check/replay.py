@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import heapq
 
-from traceforge.analysis.check_cross import CrossRank
-from traceforge.analysis.check_findings import WARNING, Finding
-from traceforge.analysis.check_nodes import COLL, RECV, SEND
+from traceforge.check.cross import CrossRank
+from traceforge.check.findings import WARNING, Finding
+from traceforge.check.nodes import COLL, RECV, SEND
 
 GENERAL, ASTRA = "general", "astra-sim"
 MODELS = (GENERAL, ASTRA)

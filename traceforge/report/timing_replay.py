@@ -23,10 +23,10 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from traceforge.analysis.ring import wire_bytes
-from traceforge.analysis.scan import COLL, COMP, RECV, SEND, Program
-from traceforge.analysis.traceset import TraceSet
-from traceforge.analysis.traffic import crosses_nodes, node_of
+from traceforge.report.ring import wire_bytes
+from traceforge.report.scan import COLL, COMP, RECV, SEND, RankProgram
+from traceforge.report.traceset import TraceSet
+from traceforge.report.traffic import crosses_nodes, node_of
 
 # Replays bigger than this many nodes (classes x nodes per program) are refused.
 REPLAY_NODE_LIMIT = 4_000_000
@@ -75,7 +75,7 @@ def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
 class _ClassProgram:
     """One representative's program with the lookups the replay needs."""
 
-    def __init__(self, rank: int, program: Program):
+    def __init__(self, rank: int, program: RankProgram):
         self.rank, self.p = rank, program
         n = len(program)
         self.types = program.types.tolist()
@@ -108,7 +108,7 @@ class ReplayResult:
     link: LinkModel
     color: list[int]  # class of each rank
     reps: list[int]  # representative rank of each class
-    programs: list[Program]
+    programs: list[RankProgram]
     issue: list[list[float | None]]  # per class, per node: when a comm node got its slot (or was posted)
     start: list[list[float | None]]  # when it ran (the transfer, for communication)
     finish: list[list[float | None]]

@@ -16,9 +16,9 @@ import hashlib
 from array import array
 from collections import Counter
 
-from traceforge.analysis.check_findings import Finding
-from traceforge.analysis.check_nodes import COLL, SEND, WORLD, coll_label, p2p_label
-from traceforge.analysis.check_rank import CommGraph, RankSummary
+from traceforge.check.findings import Finding
+from traceforge.check.nodes import COLL, SEND, WORLD, coll_label, p2p_label
+from traceforge.check.rank import CommGraph, RankSummary
 
 PAIR = 16  # bytes per packed (comm_type, size) entry
 

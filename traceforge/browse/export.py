@@ -22,10 +22,10 @@ from typing import TextIO
 
 from google.protobuf.json_format import MessageToDict
 
-from traceforge.analysis.reader import find_rank_files
-from traceforge.analysis.reader import open_trace, parse_node
+from traceforge.read.reader import find_rank_files
+from traceforge.read.reader import open_trace, parse_node
 from traceforge.schema import COMM_GROUP_FILE
-from traceforge.emit.output import atomic_output_dir
+from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
 
 FORMATS = ("json",)

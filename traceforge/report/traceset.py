@@ -16,10 +16,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.analysis import scan_cache
-from traceforge.analysis.dims import infer_group_dims
-from traceforge.analysis.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.analysis.scan import NO_DIM, WORLD, Program, RankScan, scan_ranks
+from traceforge.report import records as scan_cache
+from traceforge.report.dims import infer_group_dims
+from traceforge.read.progress import Progress
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -32,7 +33,7 @@ class TraceSet:
     prefix: str
     world: int
     scans: list[RankScan]  # indexed by rank
-    programs: dict[bytes, Program]  # one per distinct rank-independent program
+    programs: dict[bytes, RankProgram]  # one per distinct rank-independent program
     groups: dict[str, tuple[int, ...]]  # pg name -> members in ring order
     group_dims: dict[str, str]  # pg name -> dimension label
     steps: int
@@ -60,10 +61,18 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     ctx = multiprocessing.get_context("fork")
     out: list[RankScan] = []
+    progress = Progress("report: reading ranks", len(items))
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         for done in pool.map(scan_ranks, chunks, [session] * len(chunks)):
             out += done
+            progress.advance(len(done))
+    progress.close()
     return out
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity), as check counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
@@ -78,10 +87,12 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     if missing:
         raise TraceReadError(f"{directory}: ranks must be numbered 0..{world - 1}; missing {prefix}.{missing[0]}.et "
                              f"({len(missing)} missing)")
-    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    jobs = jobs if jobs is not None else _cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
-    programs: dict[bytes, Program] = {}
+    programs: dict[bytes, RankProgram] = {}
+    shared: dict = {}
     for scan in scans:
+        intern_traffic(scan, shared)
         if scan.program is not None:
             programs.setdefault(scan.shape, scan.program)
             scan.program = None

@@ -12,22 +12,23 @@ from __future__ import annotations
 import gc
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Container
 
 import numpy as np
 
-from traceforge.analysis import scan_cache
-from traceforge.analysis.scan_cache import (
-    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, NodeRecord, read_records,
+from traceforge.errors import TraceReadError
+from traceforge.report import records as scan_cache
+from traceforge.report.records import (
+    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, ScanRecord, read_records,
 )
 
-__all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "Program", "RankScan", "scan_rank", "scan_ranks"]
+__all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "RankProgram", "RankScan", "scan_rank", "scan_ranks"]
 
 
 @dataclass
-class Program:
+class RankProgram:
     """A rank's nodes in file order (index = position), with group/peer values as role numbers."""
 
     types: np.ndarray  # NodeType
@@ -59,15 +60,30 @@ class RankScan:
     nodes: int
     compute_micros: int
     max_step: int
-    # (dim, kind, comm_type, comm_size, target) -> count; kind "coll" (target: pg name),
-    # "send"/"recv" (target: peer rank; comm_type -1)
-    traffic: Counter = field(default_factory=Counter)
+    # ((dim, kind, comm_type, comm_size, role), count) in order of first use; kind "coll" (role:
+    # index into group_roles), "send"/"recv" (index into peer_roles; comm_type -1). Ranks of a
+    # stage share one such tuple (see intern_traffic): memory does not grow per rank with it.
+    role_traffic: tuple = ()
     group_roles: tuple[str, ...] = ()  # pg names in order of first use
     peer_roles: tuple[int, ...] = ()  # peer ranks in order of first use
     shape: bytes = b""
-    program: Program | None = None  # set only where the caller asked to keep it
+    program: RankProgram | None = None  # set only where the caller asked to keep it
     dangling_deps: int = 0
     has_annotations: bool = False
+
+    @property
+    def traffic(self) -> dict[tuple, int]:
+        """(dim, kind, comm_type, comm_size, target) -> count; target: the pg name of a collective,
+        the peer rank of a send or recv. Built on demand from the shared role_traffic."""
+        groups, peers = self.group_roles, self.peer_roles
+        return {(dim, kind, ctype, size, groups[role] if kind == "coll" else peers[role]): count
+                for (dim, kind, ctype, size, role), count in self.role_traffic}
+
+
+def intern_traffic(scan: RankScan, seen: dict) -> None:
+    """Share one role_traffic tuple (and one copy of each pg name) among the scans seen."""
+    scan.role_traffic = seen.setdefault(scan.role_traffic, scan.role_traffic)
+    scan.group_roles = tuple(seen.setdefault(g, g) for g in scan.group_roles)
 
 
 def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
@@ -82,16 +98,17 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
     try:
         table = np.frombuffer(b"".join([r.row for r in records]), ROW_DTYPE)
     except TypeError:  # a row is None: a value does not fit the program's arrays
-        raise _overflow(records) from None
+        raise _overflow(rank, path, records) from None
     types = table["type"].astype(np.int8)
     durations = table["duration"].astype(np.int64)
     steps = table["step"].astype(np.int32)
     traffic = Counter(traffic_keys)  # keys in order of first occurrence, as counting node by node would
     traffic.pop(None, None)
-    roles, group_roles, peer_roles = _roles(traffic, traffic_keys)
+    roles, group_roles, peer_roles, number = _roles(traffic, traffic_keys)
+    role_traffic = tuple((key[:4] + (number[key],), count) for key, count in traffic.items())
     deps = np.frombuffer(b"".join([r.deps for r in records]), np.uint64)
     dep_ptr, dep_idx, dangling = _dependencies(table["id"], table["ndeps"], deps)
-    program = Program(
+    program = RankProgram(
         types, durations, table["ctype"].astype(np.int16), table["size"].astype(np.int64), roles,
         table["tag"].astype(np.int64), steps, dep_ptr, dep_idx, names=[], dims=[],
     )
@@ -102,12 +119,12 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
         program.names, program.dims = [r.name for r in records], [r.dim for r in records]
     return RankScan(
         rank=rank, nodes=n, compute_micros=_total(durations[types == COMP]), max_step=int(steps.max()) if n else 0,
-        traffic=traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
+        role_traffic=role_traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
         dangling_deps=dangling, has_annotations=bool(table["annotated"].any()),
     )
 
 
-def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str, ...], tuple[int, ...]]:
+def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str, ...], tuple[int, ...], dict]:
     """Per node, its group's or peer's role: numbered in order of first use, groups and peers
     each on their own (-1 for nodes that are not communication)."""
     groups: dict[str, int] = {}
@@ -117,7 +134,7 @@ def _roles(traffic: Counter, traffic_keys: list) -> tuple[np.ndarray, tuple[str,
         kind, target = key[1], key[4]
         roles = groups if kind == "coll" else peers
         number[key] = roles.setdefault(target, len(roles))
-    return np.array(list(map(number.__getitem__, traffic_keys)), np.int32), tuple(groups), tuple(peers)
+    return np.array(list(map(number.__getitem__, traffic_keys)), np.int32), tuple(groups), tuple(peers), number
 
 
 def _dependencies(ids: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -144,16 +161,26 @@ def _total(values: np.ndarray) -> int:
     return int(values.sum())
 
 
-def _overflow(records: list[NodeRecord]) -> OverflowError:
-    """Some value is outside the range of its Program array: the error building that array from
-    Python ints gives, for the first column and value that does not fit (as it always has)."""
-    wide = [r.wide for r in records if r.wide is not None]
-    try:
-        for column, dtype in zip(zip(*wide), (np.int8, np.int64, np.int16, np.int64, np.int64, np.int32)):
-            np.array(column, dtype)
-    except OverflowError as exc:
-        return exc
-    return OverflowError("a node value does not fit the program arrays")
+# The columns a ScanRecord's `wide` tuple holds after the node id, with the range each is kept in.
+_WIDE_FIELDS = (("type", np.int8), ("duration_micros", np.int64), ("comm_type", np.int16),
+                ("comm_size", np.int64), ("comm_tag", np.int64), ("step", np.int32))
+
+
+def _overflow(rank: int, path: Path, records: list[ScanRecord]) -> TraceReadError:
+    """One line naming the rank, the node and the field whose value is outside what the report
+    keeps (a foreign or damaged file: step 2**40, a uint64 duration, node type 300, ...)."""
+    for record in records:
+        if record.wide is None:
+            continue
+        node_id, *values = record.wide
+        for (field_name, dtype), value in zip(_WIDE_FIELDS, values, strict=True):
+            info = np.iinfo(dtype)
+            if not info.min <= value <= info.max:
+                return TraceReadError(
+                    f"{path}: rank {rank}, node {node_id} ({record.name!r}): {field_name} {value:,} is outside "
+                    f"{info.min:,}..{info.max:,}, the range traceforge report reads; fix the value "
+                    "('traceforge check' lists what else is wrong)")
+    return TraceReadError(f"{path}: rank {rank}: a node value is outside the range traceforge report reads")
 
 
 # -- a worker's view: keep each distinct program once ------------------------------------
@@ -175,9 +202,11 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     gc.disable()
     try:
         out = []
+        shared: dict = {}
         for rank, path in items:
             scan = scan_rank(rank, path, _seen)
             _seen.add(scan.shape)
+            intern_traffic(scan, shared)
             out.append(scan)
         return out
     finally:

@@ -16,16 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
-from traceforge.analysis.matrix import (
+from traceforge.report.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
     write_matrix_csv,
 )
-from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
-from traceforge.analysis.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
-from traceforge.analysis.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
-from traceforge.analysis.traceset import TraceSet, load_trace_set
-from traceforge.analysis.traffic import DimTraffic, dimension_traffic, node_of
-from traceforge.emit.output import atomic_output_dir
+from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
+from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
+from traceforge.report.timeline import (
+    CLASSES, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace,
+)
+from traceforge.report.traceset import TraceSet, load_trace_set
+from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
+from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
 
 # The node matrix goes into report.json up to this many nodes (always into its CSV).
@@ -42,7 +44,7 @@ class Report:
     link: LinkModel
     replay: ReplayResult | None = None
     estimate: StepEstimate | None = None
-    track_ranks: int = DEFAULT_TRACK_RANKS
+    track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -78,13 +80,26 @@ class Report:
             out["order"] = m.get("order")
         return out
 
+    def _timeline_meta(self, ranks: list[int]) -> dict:
+        shown: object = ranks if len(ranks) <= 1024 else f"{len(ranks):,} ranks"
+        return {"traceforge": "analytical replay, an estimate, not a simulation", "link_model": self.link_json(),
+                "tracks": self.track_ranks, "ranks_shown": shown,
+                "step_estimate": self.estimate.to_json() if self.estimate else None}
+
     def chrome_trace(self) -> dict | None:
+        """The timeline as one document in memory (small sets; write_timeline streams it)."""
         if self.replay is None:
             return None
-        ranks = sample_ranks(self.replay, self.track_ranks)
-        meta = {"traceforge": "analytical replay, an estimate, not a simulation", "link_model": self.link_json(),
-                "ranks_shown": ranks, "step_estimate": self.estimate.to_json() if self.estimate else None}
-        return chrome_trace(self.replay, ranks, self.gpus_per_node, meta)
+        ranks = timeline_ranks(self.replay, self.track_ranks)
+        return chrome_trace(self.replay, ranks, self.gpus_per_node, self._timeline_meta(ranks))
+
+    def write_timeline(self, path: Path) -> int:
+        """Stream timeline.json to path; return the events written (0 and no file without a replay)."""
+        if self.replay is None:
+            return 0
+        ranks = timeline_ranks(self.replay, self.track_ranks)
+        with open(path, "w", encoding="utf-8") as stream:
+            return write_chrome_trace(self.replay, ranks, self.gpus_per_node, stream, self._timeline_meta(ranks))
 
     def link_json(self) -> dict:
         return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps, "latency_us": self.link.latency_us}
@@ -112,7 +127,7 @@ class Report:
 
     # -- output --------------------------------------------------------------------------
     def render(self, console) -> None:
-        from traceforge.analysis.render import render_report
+        from traceforge.report.render import render_report
 
         render_report(self, console)
 
@@ -134,9 +149,7 @@ class Report:
             else:
                 notes.append(f"no matrix_ranks.csv above {MAX_DENSE_RANKS} ranks; links.csv has every rank pair")
             write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
-            trace = self.chrome_trace()
-            if trace is not None:
-                (tmp / "timeline.json").write_text(json.dumps(trace) + "\n")
+            self.write_timeline(tmp / "timeline.json")
             try:
                 write_heatmap(heatmaps, tmp / "traffic_heatmap.png")
             except PlotUnavailable as exc:
@@ -176,7 +189,7 @@ def _n(value: float):
 
 def build_report(
     directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
-    timeline: bool = True, track_ranks: int = DEFAULT_TRACK_RANKS, jobs: int | None = None,
+    timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
 ) -> Report:
     """Scan a trace set once and assemble its report. Raises UserError on unreadable input."""
     if gpus_per_node < 1:

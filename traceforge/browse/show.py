@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, TextIO
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.analysis.reader import attrs, open_trace, parse_node
+from traceforge.read.reader import attrs, open_trace, parse_node
 from traceforge.errors import UserError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from traceforge.analysis.traffic import DimTraffic
+from traceforge.report.traffic import DimTraffic
 
 TEST_ROWS_SHOWN = 16
 NODE_MATRIX_SHOWN = 8

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traceforge.analysis.ring import destinations, wire_bytes
-from traceforge.analysis.traceset import TraceSet
-from traceforge.analysis.traffic import node_of
+from traceforge.report.ring import destinations, wire_bytes
+from traceforge.report.traceset import TraceSet
+from traceforge.report.traffic import node_of
 
 # A dense rank x rank matrix above this many ranks is too big to be useful (or to fit).
 MAX_DENSE_RANKS = 2048

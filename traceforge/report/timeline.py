@@ -10,12 +10,16 @@ send/collective; a collective's wait for its peers nests inside it), and recv la
 
 from __future__ import annotations
 
+import io
+import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TextIO
 
-from traceforge.analysis.timing_replay import ReplayResult
-from traceforge.analysis.ring import RECV_NAME, SEND_NAME, coll_name
-from traceforge.analysis.scan import COLL, COMP, RECV, SEND
-from traceforge.analysis.traffic import node_of
+from traceforge.report.timing_replay import ReplayResult
+from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
+from traceforge.report.scan import COLL, COMP, RECV, SEND
+from traceforge.report.traffic import node_of
 
 DEFAULT_TRACK_RANKS = 32
 
@@ -113,17 +117,34 @@ def step_estimate(result: ReplayResult, steps: int) -> StepEstimate:
                         len(result.reps), len(result.stalled))
 
 
+CLASSES, ALL = "classes", "all"  # timeline tracks: one per rank class (default), or every rank
+
+
+def timeline_ranks(result: ReplayResult, choice: str | int = CLASSES) -> list[int]:
+    """The ranks a timeline shows: each class's representative ("classes"), every rank ("all"),
+    or a sample of that many ranks covering every class first."""
+    if choice == CLASSES:
+        return sorted(set(result.reps))
+    if choice == ALL:
+        return list(range(len(result.color)))
+    if isinstance(choice, int) and choice >= 1:
+        return sample_ranks(result, choice)
+    raise ValueError(f"timeline ranks must be {CLASSES!r}, {ALL!r} or a positive count, got {choice!r}")
+
+
 def sample_ranks(result: ReplayResult, limit: int = DEFAULT_TRACK_RANKS) -> list[int]:
     """All ranks when few; else every class's representative first, then the lowest ranks."""
     world = len(result.color)
     if world <= limit:
         return list(range(world))
     chosen = list(dict.fromkeys(result.reps))[:limit]
+    taken = set(chosen)
     for r in range(world):
         if len(chosen) >= limit:
             break
-        if r not in chosen:
+        if r not in taken:
             chosen.append(r)
+            taken.add(r)
     return sorted(chosen)
 
 
@@ -137,49 +158,89 @@ def _event_name(program, i: int) -> str:
     return {SEND: SEND_NAME, RECV: RECV_NAME}.get(t, "compute")
 
 
-def chrome_trace(result: ReplayResult, ranks: list[int], gpus_per_node: int, meta: dict | None = None) -> dict:
-    """Chrome-trace JSON of the first step of each listed rank (events nest per lane)."""
-    events: list[dict] = []
+_PID = "@PID@"  # stands for the rank in a class's rendered events; a JSON string never holds it bare
+CLASS_TEXT_LIMIT = 256 << 20  # characters of rendered class events kept for reuse
+
+
+def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
+    """The first step of class c as Chrome-trace events (events nest per lane), pid left open."""
+    program = result.programs[c]
+    issue, start, finish = result.issue[c], result.start[c], result.finish[c]
+    steps = program.steps.tolist()
+    first = min(steps, default=0)
+    lanes_end: list[float] = []  # recv/other lanes, greedy
+    used = {0: "compute", 1: "comm"}
+    for i, kind in enumerate(program.types.tolist()):
+        if steps[i] != first or start[i] is None or finish[i] is None:
+            continue
+        dim = program.dims[i] or ("compute" if kind == COMP else "comm")
+        args: dict = {"node": i}
+        if kind in (COLL, SEND, RECV):
+            args["comm_size"] = int(program.sizes[i])
+        if kind == COMP:
+            tid, begin = 0, start[i]
+        elif kind in (COLL, SEND):
+            tid, begin = 1, issue[i] if issue[i] is not None else start[i]
+        else:
+            begin = start[i]
+            lane = next((k for k, end in enumerate(lanes_end) if end <= begin), len(lanes_end))
+            if lane == len(lanes_end):
+                lanes_end.append(finish[i])
+            else:
+                lanes_end[lane] = finish[i]
+            tid = 2 + lane
+            used[tid] = f"recv {lane}" if kind == RECV else f"other {lane}"
+        yield _complete(_event_name(program, i), dim, _PID, tid, begin, finish[i], args)
+        if kind == COLL and start[i] > begin:
+            yield _complete("wait for peers", dim, _PID, tid, begin, start[i], {"node": i})
+    for tid, label in used.items():
+        yield {"name": "thread_name", "ph": "M", "pid": _PID, "tid": tid, "args": {"name": label}}
+
+
+def write_chrome_trace(result: ReplayResult, ranks: Iterable[int], gpus_per_node: int, stream: TextIO,
+                       meta: dict | None = None) -> int:
+    """Stream the Chrome-trace JSON of the first step of each listed rank; return events written.
+
+    A rank's events are its class's with its own pid, so each class is rendered to text once and
+    written again per rank with the pid replaced: time goes with the bytes written, and memory
+    holds rendered text of a few classes, never the event list of the whole timeline."""
+    rendered: dict[int, tuple[str, int]] = {}
+    kept = written = 0
+    stream.write('{"traceEvents": [')
+    sep = ""
+    sizes = result.class_size()
     for rank in ranks:
         c = result.color[rank]
-        program = result.programs[c]
-        issue, start, finish = result.issue[c], result.start[c], result.finish[c]
-        steps = program.steps.tolist()
-        first = min(steps, default=0)
-        events.append({"name": "process_name", "ph": "M", "pid": rank,
-                       "args": {"name": f"rank {rank} (node {node_of(rank, gpus_per_node)})"}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
-        lanes_end: list[float] = []  # recv/other lanes, greedy
-        used = {0: "compute", 1: "comm"}
-        for i, kind in enumerate(program.types.tolist()):
-            if steps[i] != first or start[i] is None or finish[i] is None:
-                continue
-            dim = program.dims[i] or ("compute" if kind == COMP else "comm")
-            args = {"node": i}
-            if kind in (COLL, SEND, RECV):
-                args["comm_size"] = int(program.sizes[i])
-            if kind == COMP:
-                tid, begin = 0, start[i]
-            elif kind in (COLL, SEND):
-                tid, begin = 1, issue[i] if issue[i] is not None else start[i]
-            else:
-                begin = start[i]
-                lane = next((k for k, end in enumerate(lanes_end) if end <= begin), len(lanes_end))
-                if lane == len(lanes_end):
-                    lanes_end.append(finish[i])
-                else:
-                    lanes_end[lane] = finish[i]
-                tid = 2 + lane
-                used[tid] = f"recv {lane}" if kind == RECV else f"other {lane}"
-            events.append(_complete(_event_name(program, i), dim, rank, tid, begin, finish[i], args))
-            if kind == COLL and start[i] > begin:
-                events.append(_complete("wait for peers", dim, rank, tid, begin, start[i], {"node": i}))
-        for tid, label in used.items():
-            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": label}})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
+        if c not in rendered:
+            events = [json.dumps(e) for e in _class_events(result, c)]
+            if kept > CLASS_TEXT_LIMIT:
+                rendered.clear()
+                kept = 0
+            rendered[c] = (", ".join(events), len(events))
+            kept += len(rendered[c][0])
+        body, count = rendered[c]
+        label = f"rank {rank} (node {node_of(rank, gpus_per_node)})"
+        if sizes[c] > 1:
+            label += f", class {c}: {sizes[c]:,} ranks alike"
+        head = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": label}},
+                {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
+        stream.write(sep + ", ".join(json.dumps(e) for e in head))
+        if count:
+            stream.write(", " + body.replace(f'"{_PID}"', str(rank)))
+        sep = ", "
+        written += 2 + count
+    stream.write('], "displayTimeUnit": "ms", "otherData": ' + json.dumps(meta or {}) + "}\n")
+    return written
 
 
-def _complete(name: str, cat: str, pid: int, tid: int, begin: float, end: float, args: dict) -> dict:
+def chrome_trace(result: ReplayResult, ranks: list[int], gpus_per_node: int, meta: dict | None = None) -> dict:
+    """The timeline as one JSON document in memory (small sets; write_chrome_trace streams)."""
+    buffer = io.StringIO()
+    write_chrome_trace(result, ranks, gpus_per_node, buffer, meta)
+    return json.loads(buffer.getvalue())
+
+
+def _complete(name: str, cat: str, pid: int | str, tid: int, begin: float, end: float, args: dict) -> dict:
     # Round both ends (not begin and duration) so back-to-back events never overlap.
     b, e = round(begin, 3), round(end, 3)
     return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": b, "dur": round(e - b, 3), "args": args}

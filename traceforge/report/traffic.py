@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from traceforge.analysis.ring import RECV_NAME, SEND_NAME, coll_name, wire_bytes
-from traceforge.analysis.traceset import TraceSet
+from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name, wire_bytes
+from traceforge.report.traceset import TraceSet
 
 DIM_ORDER = ("tp", "cp", "ep", "pp", "dp", "emb")
 

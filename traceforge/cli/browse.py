@@ -31,7 +31,7 @@ def diff(
     Semantically (default): world size and layout, comm groups by membership, per-rank node
     counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
     """
-    from traceforge.analysis.diff import byte_differences, diff_sets, open_set
+    from traceforge.browse.diff import byte_differences, diff_sets, open_set
     from traceforge.emit.writer import default_jobs
 
     if limit < 1:
@@ -149,7 +149,7 @@ def _print_traffic(d) -> None:
 
 def _print_first_nodes(d) -> None:
     """Per differing rank, its first differing node in both versions and what changed."""
-    from traceforge.analysis.show import table_header, table_line
+    from traceforge.browse.show import table_header, table_line
 
     if not d.ranks_differ:
         return
@@ -192,9 +192,9 @@ def show(
 ) -> None:
     """Print one rank's nodes as a readable table: type, collective, bytes, group members or peer,
     dependencies, duration and annotations."""
-    from traceforge.analysis.reader import find_rank_files
-    from traceforge.analysis.reader import load_groups
-    from traceforge.analysis.show import iter_rows, parse_range, write_json, write_table
+    from traceforge.read.reader import find_rank_files
+    from traceforge.read.reader import load_groups
+    from traceforge.browse.show import iter_rows, parse_range, write_json, write_table
 
     start, stop = parse_range(node_range)
     prefix, files = find_rank_files(directory, prefix)
@@ -212,7 +212,7 @@ def show(
 
 def _coordinates(directory: Path, rank: int) -> str:
     """' (tp 0, pp 1, dp 0)' from the set's manifest, or '' without one."""
-    from traceforge.analysis.reader import read_json_file
+    from traceforge.read.reader import read_json_file
     from traceforge.schema import MANIFEST_FILE
 
     try:
@@ -243,8 +243,8 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
 ) -> None:
     """Write a trace set as JSON for simulators and scripts without protobuf, node by node."""
-    from traceforge.analysis.export import FORMATS, export_json, write_rank_json
-    from traceforge.analysis.reader import find_rank_files
+    from traceforge.browse.export import FORMATS, export_json, write_rank_json
+    from traceforge.read.reader import find_rank_files
 
     if fmt.lower() not in FORMATS:
         raise UserError(f"--format {fmt!r} is not supported; choose one of {', '.join(FORMATS)}")

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from google.protobuf.message import DecodeError
-
 from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.read.decode import CorruptNode, node_attributes, parse_node
 
 INVALID, METADATA, MEM_LOAD, MEM_STORE, COMP, SEND, RECV, COLL = range(8)
 COMM_TYPES = frozenset((SEND, RECV, COLL))
@@ -44,7 +42,7 @@ ERROR, WARNING = "error", "warning"
 Problem = tuple[str, str, str]
 
 
-class NodeRecord(NamedTuple):
+class CheckRecord(NamedTuple):
     id: int
     type: int
     deps: tuple[int, ...]  # data_deps then ctrl_deps, duplicates removed
@@ -55,25 +53,14 @@ class NodeRecord(NamedTuple):
     name: str
 
 
-class CorruptNode(Exception):
-    """The payload does not parse as a Node."""
-
-
-def decode_node(payload: bytes) -> NodeRecord:
-    node = pb.Node()
-    try:
-        node.ParseFromString(payload)
-    except DecodeError:
-        raise CorruptNode() from None
+def decode_node(payload: bytes) -> CheckRecord:
+    """Raises CorruptNode when the payload is not a Node."""
+    node = parse_node(payload)
     deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
-    attrs: dict[str, tuple[str | None, object]] = {}
-    for attr in node.attr:
-        if attr.name not in attrs:  # ASTRA-sim reads the first attribute of a name
-            which = attr.WhichOneof("value")
-            attrs[attr.name] = (which, getattr(attr, which) if which else None)
+    attrs = node_attributes(node)
     problems: list[Problem] = []
     comm = _validate(node.type, attrs, problems)
-    return NodeRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
+    return CheckRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
 
 
 def _validate(ntype: int, attrs: dict, problems: list[Problem]) -> tuple | None:

@@ -15,25 +15,9 @@ from typing import Iterator
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.wire import read_varint
 from traceforge.errors import TraceReadError
+from traceforge.read.frame import frames, read_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
-
-
-def iter_payloads(data: bytes, name: str = "trace") -> Iterator[tuple[int, memoryview]]:
-    """(offset, payload) of each length-delimited message."""
-    view = memoryview(data)
-    pos, end = 0, len(data)
-    while pos < end:
-        start = pos
-        try:
-            size, pos = read_varint(view, pos)
-        except ValueError as exc:
-            raise TraceReadError(f"{name}: bad length prefix at byte {start} ({exc}); the file is corrupt or truncated") from None
-        if pos + size > end:
-            raise TraceReadError(f"{name}: message at byte {start} needs {size} bytes but only {end - pos} remain; the file is truncated")
-        yield start, view[pos:pos + size]
-        pos += size
 
 
 @dataclass
@@ -43,7 +27,7 @@ class Trace:
     nodes: list[pb.Node]
 
 
-def parse_metadata(payload: memoryview, name: str) -> pb.GlobalMetadata:
+def parse_metadata(payload: bytes, name: str) -> pb.GlobalMetadata:
     meta = pb.GlobalMetadata()
     try:
         meta.ParseFromString(payload)
@@ -52,23 +36,15 @@ def parse_metadata(payload: memoryview, name: str) -> pb.GlobalMetadata:
     return meta
 
 
-def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, memoryview]]]:
+def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, bytes]]]:
     """A file's GlobalMetadata and an iterator over its node payloads (offset, bytes)."""
     name = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise TraceReadError(f"{name}: no such file") from None
-    except OSError as exc:
-        raise TraceReadError(f"{name}: cannot read ({exc.strerror})") from None
-    if not data:
-        raise TraceReadError(f"{name}: empty file; a Chakra ET file holds a GlobalMetadata and nodes")
-    payloads = iter_payloads(data, name)
+    payloads = frames(read_file(path), name)
     _, first = next(payloads)
     return parse_metadata(first, name), payloads
 
 
-def parse_node(payload: memoryview, offset: int, name: str) -> pb.Node:
+def parse_node(payload: bytes, offset: int, name: str) -> pb.Node:
     node = pb.Node()
     try:
         node.ParseFromString(payload)
@@ -128,27 +104,36 @@ def find_rank_files(directory: Path, prefix: str | None = None) -> tuple[str, di
     return prefix, dict(sorted(found[prefix].items()))
 
 
-def read_json_file(path: Path) -> object | None:
-    """A JSON side file of a trace set, or None when absent; unreadable JSON is a TraceReadError."""
+def read_json_file(path: Path, required: bool = False) -> object | None:
+    """A JSON side file of a trace set, or None when absent (unless required); unreadable JSON,
+    or anything but a regular file (a FIFO would block), is a TraceReadError."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
+        if required:
+            raise TraceReadError(f"{path}: no such file")
         return None
+    if not path.is_file():
+        raise TraceReadError(f"{path}: not a regular file; give a JSON file, or remove it")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceReadError(f"{path}: not readable JSON ({' '.join(str(exc).split())}); fix or remove it") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise TraceReadError(f"{path}: not valid JSON ({' '.join(str(exc).split())}); fix or remove it") from None
 
 
-def load_groups(directory: Path) -> dict[str, tuple[int, ...]] | None:
-    """comm_group.json as {id: members}, or None when the set has none."""
-    path = Path(directory) / COMM_GROUP_FILE
-    doc = read_json_file(path)
-    if doc is None:
-        return None
+def parse_groups(doc: object, name: object) -> dict[str, tuple[int, ...]]:
+    """A comm-group document {"<group id>": [rank, ...]} as {id: members}; else a TraceReadError."""
     if not isinstance(doc, dict) or not all(
             isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in v) for v in doc.values()):
-        raise TraceReadError(f"{path}: expected {{\"<group id>\": [rank, ...]}}; fix or remove the file")
+        raise TraceReadError(f"{name}: expected {{\"<group id>\": [rank, ...]}}; fix or remove the file")
     return {str(k): tuple(v) for k, v in doc.items()}
+
+
+def load_groups(directory: Path, source: Path | None = None) -> dict[str, tuple[int, ...]] | None:
+    """The set's communicator groups, from source or else DIR/comm_group.json; None when the set
+    has no group file (a given source must exist)."""
+    path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
+    doc = read_json_file(path, required=source is not None)
+    return None if doc is None else parse_groups(doc, path)
 
 
 def manifest_world_size(directory: Path, prefix: str) -> int | None:
