@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from test_traffic import M, megatron_buckets
-from traffic import load_set
+from oracle import load_set
 
 from traceforge.errors import SpecError
 from traceforge.spec import build_spec
@@ -288,7 +288,7 @@ def test_model_parallel_group_literal_seed_example():
 def test_new_traffic_runs_to_completion_in_both_replay_models(make_set, extra):
     """make_set already holds each set to the oracle; traceforge check must also find it clean
     under its general model and under ASTRA-sim's one-communication-slot model."""
-    from traceforge.analysis.check import check_trace_set
+    from traceforge.check.run import check_trace_set
 
     _, out, _ = make_set("demo", **extra)
     for model in ("general", "astra-sim"):

@@ -14,10 +14,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from traffic import ancestors, depends_on, load_set
+from oracle import ancestors, depends_on, load_set
 
-from traceforge.analysis.check import check_trace_set
-from traceforge.analysis.report import build_report
+from traceforge.check.run import check_trace_set
+from traceforge.report.build import build_report
 from traceforge.errors import SpecError
 from traceforge.plan.pipeline import dualpipev, zbv, zero_bubble
 from traceforge.spec import build_spec
