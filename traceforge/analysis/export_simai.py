@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from traceforge.analysis.reader import attrs, find_rank_files, iter_nodes, read_json_file
 from traceforge.emit.output import atomic_output_dir
@@ -100,7 +101,7 @@ def _items(path: Path, groups: dict) -> tuple[dict[tuple[str, int], list[Item]],
     pending: dict[tuple[str, int], int] = {}
     pp_bytes, dropped = 0, 0
     for node in iter_nodes(path):
-        a = attrs(node)
+        a: dict[str, Any] = attrs(node)
         phase = a.get("phase")
         if phase not in ("fwd", "bwd", "step"):
             raise UserError(f"{path.name} node {node.id}: no phase annotation; the SimAI export reads traceforge's "
@@ -169,7 +170,8 @@ def simai_workload(directory: Path, prefix: str | None = None, stage: int | None
     if int(spec.get("cp", 1)) > 1:
         raise UserError("SimAI's workload has no context parallelism (ring attention's Send/Recv between CP ranks): "
                         "export a set generated with --cp 1")
-    groups = read_json_file(Path(directory) / "comm_group.json") or {}
+    groups = read_json_file(Path(directory) / "comm_group.json")
+    groups = groups if isinstance(groups, dict) else {}
     stages = _stage_ranks(doc)
     pp = int(spec["pp"])
     if sorted(stages) != list(range(pp)) or any(r not in files for r in stages.values()):
