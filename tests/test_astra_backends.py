@@ -227,6 +227,9 @@ def test_htsim_topology_passes_htsims_own_checks(make_set):
     n, pod = header["nodes"], header["podsize"]
     net = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
     assert n == doc["world_size"] == math.prod(net["npus_count"])  # htsim: "Mismatch between connection matrix"
+    # one logical dimension (htsim has no scale-up network), and the system's lists match it
+    system = json.loads((out / astra.SYSTEM_FILE).read_text())
+    assert net["npus_count"] == [n] and len(system["all-reduce-implementation"]) == 1
     assert header["tiers"] == len(tiers) == 2
     t0, t1 = tiers[0], tiers[1]
     for tier in (t0, t1):

@@ -310,6 +310,10 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
         raise UserError(f"the comm-group file name {comm_groups!r} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no file'")
     name = backend(cluster)
     dims = network_dimensions(world, cluster)
+    if name == "htsim":
+        # htsim has no scale-up network (one flat fat tree), and its ASTRA-sim frontend loses
+        # track of flows when collectives run over two logical dimensions: one dimension of all NPUs.
+        dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency), "scale-out")]
     texts = {
         SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), cluster.astra_sim_trace), indent=1) + "\n",
         REMOTE_MEMORY_FILE: json.dumps(REMOTE_MEMORY, indent=1) + "\n",
