@@ -165,8 +165,10 @@ def test_goal_runs_to_completion_and_moves_the_algorithms_bytes(make_set, tmp_pa
                 kept[(5 if op[0] == "send" else 6, src, dst, op[3], op[1])] += 1
     assert kept == p2p
     assert all(op[3] < TAG_LIMIT for g in ranks.values() for op in g["ops"].values() if op[0] != "calc")
-    # compute keeps its time (ns per us) on cpu 1
-    comp = sum(op[1] for g in ranks.values() for op in g["ops"].values() if op[0] == "calc" and op[2] == 1)
+    # compute keeps its time (ns per us); everything on cpu 0 (LogGOPSim carries time across a
+    # dependency only on one cpu)
+    assert all(op[2] == 0 for g in ranks.values() for op in g["ops"].values() if op[0] == "calc")
+    comp = sum(op[1] for g in ranks.values() for op in g["ops"].values() if op[0] == "calc")
     _, files = find_rank_files(out)
     assert comp == 1000 * sum(n.duration_micros for p in files.values() for n in read_trace(p).nodes if n.type == 4)
 
@@ -243,3 +245,30 @@ def test_loggopsim_finishes_every_rank(make_set, tmp_path, name):
     assert done.returncode == 0
     assert "queue on host" not in done.stdout, done.stdout[-2000:]  # LogGOPSim's report of a stalled schedule
     assert "Times:" in done.stdout or "Maximum finishing time" in done.stdout
+    # a rank waits for what it receives: no rank finishes before its own compute is done
+    ranks = parse_goal(goal)
+    compute = [sum(op[1] for op in g["ops"].values() if op[0] == "calc") for _, g in sorted(ranks.items())]
+    times = [int(t) for t in re.findall(r"Host \d+: (\d+)", done.stdout)]
+    if len(ranks) > 16:  # LogGOPSim prints only the latest rank beyond 16
+        times = [int(re.search(r"Maximum finishing time at host \d+: (\d+)", done.stdout)[1])]
+        compute = [max(compute)]
+    assert len(times) == len(compute) and all(t >= c for t, c in zip(times, compute, strict=True))
+
+
+@pytest.mark.skipif(not (BIN and TXT2BIN and Path(BIN).is_file() and Path(TXT2BIN).is_file()),
+                    reason="set LOGGOPSIM_BIN and TXT2BIN_BIN to LogGOPSim's LogGOPSim and txt2bin")
+def test_loggopsim_carries_time_through_a_dependency(tmp_path):
+    """Rank 0 computes 100 us, then sends; rank 1 receives, then computes 10 us: rank 1 cannot
+    finish before 110 us. (Operations on a second LogGOPSim cpu would ignore the wait.)"""
+    from mutate import comp, recv, send, write_set
+
+    first, second = comp(0), comp(1, deps=[0])
+    first.duration_micros, second.duration_micros = 100, 10
+    directory = write_set(tmp_path / "s", {0: [first, send(1, 0, 1, 7, deps=[0])],
+                                           1: [recv(0, 0, 1, 7), second]}, {})
+    assert export(directory, tmp_path / "g").exit_code == 0
+    subprocess.run([TXT2BIN, "-i", str(tmp_path / "g" / "workload.goal"), "-o", str(tmp_path / "g.bin")], check=True,
+                   capture_output=True, timeout=60)
+    done = subprocess.run([BIN, "-f", str(tmp_path / "g.bin")], capture_output=True, text=True, timeout=60)
+    times = {int(h): int(t) for h, t in re.findall(r"Host (\d+): (\d+)", done.stdout)}
+    assert times[1] >= 110_000, done.stdout

@@ -6,10 +6,13 @@ ascending rank order (txt2bin aborts otherwise), one statement a line:
 `a requires b` (a starts once b has finished), written after both labels. Labels are per rank
 and start with a letter; sizes and times are integers.
 
-Each rank's graph comes from expand.py (collectives as point-to-point steps). Compute runs on
-cpu 1, communication on cpu 0, so LogGOPSim overlaps them as the GPU's streams do. Times are
-whole nanoseconds, or picoseconds with --time-unit ps (LogGOPSim's gap per byte -G is an
-integer, so links faster than 1 GB/s need a unit below the nanosecond).
+Each rank's graph comes from expand.py (collectives as point-to-point steps). Every operation
+is on cpu 0: LogGOPSim starts a freed operation at the time its own cpu is free, not when the
+operation it requires finished (LogGOPSim.cpp, the free-op loop), so a dependency between two
+cpus would not delay anything. Transfers still overlap compute on the NIC (a send or receive
+holds the cpu only for its overhead o). Times are whole nanoseconds, or picoseconds with
+--time-unit ps (LogGOPSim's gap per byte -G is an integer, so links faster than 1 GB/s need a
+unit below the nanosecond).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from traceforge.analysis.expand import ALGORITHMS, CALC, COMPUTE_STREAM, SEND, expand_rank, rank_files, resolved
+from traceforge.analysis.expand import ALGORITHMS, CALC, SEND, expand_rank, rank_files, resolved
 from traceforge.emit.output import atomic_output_dir
 from traceforge.errors import UserError
 
@@ -37,7 +40,7 @@ def write_goal(directory: Path, stream: TextIO, *, prefix: str | None = None, al
         raise UserError(f"--collective-algorithm {algorithm!r} is not known: use {', '.join(ALGORITHMS)}")
     scale = TIME_UNITS[time_unit]
     prefix, files, table = rank_files(directory, prefix)
-    stream.write(f"// traceforge GOAL schedule of {Path(directory).name}: calc in {time_unit}, compute on cpu 1, "
+    stream.write(f"// traceforge GOAL schedule of {Path(directory).name}: calc in {time_unit}, "
                  f"collectives expanded by {algorithm}\n")
     stream.write(f"num_ranks {len(files)}\n")
     total = 0
@@ -48,8 +51,7 @@ def write_goal(directory: Path, stream: TextIO, *, prefix: str | None = None, al
         lines = []
         for step in steps:
             if step.kind == CALC:
-                cpu = " cpu 1" if step.stream == COMPUTE_STREAM else ""
-                lines.append(f"{step.label}: calc {step.amount * scale}{cpu}")
+                lines.append(f"{step.label}: calc {step.amount * scale}")
             elif step.kind == SEND:
                 lines.append(f"{step.label}: send {step.amount}b to {step.peer} tag {step.tag}")
             else:
