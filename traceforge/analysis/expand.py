@@ -3,8 +3,7 @@ receive operations, for simulators without collectives (LogGOPSim's GOAL) and fo
 an expansion deadlock-free with `traceforge check --expand`.
 
 One rank at a time (streamed), from any Chakra set with a comm_group.json:
-- a compute node is one CALC on the compute stream; every other non-communication node a CALC
-  of 0;
+- a compute node is one CALC; every other non-communication node a CALC of 0;
 - a Send or Recv keeps its peer, tag and size;
 - a collective on a group of n ranks (in comm_group.json's member order; pg_name absent or "0"
   is every rank) becomes steps to and from its peers, then a 0-time CALC that ends it. Each step
@@ -46,7 +45,6 @@ TAG_CYCLE = 1000
 TAG_SLOTS = 64
 COLLECTIVE_TAG_BASE = TAG_LIMIT - TAG_CYCLE * TAG_SLOTS  # the top of the range: 499,936,000
 CALC, SEND, RECV = "calc", "send", "recv"
-COMPUTE_STREAM, COMM_STREAM = 1, 0
 AR, AG, A2A, RS = 0, 2, 6, 7
 
 
@@ -58,7 +56,6 @@ class Step:
     peer: int  # SEND: destination, RECV: source; -1 for CALC
     tag: int
     requires: tuple[str, ...]  # labels that must finish first
-    stream: int  # COMPUTE_STREAM or COMM_STREAM
     name: str  # the Chakra node's name, with the step for expanded collectives
 
 
@@ -139,7 +136,7 @@ def expand_rank(rank: int, path: Path, table: GroupTable, algorithm: str = "ring
         deps = tuple(end_label(d) for d in dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
         label = end_label(node.id)
         if node.type == pb.COMP_NODE:
-            yield Step(label, CALC, int(node.duration_micros), -1, 0, deps, COMPUTE_STREAM, node.name)
+            yield Step(label, CALC, int(node.duration_micros), -1, 0, deps, node.name)
         elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
             values = attrs(node)
             size, tag = _int(values, "comm_size", where), _int(values, "comm_tag", where)
@@ -148,7 +145,7 @@ def expand_rank(rank: int, path: Path, table: GroupTable, algorithm: str = "ring
                                 "expansion leaves to point-to-point tags (the rest, to 5e8, is its collectives')")
             send = node.type == pb.COMM_SEND_NODE
             peer = _int(values, "comm_dst" if send else "comm_src", where)
-            yield Step(label, SEND if send else RECV, size, peer, tag, deps, COMM_STREAM, node.name)
+            yield Step(label, SEND if send else RECV, size, peer, tag, deps, node.name)
         elif node.type == pb.COMM_COLL_NODE:
             values = attrs(node)
             gid = _group_id(node, values, where)
@@ -164,7 +161,7 @@ def expand_rank(rank: int, path: Path, table: GroupTable, algorithm: str = "ring
             tags = {p: COLLECTIVE_TAG_BASE + (k % TAG_CYCLE) * TAG_SLOTS + table.slot(rank, p, gid) for p in members}
             yield from _collective(label, node.name, rank, members, ctype, size, algorithm, before, tags)
         else:  # metadata, memory: nothing on the network
-            yield Step(label, CALC, 0, -1, 0, deps, COMPUTE_STREAM, node.name)
+            yield Step(label, CALC, 0, -1, 0, deps, node.name)
 
 
 def _plan(rank: int, members: list[int], ctype: int, size: int, algorithm: str) -> list[tuple[int, int, int, int]]:
@@ -210,11 +207,11 @@ def _collective(label: str, name: str, rank: int, members: list[int], ctype: int
     last: tuple[str, ...] = before
     for t, (to, out, frm, inn) in enumerate(_plan(rank, members, ctype, size, algorithm) if len(members) > 1 else []):
         send, recv = f"{label}s{t}", f"{label}r{t}"
-        yield Step(send, SEND, out, to, tags[to], last, COMM_STREAM, f"{name}#{t}")
-        yield Step(recv, RECV, inn, frm, tags[frm], before if t == 0 else (f"{label}r{t - 1}",), COMM_STREAM,
+        yield Step(send, SEND, out, to, tags[to], last, f"{name}#{t}")
+        yield Step(recv, RECV, inn, frm, tags[frm], before if t == 0 else (f"{label}r{t - 1}",),
                    f"{name}#{t}")
         last = (send, recv)
-    yield Step(label, CALC, 0, -1, 0, last, COMM_STREAM, name)
+    yield Step(label, CALC, 0, -1, 0, last, name)
 
 
 # -- the whole set -------------------------------------------------------------------------------
