@@ -306,6 +306,18 @@ def test_bad_backend_flags_are_one_line_and_write_nothing(tmp_path, flags, messa
     assert not target.exists()
 
 
+def test_ns3_refuses_messages_beyond_its_int(tmp_path):
+    """A message above 2^31-1 bytes overflows ns-3's int: gpt3-175b's pipeline activation at 16
+    sequences of 8,192 tokens is 16 * 8192 * 12288 * 2 = 3,221,225,472 bytes."""
+    load_commands()
+    target = tmp_path / "out"
+    big = ["-p", "gpt3-175b", "--seq-len", "8192", "--micro-batch", "16", "--num-microbatches", "16"]
+    result = CliRunner().invoke(app, ["generate", "-o", str(target), "-q", "--astra-sim", "--astra-sim-backend", "ns3",
+                                      *big])
+    assert result.exit_code == 2 and "ns-3 backend can count" in result.output, result.output
+    assert not target.exists()
+
+
 def test_backend_flags_need_astra_sim(tmp_path):
     load_commands()
     result = CliRunner().invoke(app, ["generate", "-o", str(tmp_path / "o"), "--astra-sim-backend", "ns3"])

@@ -167,6 +167,18 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimen
     return dims
 
 
+PREFERRED_DATASET_SPLITS = 4  # system json: chunks per collective (ASTRA-sim divides by it)
+
+
+def check_messages(programs, cluster: Cluster) -> None:
+    """Message-size limits of the chosen backend, from the stage programs about to be written."""
+    if backend(cluster) != "ns3":
+        return
+    p2p = max((op.comm_size for prog in programs for op in prog.ops if op.peer), default=0)
+    coll = max((op.comm_size for prog in programs for op in prog.ops if op.group), default=0)
+    astra_ns3.check_messages(p2p, coll, PREFERRED_DATASET_SPLITS)
+
+
 def bundle_files(cluster: Cluster) -> tuple[str, ...]:
     """The files a bundle for this cluster's backend holds."""
     name = backend(cluster)
@@ -212,7 +224,7 @@ def system_config(dims: list[Dimension], spec: dict, trace: bool = False) -> dic
         "endpoint-delay": 10,
         "active-chunks-per-dimension": 1,
         # Chunks per collective; ASTRA-sim divides by it, so it must be >= 1.
-        "preferred-dataset-splits": 4,
+        "preferred-dataset-splits": PREFERRED_DATASET_SPLITS,
         "all-reduce-implementation": per_dim,
         "all-gather-implementation": per_dim,
         "reduce-scatter-implementation": per_dim,

@@ -182,6 +182,19 @@ def logical_text(npus_per_dim: list[int]) -> str:
     return json.dumps({"logical-dims": [str(n) for n in npus_per_dim]}) + "\n"
 
 
+# ns-3's ASTRA-sim frontend counts a message's bytes in an int (network_frontend/ns3/entry.h).
+MAX_MESSAGE = 2**31 - 1
+
+
+def check_messages(largest_p2p: int, largest_collective: int, splits: int) -> None:
+    """Refuse a set whose Send/Recv, or collective chunk (ASTRA-sim cuts a collective into
+    `splits` chunks and moves at most a chunk per message), exceeds ns-3's int."""
+    worst = max(largest_p2p, -(-largest_collective // splits))
+    if worst > MAX_MESSAGE:
+        raise UserError(f"a message of {worst:,} bytes exceeds the {MAX_MESSAGE:,} ASTRA-sim's ns-3 backend can count "
+                        "(an int): use the analytical or htsim backend, or a smaller micro-batch or bucket")
+
+
 def check(up_topology: str, out_topology: str, cluster) -> None:
     if cluster.scale_out_fabric not in FABRICS:
         raise UserError(f"--scale-out-fabric {cluster.scale_out_fabric!r} is not known: use fat-tree or rail-optimized")

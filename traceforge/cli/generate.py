@@ -74,7 +74,9 @@ def generate(**kwargs: Any) -> None:
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import default_jobs, write_trace_set
 
-    from traceforge.astra import BACKEND_INFO, CLUSTER_HELP, backend, check_bundle, cluster_from_options, write_astra_bundle
+    from traceforge.astra import (
+        BACKEND_INFO, CLUSTER_HELP, backend, check_bundle, check_messages, cluster_from_options, write_astra_bundle,
+    )
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
     run = {k: kwargs.pop(k) for k in run_keys}
@@ -87,6 +89,9 @@ def generate(**kwargs: Any) -> None:
             raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
         cluster = cluster_from_options(**cluster_opts)
         check_bundle(run["out_dir"], spec.world_size, cluster)  # refuse before writing anything
+        from traceforge.plan.program import stage_program
+
+        check_messages([stage_program(spec, s) for s in range(spec.pp)], cluster)
     elif any(v is not None for v in cluster_opts.values()):
         given = next(k for k, v in cluster_opts.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
