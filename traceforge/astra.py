@@ -325,9 +325,11 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
     if name == "htsim":
         # htsim has no scale-up network (one flat fat tree), and its ASTRA-sim frontend loses
         # track of flows when collectives run over two logical dimensions: one dimension of all NPUs.
-        dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency), "scale-out")]
+        dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
+                          "scale-out")]
     texts = {
-        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), cluster.astra_sim_trace), indent=1) + "\n",
+        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), cluster.astra_sim_trace),
+                                indent=1) + "\n",
         REMOTE_MEMORY_FILE: json.dumps(REMOTE_MEMORY, indent=1) + "\n",
         RUN_SCRIPT: run_script(prefix, comm_groups, world, dims, name),
     }

@@ -22,7 +22,10 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
     max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
-    expand: Optional[str] = typer.Option(None, "--expand", help="Check the set as 'export --format goal' writes it: every collective expanded into point-to-point steps by this algorithm (ring, recursive-doubling or halving-doubling)."),
+    expand: str | None = typer.Option(
+        None, "--expand", help="Check the set as 'export --format goal' writes it: every collective expanded "
+                               "into point-to-point steps by this algorithm (ring, recursive-doubling or "
+                               "halving-doubling)."),
 ) -> None:
     """Check a Chakra ET trace set (ours or any other) for what ASTRA-sim would not report.
 
@@ -52,8 +55,8 @@ def check(
     raise typer.Exit(result.exit_code)
 
 
-def _check_expanded(directory: Path, prefix: Optional[str], comm_groups: Optional[Path], algorithm: str, model: str,
-                    jobs: Optional[int]):
+def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | None, algorithm: str, model: str,
+                    jobs: int | None):
     """Expand into a scratch Chakra set of compute, Send and Recv nodes, and check that."""
     import tempfile
 

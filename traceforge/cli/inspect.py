@@ -236,14 +236,24 @@ def _coordinates(directory: Path, rank: int) -> str:
 @user_errors
 def export(
     directory: Path = typer.Argument(..., metavar="DIR", help="Trace set folder."),
-    fmt: str = typer.Option("json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each node), goal (LogGOPSim/ATLAHS schedule, collectives as point-to-point steps) or simai (SimAI's layer-wise workload text)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (json: <prefix>.<rank>.json files and comm_group.json; goal: <prefix>.goal; simai: <prefix>.simai.txt)."),
-    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="json: export only this rank; without --out it goes to stdout."),
+    fmt: str = typer.Option(
+        "json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each "
+                                       "node), goal (LogGOPSim/ATLAHS schedule, collectives as point-to-point steps) "
+                                       "or simai (SimAI's layer-wise workload text)."),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Output folder (json: <prefix>.<rank>.json files and comm_group.json; goal: "
+                                  "<prefix>.goal; simai: <prefix>.simai.txt)."),
+    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="json: this rank only; without --out, to stdout."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
-    algorithm: str = typer.Option("ring", "--collective-algorithm", help="goal: how collectives become point-to-point steps: ring, recursive-doubling or halving-doubling (the last two for power-of-two groups; others use ring)."),
+    algorithm: str = typer.Option(
+        "ring", "--collective-algorithm", help="goal: how collectives become point-to-point steps: ring, "
+                                               "recursive-doubling or halving-doubling (the last two for power-of-two "
+                                               "groups; others use ring)."),
     time_unit: str = typer.Option("ns", "--time-unit", help="goal: unit of calc times, ns or ps."),
-    stage: Optional[int] = typer.Option(None, "--stage", help="simai: the pipeline stage whose program every rank runs (default: the one with the most compute)."),
+    stage: int | None = typer.Option(
+        None, "--stage", help="simai: the pipeline stage whose program every rank runs (default: the one with the "
+                              "most compute)."),
 ) -> None:
     """Write a trace set for other simulators and for scripts without protobuf, streamed."""
     from traceforge.analysis.export import FORMATS, export_json, write_rank_json
