@@ -323,8 +323,8 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
     name = backend(cluster)
     dims = network_dimensions(world, cluster)
     if name == "htsim":
-        # htsim has no scale-up network (one flat fat tree), and its ASTRA-sim frontend loses
-        # track of flows when collectives run over two logical dimensions: one dimension of all NPUs.
+        # htsim has no scale-up network (every GPU is a host of one fat tree): one logical
+        # dimension of all NPUs, so collectives do not pretend to a hierarchy htsim cannot carry.
         dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
                           "scale-out")]
     texts = {
