@@ -56,8 +56,9 @@ class Backend:
 BACKEND_INFO = {
     "analytical": Backend(ASTRA_BINARY, "./build/astra_analytical/build.sh, then "
                           f"build/astra_analytical/build/bin/{ASTRA_BINARY}"),
-    "ns3": Backend("ns3.42-AstraSimNetwork-default", "./build/astra_ns3/build.sh, then "
-                   "extern/network_backend/ns-3/build/scratch/ns3.42-AstraSimNetwork-default"),
+    "ns3": Backend("ns3.*-AstraSimNetwork-default", "./build/astra_ns3/build.sh, then "
+                   "extern/network_backend/ns-3/build/scratch/ns3.*-AstraSimNetwork-default "
+                   "(* is ns-3's version)"),
     "htsim": Backend("AstraSim_HTSim", "./build/astra_htsim/build.sh, then build/astra_htsim/build/bin/AstraSim_HTSim"),
 }
 
