@@ -52,11 +52,18 @@ def attr(node: pb.Node, name: str):
 
 
 def set_int(node: pb.Node, name: str, value: int) -> None:
+    """Set an integer attribute in the member it has (or the one we write), int64_val when the
+    value does not fit there (e.g. a negative tensor_size)."""
     for a in node.attr:
         if a.name == name:
-            a.int64_val = value
-            return
-    node.attr.add(name=name, int64_val=value)
+            break
+    else:
+        a = node.attr.add(name=name)
+    member = a.WhichOneof("value") or S.ATTR_MEMBER.get(name, "int64_val")
+    try:
+        setattr(a, member, value)
+    except ValueError:
+        a.int64_val = value
 
 
 def set_str(node: pb.Node, name: str, value: str) -> None:
@@ -100,7 +107,7 @@ def comp(node_id: int, deps: Iterable[int] = ()) -> pb.Node:
     n = pb.Node(id=node_id, name=f"comp{node_id}", type=pb.COMP_NODE, duration_micros=5, data_deps=list(deps))
     n.attr.add(name=S.IS_CPU_OP, bool_val=False)
     n.attr.add(name=S.NUM_OPS, int64_val=1000)
-    n.attr.add(name=S.TENSOR_SIZE, int64_val=100)
+    n.attr.add(name=S.TENSOR_SIZE, uint64_val=100)
     return n
 
 
@@ -116,7 +123,7 @@ def p2p(node_id: int, kind: int, src: int, dst: int, tag: int, size: int, deps: 
     n = pb.Node(id=node_id, name=f"{'send' if kind == pb.COMM_SEND_NODE else 'recv'}{node_id}", type=kind,
                 data_deps=list(deps))
     for name, value in ((S.COMM_SRC, src), (S.COMM_DST, dst), (S.COMM_TAG, tag), (S.COMM_SIZE, size)):
-        n.attr.add(name=name, int64_val=value)
+        n.attr.add(name=name, **{S.ATTR_MEMBER[name] if -2**31 <= value < 2**31 else "int64_val": value})
     return n
 
 

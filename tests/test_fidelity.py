@@ -413,7 +413,8 @@ def test_compute_nodes_follow_gemm_flops_and_the_roofline(make_set):
     gemm = 2 * T * H * (F // t)
     for n in (n for n in ts.nodes[0] if n.type == COMP and n.name.endswith("mlp_wgrad")):
         assert n.attrs["num_ops"] == 2 * gemm
-        assert n.duration == max(1, round(2 * gemm / (100e12 * 0.5) * 1e6))
+        # whole microseconds, rounding carried along the stage: within 1 us of the exact time
+        assert abs(n.duration - 2 * gemm / (100e12 * 0.5) * 1e6) <= 1
     # Causal FlashAttention: the score and value products cost 4*b*s*s*h/t, halved; its backward
     # is 2.5x that, inside the attention input-gradient node with the proj and QKV dgrad GEMMs.
     fwd = next(n for n in ts.nodes[0] if n.name == "fwd/mb0/L0/attn")

@@ -111,9 +111,11 @@ def test_chakra_reader_decodes_every_file_identically(tmp_path, name):
                 assert attrs["comm_type"].WhichOneof("value") == "int64_val"
                 assert chakra_pb.CollectiveCommType.Name(attrs["comm_type"].int64_val) in traffic.COLL_TYPES.values()
                 assert attrs["pg_name"].WhichOneof("value") == "string_val"
-            for key in ("comm_size", "comm_src", "comm_dst", "comm_tag", "num_ops", "tensor_size"):
+            # the members Chakra's v1 feeder reads (et_feeder_node.cpp; see test_chakra_types)
+            for key, member in (("comm_size", "int64_val"), ("comm_src", "int32_val"), ("comm_dst", "int32_val"),
+                                ("comm_tag", "int32_val"), ("num_ops", "int64_val"), ("tensor_size", "uint64_val")):
                 if key in attrs:
-                    assert attrs[key].WhichOneof("value") == "int64_val", (rank, theirs.id, key)
+                    assert attrs[key].WhichOneof("value") == member, (rank, theirs.id, key)
             # re-encoding with Chakra's schema gives the bytes back: nothing unknown, nothing lost
             assert theirs.SerializeToString(deterministic=True) == mine.SerializeToString(deterministic=True)
 

@@ -627,7 +627,8 @@ def test_node_contract(sets, name):
             assert n.phase in ("fwd", "bwd", "step"), (rank, n.id)
             assert n.get("is_cpu_op") is False
             if n.type == COMP:
-                assert n.duration > 0 and n.get("tensor_size", 0) > 0 and n.get("num_ops", 0) > 0, (rank, n.name)
+                # a kernel shorter than the carried rounding error may take 0 whole microseconds
+                assert n.duration >= 0 and n.get("tensor_size", 0) > 0 and n.get("num_ops", 0) > 0, (rank, n.name)
             else:
                 assert n.dim in ("tp", "pp", "dp", "emb", "mp", "world") and n.size > 0, (rank, n.name)
                 if n.phase != "step":

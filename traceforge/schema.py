@@ -32,5 +32,34 @@ STEP = "step"
 MICROBATCH = "microbatch"
 LAYER = "layer"
 
+# The AttributeProto member each attribute is written in. For those ASTRA-sim reads it is the
+# member Chakra's v1 feeder reads (mlcommons/chakra src/feeder/et_feeder_node.cpp:28-50, the
+# ETFeederNode constructor; ASTRA-sim used it until early 2025): a oneof read through another
+# member returns 0, so a Send written with int64_val comm_dst goes to rank 0. Chakra's own
+# producers agree where they write the attribute: src/generator/generator.py (is_cpu_op
+# bool_val, tensor_size uint64_val, comm_type/comm_size int64_val) and
+# src/converter/pytorch_converter.py:244-263 (comm_type/comm_size int64_val, pg_name string_val).
+# Newer feeders (FeederV3) accept any integer member, so these types cost nothing there.
+ATTR_MEMBER: dict[str, str] = {
+    IS_CPU_OP: "bool_val",
+    NUM_OPS: "int64_val",      # et_feeder_node.cpp:32 attr.int64_val()
+    TENSOR_SIZE: "uint64_val",  # :34 attr.uint64_val()
+    COMM_TYPE: "int64_val",    # :36-37
+    COMM_SIZE: "int64_val",    # :41
+    COMM_SRC: "int32_val",     # :43
+    COMM_DST: "int32_val",     # :45
+    COMM_TAG: "int32_val",     # :47
+    PG_NAME: "string_val",     # :49
+    PHASE: "string_val",
+    DIM: "string_val",
+    STEP: "int64_val",
+    MICROBATCH: "int64_val",
+    LAYER: "int64_val",
+}
+# The attributes whose member matters to the v1 feeder (the rest it ignores or keeps as is).
+V1_READ = frozenset((IS_CPU_OP, NUM_OPS, TENSOR_SIZE, COMM_TYPE, COMM_SIZE, COMM_SRC, COMM_DST, COMM_TAG, PG_NAME))
+# AttributeProto field number of each member, e.g. "int32_val" -> 7.
+MEMBER_FIELD: dict[str, int] = {f.name: f.number for f in pb.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields}
+
 NODE_TYPE_NAMES = {v.number: v.name for v in pb.NodeType.DESCRIPTOR.values}
 COLL_TYPE_NAMES = {v.number: v.name for v in pb.CollectiveCommType.DESCRIPTOR.values}

@@ -28,7 +28,7 @@ from traceforge.schema import COMM_GROUP_FILE
 from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
 
-FORMATS = ("json",)
+FORMATS = ("json", "goal", "simai")  # goal: export_goal.py, simai: export_simai.py
 
 
 def _dumps(message, node_id: int | None = None) -> str:

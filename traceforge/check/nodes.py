@@ -9,6 +9,8 @@ What ASTRA-sim requires is read from its Chakra feeder (FeederV3) and Workload.c
   (comm_src defaults to self and must equal it); comm_src, comm_size, comm_tag on receives
   (comm_dst defaults to self and must equal it); tensor_size on memory nodes;
 - pg_name is a string (empty or "0" means all ranks), its number a key of the group file;
+- a warning when an attribute is not in the member Chakra's v1 feeder reads (schema.ATTR_MEMBER):
+  ASTRA-sim before 2025 would read it as 0;
 - tags are taken modulo 5e8 (NATIVE tag range), so a larger tag can collide;
 - INVALID/METADATA nodes are not simulated; other unknown types abort.
 """
@@ -128,9 +130,19 @@ def _int(attrs: dict, name: str, label: str, problems: list[Problem], *, require
     which, value = entry
     if which not in INTEGER_FIELDS:
         problems.append((ERROR, "attribute", f"{name} is stored as {which or 'no value'}; ASTRA-sim reads it as an integer "
-                                             "(use int64_val)"))
+                                             f"(use {S.ATTR_MEMBER[name]})"))
         return None
+    _v1_type(name, which, problems)
     return int(value)
+
+
+def _v1_type(name: str, which: str, problems: list[Problem]) -> None:
+    """Chakra's v1 feeder reads each attribute through one member; another reads as 0 there."""
+    member = S.ATTR_MEMBER[name]
+    if which != member:
+        problems.append((WARNING, "attribute", f"{name} is stored as {which}; Chakra's v1 feeder (ASTRA-sim "
+                                               f"before 2025) reads {member} and would see 0 (or false, or empty): "
+                                               f"write {member}"))
 
 
 def _bool(attrs: dict, name: str, problems: list[Problem]) -> bool:
@@ -141,6 +153,7 @@ def _bool(attrs: dict, name: str, problems: list[Problem]) -> bool:
     if which not in INTEGER_FIELDS:
         problems.append((ERROR, "attribute", f"{name} is stored as {which or 'no value'}; ASTRA-sim reads it as a bool"))
         return False
+    _v1_type(name, which, problems)
     return bool(value)
 
 
@@ -154,6 +167,7 @@ def _group(attrs: dict, problems: list[Problem]) -> int | None:
         problems.append((ERROR, "group", f"pg_name is stored as {which or 'no value'}; ASTRA-sim reads a string "
                                          "(string_val holding the decimal group id)"))
         return None
+    _v1_type(S.PG_NAME, which, problems)
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     if text == "":
         return WORLD

@@ -22,6 +22,10 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
     max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    expand: str | None = typer.Option(
+        None, "--expand", help="Check the set as 'export --format goal' writes it: every collective expanded "
+                               "into point-to-point steps by this algorithm (ring, recursive-doubling or "
+                               "halving-doubling)."),
 ) -> None:
     """Check a Chakra ET trace set (ours or any other) for what ASTRA-sim would not report.
 
@@ -36,7 +40,10 @@ def check(
         raise UserError(f"--max-rows must be at least 0, got {max_rows}")
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")
-    result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs)
+    if expand is not None:
+        result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs)
+    else:
+        result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs)
     if as_json:
         print(result.to_json())
     else:
@@ -46,3 +53,23 @@ def check(
             out.print(f"note: {note}", markup=False, soft_wrap=True)
         out.print(result.summary(), markup=False)
     raise typer.Exit(result.exit_code)
+
+
+def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | None, algorithm: str, model: str,
+                    jobs: int | None):
+    """Expand into a scratch Chakra set of compute, Send and Recv nodes, and check that."""
+    import tempfile
+
+    from traceforge.check.run import check_trace_set
+    from traceforge.browse.expand import ALGORITHMS, write_chakra
+
+    if algorithm not in ALGORITHMS:
+        raise UserError(f"--expand {algorithm!r} is not known: use {', '.join(ALGORITHMS)}")
+    if comm_groups is not None:
+        raise UserError("--expand reads DIR/comm_group.json; drop --comm-groups")
+    with tempfile.TemporaryDirectory(prefix="traceforge-expand-") as scratch:
+        write_chakra(directory, Path(scratch), algorithm, prefix)
+        result = check_trace_set(scratch, model=model, jobs=jobs)
+    result.notes.insert(0, f"checked the point-to-point expansion of {directory} ({algorithm}); node names end in "
+                           "#step for a collective's steps")
+    return result

@@ -60,7 +60,8 @@ def _astra_options() -> list[inspect.Parameter]:
     params = [inspect.Parameter("astra_sim", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--astra-sim", rich_help_panel="ASTRA-sim",
         help="Also write an ASTRA-sim bundle beside the traces: network, system and remote-memory configs and run_astra_sim.sh."))]
-    kinds = {"gpus_per_node": int, "scale_up_topology": str, "scale_out_topology": str}
+    kinds = {"gpus_per_node": int, "scale_up_topology": str, "scale_out_topology": str, "astra_sim_backend": str,
+             "scale_out_fabric": str, "astra_sim_trace": bool}
     for name, help_text in CLUSTER_HELP.items():
         option = typer.Option(None, "--" + name.replace("_", "-"), help=help_text, show_default=False, rich_help_panel="ASTRA-sim")
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
@@ -73,7 +74,9 @@ def generate(**kwargs: Any) -> None:
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import default_jobs, write_trace_set
 
-    from traceforge.emit.astra import CLUSTER_HELP, check_bundle, cluster_from_options, write_astra_bundle
+    from traceforge.emit.astra import (
+        BACKEND_INFO, CLUSTER_HELP, backend, check_bundle, check_messages, cluster_from_options, write_astra_bundle,
+    )
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
     run = {k: kwargs.pop(k) for k in run_keys}
@@ -88,6 +91,9 @@ def generate(**kwargs: Any) -> None:
             raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
         cluster = cluster_from_options(**cluster_opts)
         check_bundle(run["out_dir"], spec.world_size, cluster)  # refuse before writing anything
+        from traceforge.plan.program import stage_program
+
+        check_messages([stage_program(spec, s) for s in range(spec.pp)], cluster)
     elif any(v is not None for v in cluster_opts.values()):
         given = next(k for k, v in cluster_opts.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
@@ -115,7 +121,8 @@ def generate(**kwargs: Any) -> None:
     if not run["quiet"]:
         _summary(doc, run["out_dir"], time.perf_counter() - started, inserted)
         if cluster:
-            out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to AstraSim_Analytical_Congestion_Unaware]", markup=False)
+            binary = BACKEND_INFO[backend(cluster)].binary
+            out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
     if run["report"]:
         from traceforge.cli.report import print_report
 

@@ -1,5 +1,6 @@
 """An ASTRA-sim bundle beside a trace set: network, system and remote-memory configs plus a
-`run_astra_sim.sh` that prints and runs the exact command.
+`run_astra_sim.sh` that prints and runs the exact command, for the analytical, ns-3 or htsim
+network backend (--astra-sim-backend; ns-3 and htsim inputs in astra_ns3.py, astra_htsim.py).
 
 The cluster is `world_size / gpus_per_node` nodes. ASTRA-sim's analytical network numbers NPUs
 dimension by dimension, innermost first, so NPU r sits at position r % gpus_per_node of node
@@ -21,14 +22,21 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from traceforge import __version__
+from traceforge.emit import astra_htsim, astra_ns3
 from traceforge.errors import UserError
 
 NETWORK_FILE = "astra_network.yml"
 SYSTEM_FILE = "astra_system.json"
 REMOTE_MEMORY_FILE = "astra_remote_memory.json"
 RUN_SCRIPT = "run_astra_sim.sh"
-BUNDLE_FILES = (NETWORK_FILE, SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)
+BUNDLE_FILES = (NETWORK_FILE, SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)  # the analytical backend's
 LOG_DIR = "astra_log"
+
+BACKENDS = ("analytical", "ns3", "htsim")
+
+# ASTRA-sim's analytical network reads bandwidth in "GB/s" and multiplies by 2^30 (astra-network-
+# analytical common/NetworkFunction.cpp, bw_GBps_to_Bpns), so a value of X there is X * 2^30 bytes/s.
+ASTRA_GB = float(1 << 30)
 
 # ASTRA-sim skips a --comm-group-configuration path that contains this substring (the option's
 # "no file" default); every collective then fails with "communicator group N not found".
@@ -38,6 +46,22 @@ TOPOLOGIES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnec
 
 ASTRA_REPO = "https://github.com/astra-sim/astra-sim"
 ASTRA_BINARY = "AstraSim_Analytical_Congestion_Unaware"
+
+
+@dataclass(frozen=True)
+class Backend:
+    binary: str
+    build: str  # how ASTRA-sim's repository builds it, and where the binary lands
+
+
+BACKEND_INFO = {
+    "analytical": Backend(ASTRA_BINARY, "./build/astra_analytical/build.sh, then "
+                          f"build/astra_analytical/build/bin/{ASTRA_BINARY}"),
+    "ns3": Backend("ns3.*-AstraSimNetwork-default", "./build/astra_ns3/build.sh, then "
+                   "extern/network_backend/ns-3/build/scratch/ns3.*-AstraSimNetwork-default "
+                   "(* is ns-3's version)"),
+    "htsim": Backend("AstraSim_HTSim", "./build/astra_htsim/build.sh, then build/astra_htsim/build/bin/AstraSim_HTSim"),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +77,9 @@ class Cluster:
     scale_out_bw: float = 50.0
     scale_out_latency: float = 1000.0
     scale_out_topology: str = "switch"
+    astra_sim_backend: str = "analytical"
+    scale_out_fabric: str = "fat-tree"  # ns-3's physical scale-out: fat-tree or rail-optimized
+    astra_sim_trace: bool = False  # the system's trace-enabled: ASTRA-sim logs every node it issues
 
 
 # Help lines for the CLI flags (--gpus-per-node, --scale-up-bw, ...), kept next to the fields.
@@ -64,6 +91,10 @@ CLUSTER_HELP = {
     "scale_out_bw": "Scale-out (inter-node) bandwidth per GPU in GB/s per direction.",
     "scale_out_latency": "Scale-out link latency in ns.",
     "scale_out_topology": "Scale-out topology: switch, ring or fullyconnected.",
+    "astra_sim_backend": "ASTRA-sim network backend the bundle is for: analytical (default), ns3 or htsim.",
+    "scale_out_fabric": "ns-3 scale-out fabric: fat-tree (default) or rail-optimized.",
+    "astra_sim_trace": "Set the system's trace-enabled: ASTRA-sim logs every node it issues and completes "
+                       "(in its log folder's log.log).",
 }
 
 
@@ -113,6 +144,13 @@ def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
     return [out] if gpn == 1 else [up, out]
 
 
+def backend(cluster: Cluster) -> str:
+    name = str(cluster.astra_sim_backend).strip().lower().replace("-", "")
+    if name not in BACKENDS:
+        raise UserError(f"--astra-sim-backend {cluster.astra_sim_backend!r} is not known: use analytical, ns3 or htsim")
+    return name
+
+
 def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimension]:
     """Everything that could refuse the bundle, checked before any trace is written."""
     where = os.path.abspath(out_dir)
@@ -121,27 +159,64 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimen
             f"output path {where} contains {ASTRA_NO_FILE!r}: ASTRA-sim skips any comm-group file whose path "
             f"contains it, and every collective would fail to find its group; choose another -o/--out"
         )
-    return network_dimensions(world_size, cluster)
+    name = backend(cluster)
+    dims = network_dimensions(world_size, cluster)
+    if name == "ns3":
+        astra_ns3.check(_topology(cluster.scale_up_topology, "--scale-up-topology"),
+                        _topology(cluster.scale_out_topology, "--scale-out-topology"), cluster)
+    elif cluster.scale_out_fabric != Cluster.scale_out_fabric:
+        raise UserError("--scale-out-fabric shapes the ns-3 backend's network: add --astra-sim-backend ns3, or drop it")
+    return dims
+
+
+PREFERRED_DATASET_SPLITS = 4  # system json: chunks per collective (ASTRA-sim divides by it)
+
+
+def check_messages(programs, cluster: Cluster) -> None:
+    """Message-size limits of the chosen backend, from the stage programs about to be written."""
+    if backend(cluster) != "ns3":
+        return
+    p2p = max((op.comm_size for prog in programs for op in prog.ops if op.peer), default=0)
+    coll = max((op.comm_size for prog in programs for op in prog.ops if op.group), default=0)
+    astra_ns3.check_messages(p2p, coll, PREFERRED_DATASET_SPLITS)
+
+
+def bundle_files(cluster: Cluster) -> tuple[str, ...]:
+    """The files a bundle for this cluster's backend holds."""
+    name = backend(cluster)
+    common = (SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)
+    if name == "ns3":
+        return common + astra_ns3.FILES
+    if name == "htsim":
+        return (NETWORK_FILE, *common, astra_htsim.TOPOLOGY_FILE)
+    return (NETWORK_FILE, *common)
 
 
 def _num(x: float) -> str:
     return repr(float(x))
 
 
+def astra_gbps(gb_per_second: float) -> float:
+    """The value to write for a link of gb_per_second x 10^9 bytes/s, since ASTRA-sim reads x 2^30."""
+    return gb_per_second * 1e9 / ASTRA_GB
+
+
 def network_yaml(dims: list[Dimension], world_size: int) -> str:
     shape = " x ".join(f"{d.npus} ({d.role})" for d in dims)
+    asked = ", ".join(f"{_num(d.bandwidth)}" for d in dims)
     row = lambda values: "[ " + ", ".join(values) + " ]"  # noqa: E731
     return (
         f"# ASTRA-sim analytical network for {world_size} NPUs: {shape}.\n"
         "# One entry per dimension, innermost first: NPU r is r % npus_count[0] in dimension 0.\n"
+        f"# Bandwidth: ASTRA-sim multiplies these by 2^30 bytes/s, so they are {asked} x 10^9 bytes/s / 2^30.\n"
         f"topology: {row(d.topology for d in dims)}\n"
         f"npus_count: {row(str(d.npus) for d in dims)}\n"
-        f"bandwidth: {row(_num(d.bandwidth) for d in dims)}  # GB/s per link, per direction\n"
+        f"bandwidth: {row(_num(astra_gbps(d.bandwidth)) for d in dims)}  # 2^30 B/s per link, per direction\n"
         f"latency: {row(_num(d.latency) for d in dims)}  # ns\n"
     )
 
 
-def system_config(dims: list[Dimension], spec: dict) -> dict:
+def system_config(dims: list[Dimension], spec: dict, trace: bool = False) -> dict:
     """ASTRA-sim's system input. Compute nodes carry their own duration, so the roofline stays
     off; its peak FLOP/s and memory bandwidth are the achieved figures our durations assume
     (datasheet x --gpu-efficiency), so turning it on models compute the same way."""
@@ -151,7 +226,7 @@ def system_config(dims: list[Dimension], spec: dict) -> dict:
         "endpoint-delay": 10,
         "active-chunks-per-dimension": 1,
         # Chunks per collective; ASTRA-sim divides by it, so it must be >= 1.
-        "preferred-dataset-splits": 4,
+        "preferred-dataset-splits": PREFERRED_DATASET_SPLITS,
         "all-reduce-implementation": per_dim,
         "all-gather-implementation": per_dim,
         "reduce-scatter-implementation": per_dim,
@@ -161,6 +236,8 @@ def system_config(dims: list[Dimension], spec: dict) -> dict:
         "roofline-enabled": 0,
         "boost-mode": 0,
     }
+    if trace:
+        doc["trace-enabled"] = 1
     tflops, hbm = spec.get("gpu_tflops"), spec.get("gpu_hbm_gbps")
     if tflops and hbm:
         efficiency = spec.get("gpu_efficiency") or 1.0
@@ -172,22 +249,38 @@ def system_config(dims: list[Dimension], spec: dict) -> dict:
 REMOTE_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
 
 
-def run_script(prefix: str, comm_group_file: str, world_size: int, dims: list[Dimension]) -> str:
-    """A bash script that works from any directory: it cds into its own and uses relative paths."""
+def run_args(name: str, prefix: str, comm_group_file: str) -> list[str]:
+    """The backend's command-line options (all relative to the bundle's directory)."""
     args = [
         f"--workload-configuration={prefix}",
         f"--comm-group-configuration={comm_group_file}",
         f"--system-configuration={SYSTEM_FILE}",
         f"--remote-memory-configuration={REMOTE_MEMORY_FILE}",
-        f"--network-configuration={NETWORK_FILE}",
     ]
-    quoted = "\n    ".join(shlex.quote(a) for a in args)
+    if name == "ns3":  # ns-3's own CommandLine: no logging folder (logs go to ./log)
+        return args + [f"--network-configuration={astra_ns3.CONFIG_FILE}",
+                       f"--logical-topology-configuration={astra_ns3.LOGICAL_FILE}"]
+    return args + [f"--network-configuration={NETWORK_FILE}"]
+
+
+def run_script(prefix: str, comm_group_file: str, world_size: int, dims: list[Dimension],
+               name: str = "analytical") -> str:
+    """A bash script that works from any directory: it cds into its own and uses relative paths."""
+    info = BACKEND_INFO[name]
+    quoted = "\n    ".join(shlex.quote(a) for a in run_args(name, prefix, comm_group_file))
     shape = " x ".join(str(d.npus) for d in dims)
+    extra = {
+        "analytical": '    --logging-folder="$log"',
+        "ns3": "",
+        # htsim's options follow --htsim_opts; its simulated time ends at 4 s (HTSimProtoTcp.cc).
+        "htsim": f'    --logging-folder="$log"\n    --htsim_opts -topo {astra_htsim.TOPOLOGY_FILE} -o "$log/htsim.dat"',
+    }[name]
+    prepare = f'mkdir -p "$log" {astra_ns3.OUTPUT_DIR}' if name == "ns3" else 'mkdir -p "$log"'
     return f"""#!/usr/bin/env bash
-# Simulate this trace set with ASTRA-sim's analytical network backend ({world_size} NPUs, network {shape}).
+# Simulate this trace set with ASTRA-sim's {name} network backend ({world_size} NPUs, logical network {shape}).
 # Written by traceforge {__version__}.
 #
-# usage: ./{RUN_SCRIPT} [path/to/{ASTRA_BINARY}]   (or set $ASTRA_SIM)
+# usage: ./{RUN_SCRIPT} [path/to/{info.binary}]   (or set $ASTRA_SIM)
 # Output and logs go to ${{ASTRA_LOG_DIR:-{LOG_DIR}}}/ beside this script. ASTRA-sim exits 0 even when ranks
 # stall, so this script checks that every rank printed "sys[i] finished" and exits 1 otherwise.
 set -euo pipefail
@@ -197,18 +290,18 @@ bin="${{1:-${{ASTRA_SIM:-}}}}"
 log="${{ASTRA_LOG_DIR:-{LOG_DIR}}}"
 args=(
     {quoted}
-    --logging-folder="$log"
+{extra}
 )
 
 echo "cd $(printf %q "$PWD") && ${{bin:-\\$ASTRA_SIM}} ${{args[*]}}"
 if [ -z "$bin" ] || ! command -v "$bin" >/dev/null 2>&1; then
     echo "ASTRA-sim binary not found${{bin:+: $bin}}." >&2
-    echo "Get it: git clone --recursive {ASTRA_REPO} && cd astra-sim && ./build/astra_analytical/build.sh," >&2
-    echo "then pass build/astra_analytical/build/bin/{ASTRA_BINARY} as the first argument or set ASTRA_SIM." >&2
+    echo "Get it: git clone --recursive {ASTRA_REPO} && cd astra-sim && {info.build}," >&2
+    echo "and pass that binary as the first argument or set ASTRA_SIM." >&2
     exit 127
 fi
 
-mkdir -p "$log"
+{prepare}
 status=0
 "$bin" "${{args[@]}}" >"$log/stdout.txt" 2>&1 || status=$?
 grep 'sys\\[[0-9]*\\] finished' "$log/stdout.txt" | head -n 16 || true
@@ -229,13 +322,29 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
     comm_groups = manifest.get("files", {}).get("comm_groups", "comm_group.json")
     if ASTRA_NO_FILE in comm_groups:
         raise UserError(f"the comm-group file name {comm_groups!r} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no file'")
+    name = backend(cluster)
     dims = network_dimensions(world, cluster)
-    return {
-        NETWORK_FILE: network_yaml(dims, world),
-        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {})), indent=1) + "\n",
+    if name == "htsim":
+        # htsim has no scale-up network (every GPU is a host of one fat tree): one logical
+        # dimension of all NPUs, so collectives do not pretend to a hierarchy htsim cannot carry.
+        dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
+                          "scale-out")]
+    texts = {
+        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), cluster.astra_sim_trace),
+                                indent=1) + "\n",
         REMOTE_MEMORY_FILE: json.dumps(REMOTE_MEMORY, indent=1) + "\n",
-        RUN_SCRIPT: run_script(prefix, comm_groups, world, dims),
+        RUN_SCRIPT: run_script(prefix, comm_groups, world, dims, name),
     }
+    if name == "ns3":
+        texts.update(astra_ns3.texts(world, [d.npus for d in dims], dims[0].topology if dims[0].role == "scale-up"
+                                     else "Switch", cluster))
+    else:  # htsim sizes its logical topology from the analytical file (npus_count only)
+        texts[NETWORK_FILE] = network_yaml(dims, world)
+    if name == "htsim":
+        texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.topology_text(world, cluster.gpus_per_node, cluster.scale_out_bw,
+                                                                     cluster.scale_out_latency)
+    assert set(texts) == set(bundle_files(cluster))
+    return texts
 
 
 def write_astra_bundle(out_dir: Path, manifest: dict, cluster: Cluster | None = None) -> list[Path]:

@@ -50,6 +50,11 @@ def node_attributes(op: Op) -> list[tuple[str, Value]]:
     return attrs + holes
 
 
+def attr_member(name: str) -> str:
+    """The AttributeProto member an attribute is written in (schema.ATTR_MEMBER, Chakra's types)."""
+    return S.ATTR_MEMBER[name]
+
+
 def bind(value: Value, values: dict[str, int]) -> int | str | bool:
     if isinstance(value, Hole):
         v = values[value.role]

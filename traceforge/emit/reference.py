@@ -8,7 +8,7 @@ from __future__ import annotations
 from google.protobuf.internal.encoder import _VarintBytes
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.nodes import bind, node_attributes
+from traceforge.emit.nodes import attr_member, bind, node_attributes
 from traceforge.plan.ops import Op, Program
 from traceforge.schema import SCHEMA_VERSION
 
@@ -17,13 +17,7 @@ def to_node(op: Op, values: dict[str, int]) -> pb.Node:
     node = pb.Node(id=op.id, name=op.name, type=int(op.type), data_deps=list(op.deps),
                    duration_micros=op.duration_micros)
     for name, value in node_attributes(op):
-        v = bind(value, values)
-        if isinstance(v, bool):
-            node.attr.add(name=name, bool_val=v)
-        elif isinstance(v, int):
-            node.attr.add(name=name, int64_val=v)
-        else:
-            node.attr.add(name=name, string_val=v)
+        node.attr.add(name=name, **{attr_member(name): bind(value, values)})
     return node
 
 

@@ -15,13 +15,13 @@ from functools import lru_cache
 import numpy as np
 
 from traceforge import wire
-from traceforge.emit.nodes import Hole, node_attributes
+from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.plan.ops import Op, Program
-from traceforge.schema import SCHEMA_VERSION
+from traceforge.schema import MEMBER_FIELD, SCHEMA_VERSION
 
 # Node and AttributeProto field numbers (et_def.proto).
 NODE_ID, NODE_NAME, NODE_TYPE, NODE_DATA_DEPS, NODE_DURATION, NODE_ATTR = 1, 2, 3, 5, 7, 10
-ATTR_NAME, ATTR_INT64, ATTR_BOOL, ATTR_STRING = 1, 9, 27, 29
+ATTR_NAME = 1
 META_VERSION = 1
 
 
@@ -38,12 +38,11 @@ def _constant_attr(name: str, value: int | str | bool) -> bytes:
 def _cached_attr(name: str, kind: type, value: int | str | bool) -> bytes:
     # kind is part of the key: False == 0 would otherwise share an entry with 0.
     body = wire.length_delimited(ATTR_NAME, name.encode())
-    if isinstance(value, bool):
-        body += wire.key(ATTR_BOOL, wire.VARINT) + wire.varint(int(value))
-    elif isinstance(value, int):
-        body += wire.key(ATTR_INT64, wire.VARINT) + wire.varint(value)
+    field = MEMBER_FIELD[attr_member(name)]
+    if isinstance(value, str):
+        body += wire.length_delimited(field, value.encode())
     else:
-        body += wire.length_delimited(ATTR_STRING, value.encode())
+        body += wire.key(field, wire.VARINT) + wire.varint(int(value))
     return wire.length_delimited(NODE_ATTR, body)
 
 
@@ -68,7 +67,7 @@ def node_shape(op: Op) -> NodeShape:
     holes = []
     for name, value in node_attributes(op):
         if isinstance(value, Hole):
-            value_key = wire.key(ATTR_STRING, wire.LEN) if value.as_string else wire.key(ATTR_INT64, wire.VARINT)
+            value_key = wire.key(MEMBER_FIELD[attr_member(name)], wire.LEN if value.as_string else wire.VARINT)
             holes.append((wire.length_delimited(ATTR_NAME, name.encode()) + value_key, value))
         else:
             assert not holes, "constant attributes must precede holes"

@@ -119,6 +119,8 @@ class ProgramBuilder:
         self._async: list[int] = []
         # While not None: weight-gradient GEMMs (layer, name, cost) kept for a later W pass.
         self.split_backward: list[tuple[int | None, str, Cost]] | None = None
+        self._exact_micros = 0.0  # the model's compute time so far, unrounded
+        self._written_micros = 0  # the whole microseconds written so far
 
     # -- recording ---------------------------------------------------------------------
     def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
@@ -147,8 +149,14 @@ class ProgramBuilder:
         self._pending.clear()
         self._sends.clear()
 
-    def compute(self, name: str, cost: Cost) -> int:
-        op_id = self._add(name, NodeType.COMP, self._follows(), "", duration_micros=max(1, round(cost.micros)),
+    def compute(self, name: str, cost: "Cost") -> int:
+        """duration_micros is whole microseconds (Chakra's unit), rounded with the error carried
+        forward: the program's compute so far always sums to its exact total rounded, so a stage
+        of many short kernels neither gains nor loses time (a kernel can round to 0 µs)."""
+        self._exact_micros += cost.micros
+        micros = round(self._exact_micros) - self._written_micros
+        self._written_micros += micros
+        op_id = self._add(name, NodeType.COMP, self._follows(), "", duration_micros=micros,
                           num_ops=cost.flops, tensor_size=max(1, cost.bytes))
         self._advance(op_id)
         return op_id

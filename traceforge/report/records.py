@@ -31,6 +31,7 @@ from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.decode import PayloadCache, node_attributes
 from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
+from traceforge import wire
 from traceforge.wire import read_varint
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
@@ -108,17 +109,21 @@ def decode_record(node: pb.Node) -> ScanRecord:
 #
 # An attribute as traceforge writes it: [field key][length] name field, value field key, value,
 # where the value runs to the end of the attribute: a string (its length byte, then the text) or
-# an int64 varint. A template key is the payload with, for each such attribute, its length byte
+# an integer varint. A template key is the payload with, for each such attribute, its length byte
 # and its value cut out, so values of any width share one template. Equal keys mean equal bytes
 # everywhere else, and the cut bytes are rebuilt consistently (checked when the spans are found),
 # so two payloads with one key parse alike but for those values.
 
-_NAME, _INT64_KEY, _STRING_KEY = 0x0A, b"\x48", b"\xea\x01"  # AttributeProto name=1, int64_val=9, string_val=29
-_MARKERS = (
-    (S.PG_NAME, bytes((_NAME, len(S.PG_NAME))) + S.PG_NAME.encode() + _STRING_KEY),
-    (S.COMM_SRC, bytes((_NAME, len(S.COMM_SRC))) + S.COMM_SRC.encode() + _INT64_KEY),
-    (S.COMM_DST, bytes((_NAME, len(S.COMM_DST))) + S.COMM_DST.encode() + _INT64_KEY),
-)
+_NAME = 0x0A  # AttributeProto name=1
+
+
+def _marker(name: str) -> bytes:
+    """An attribute's name field and value key, in the member traceforge writes it (schema.ATTR_MEMBER)."""
+    wire_type = wire.LEN if name == S.PG_NAME else wire.VARINT
+    return bytes((_NAME, len(name))) + name.encode() + wire.key(S.MEMBER_FIELD[S.ATTR_MEMBER[name]], wire_type)
+
+
+_MARKERS = tuple((name, _marker(name)) for name in (S.PG_NAME, S.COMM_SRC, S.COMM_DST))
 _RANK_SPECIFIC = frozenset(name for name, _ in _MARKERS)
 _NODE_ATTR = 10  # Node.attr
 _USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
