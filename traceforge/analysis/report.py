@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from traceforge.analysis.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
     write_matrix_csv,
 )
+from traceforge.analysis.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.analysis.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
 from traceforge.analysis.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
@@ -43,6 +45,9 @@ class Report:
     replay: ReplayResult | None = None
     estimate: StepEstimate | None = None
     track_ranks: int = DEFAULT_TRACK_RANKS
+    network: AstraNetwork | None = None  # the estimate follows ASTRA-sim's analytical backend
+    simulation: Any = None  # a Simulation read back (simulation.json or an ASTRA-sim log)
+    sim_view: Any = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -87,6 +92,11 @@ class Report:
         return chrome_trace(self.replay, ranks, self.gpus_per_node, meta)
 
     def link_json(self) -> dict:
+        if self.network is not None:
+            return {"model": "ASTRA-sim analytical (congestion-unaware), from " + NETWORK_FILE,
+                    "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
+                                    "latency_ns": d.latency} for d in self.network.dims],
+                    "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
         return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps, "latency_us": self.link.latency_us}
 
     def to_json(self) -> dict:
@@ -104,10 +114,37 @@ class Report:
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],
             "timeline": None if self.estimate is None else {**self.estimate.to_json(), "link_model": self.link_json()},
+            "simulation": self.simulation_json(),
             "notes": self.notes,
         }
         if self.nodes <= JSON_NODE_MATRIX_LIMIT:
             doc["node_matrix_bytes_per_step"] = self.node_matrix().tolist()
+        return doc
+
+    def attach_simulation(self, sim) -> None:
+        """Show a simulation of this set beside the estimate; refuse one of another set."""
+        from traceforge.analysis.simulation import trace_set_identity
+        from traceforge.analysis.sim_view import simulated_view
+
+        if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
+            sim.trace_set = trace_set_identity(self.traces.directory, self.world)
+            beyond = [r for r in sim.ranks if r >= self.world]
+            if beyond:
+                raise UserError(f"the ASTRA-sim log has rank {beyond[0]} but {self.traces.directory} has {self.world} ranks; "
+                                f"pass the log of a run of this set")
+        sim.check_matches(self.traces.directory, self.world)
+        self.simulation = sim
+        self.sim_view = simulated_view(sim, self.traces, self.replay.color if self.replay is not None else None)
+
+    def simulation_json(self) -> dict | None:
+        if self.simulation is None:
+            return None
+        doc = self.simulation.summary_json()
+        doc["view"] = self.sim_view.to_json()
+        if self.estimate is not None and self.sim_view.step_time_us:
+            est = self.estimate.critical.total
+            doc["estimate_vs_simulation"] = {"estimate_us": est, "simulated_us": self.sim_view.step_time_us,
+                                             "error": est / self.sim_view.step_time_us - 1}
         return doc
 
     # -- output --------------------------------------------------------------------------
@@ -137,6 +174,14 @@ class Report:
             trace = self.chrome_trace()
             if trace is not None:
                 (tmp / "timeline.json").write_text(json.dumps(trace) + "\n")
+            if self.simulation is not None:
+                from traceforge.analysis.sim_view import simulated_chrome_trace
+
+                ranks = sample_ranks(self.replay, self.track_ranks) if self.replay is not None \
+                    else list(range(min(self.world, self.track_ranks)))
+                sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, ranks)
+                if sim_trace is not None:
+                    (tmp / "timeline_simulated.json").write_text(json.dumps(sim_trace) + "\n")
             try:
                 write_heatmap(heatmaps, tmp / "traffic_heatmap.png")
             except PlotUnavailable as exc:
@@ -177,8 +222,12 @@ def _n(value: float):
 def build_report(
     directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
     timeline: bool = True, track_ranks: int = DEFAULT_TRACK_RANKS, jobs: int | None = None,
+    astra_model: bool | None = None,
 ) -> Report:
-    """Scan a trace set once and assemble its report. Raises UserError on unreadable input."""
+    """Scan a trace set once and assemble its report. Raises UserError on unreadable input.
+
+    astra_model: time communication as ASTRA-sim's analytical backend does, with the set's
+    astra_network.yml / astra_system.json (None: when the set has them)."""
     if gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     link = link or LinkModel(gpus_per_node=gpus_per_node)
@@ -199,12 +248,22 @@ def build_report(
     seconds["traffic"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, notes=list(ts.notes),
                     seconds=seconds)
+    if astra_model is None:
+        astra_model = (Path(directory) / NETWORK_FILE).exists()
+    if astra_model:
+        report.network = load_network(Path(directory))
+        if report.network.world != ts.world:
+            raise UserError(f"{Path(directory) / NETWORK_FILE} describes {report.network.world} NPUs but the trace set has "
+                            f"{ts.world} ranks; rewrite the bundle with 'traceforge generate --astra-sim'")
     if ts.world % gpus_per_node:
         report.notes.append(f"{ts.world} ranks do not fill nodes of {gpus_per_node} GPUs; the last node is partial")
     if timeline:
         t0 = time.perf_counter()
         try:
-            report.replay = replay(ts, link)
+            net = report.network
+            replay_link = link if net is None or len(net.dims) < 2 else LinkModel(
+                link.intra_gbps, link.inter_gbps, link.latency_us, net.dims[0].npus)  # rank classes see its links
+            report.replay = replay(ts, replay_link, network=net)
         except ReplayTooBig as exc:
             report.notes.append(f"timeline skipped: {exc}")
         else:
