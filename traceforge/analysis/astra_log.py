@@ -28,7 +28,9 @@ from traceforge.errors import UserError
 
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
 NODE_EVENT = re.compile(r"\b(issue|callback),sys->id=(\d+), tick=(\d+), node->id=(\d+)")
-SPDLOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\dT[\d:.]+[^\]]*\] \[([A-Z])\] <([\w-]+)>: ")
+# Both spdlog patterns ASTRA-sim versions use: "[date time] [logger] [level] " (current) and
+# "[dateTtime+zone] [L] <logger>: " (common/Logging.cc's set_pattern).
+SPDLOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d[T ][\d:.]+[^\]]*\] (?:\[([\w:.-]+)\] \[(\w+)\]|\[(\w)\] <[\w:.-]+>:) ")
 LOG_FILES = ("stdout.txt", "log.log")
 
 
@@ -57,7 +59,7 @@ class AstraLog:
             head = SPDLOG_LINE.match(line)
             if head:
                 self.astra_lines += 1
-                if head.group(1) in ("E", "C"):
+                if (head.group(2) or head.group(3) or "").lower() in ("e", "c", "error", "critical"):
                     self.errors.append(line.rstrip("\n"))
             m = FINISHED.search(line)
             if m:
