@@ -118,5 +118,8 @@ def run_astra(directory: Path, binary: str, world: int, log_dir: Path, timeout: 
                     progress(finished, world, time.monotonic() - started)
     code = proc.wait()
     seconds = time.monotonic() - started
-    log = read_astra_log(log_dir) if (log_dir / "log.log").exists() or (log_dir / "stdout.txt").stat().st_size else AstraLog(str(log_dir))
+    try:
+        log = read_astra_log(log_dir)
+    except UserError:  # nothing ASTRA-sim wrote: the caller reports the failure
+        log = AstraLog(str(log_dir))
     return RunResult(command, None if timed_out else code, seconds, timed_out, log_dir, log)

@@ -31,6 +31,9 @@ NODE_EVENT = re.compile(r"\b(issue|callback),sys->id=(\d+), tick=(\d+), node->id
 # Both spdlog patterns ASTRA-sim versions use: "[date time] [logger] [level] " (current) and
 # "[dateTtime+zone] [L] <logger>: " (common/Logging.cc's set_pattern).
 SPDLOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d[T ][\d:.]+[^\]]*\] (?:\[([\w:.-]+)\] \[(\w+)\]|\[(\w)\] <[\w:.-]+>:) ")
+# A stalled run's only trace (system/HardwareResource.cc): ranks still holding a comm node.
+UNRELEASED = re.compile(r"Hardware Resource sys\.id=(\d+) has unreleased nodes")
+HELD_NODE = re.compile(r"GPU comm node id: (\d+)")
 LOG_FILES = ("stdout.txt", "log.log")
 
 
@@ -52,10 +55,19 @@ class AstraLog:
     # rank -> node id -> [issue tick, completion tick or None]
     nodes: dict[int, dict[int, list]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # spdlog error/critical lines
+    unreleased: dict[int, list[int]] = field(default_factory=dict)  # stalled rank -> comm nodes it still holds
     astra_lines: int = 0  # lines in ASTRA-sim's spdlog format
 
     def add_lines(self, lines: Iterable[str]) -> None:
+        holder: int | None = None
         for line in lines:
+            m = UNRELEASED.search(line)
+            if m:
+                holder = int(m.group(1))
+                self.unreleased.setdefault(holder, [])
+            m = HELD_NODE.search(line)
+            if m and holder is not None:
+                self.unreleased[holder].append(int(m.group(1)))
             head = SPDLOG_LINE.match(line)
             if head:
                 self.astra_lines += 1

@@ -57,10 +57,10 @@ def simulate(
     if run.timed_out:
         raise SimulatorError(f"ASTRA-sim did not finish within {timeout:g} s ({finished}/{world} ranks finished; output in "
                              f"{logs}/stdout.txt); raise --timeout, or simulate a smaller set")
-    if finished == 0:
+    if run.exit_code != 0 or not run.log.is_astra:
         last = next((line for line in reversed(run.log.errors)), "") if run.log.errors else ""
         tail = _last_line(logs / "stdout.txt")
-        raise SimulatorError(f"ASTRA-sim exited with code {run.exit_code} and no rank finished: {last or tail or 'no output'} "
+        raise SimulatorError(f"ASTRA-sim exited with code {run.exit_code} ({finished}/{world} ranks finished): {last or tail or 'no output'} "
                              f"(full output in {logs}/stdout.txt)")
     sim = Simulation.from_log(run.log, trace_set_identity(directory, world), {
         "name": "ASTRA-sim analytical (congestion-unaware)", "binary": binary, "command": run.command,
@@ -75,8 +75,8 @@ def simulate(
         for f in result.findings:  # any finding names something on that rank
             if f.rank is not None and f.rank not in waits:
                 waits[f.rank] = f"{f.kind}: {f.message}"
-        sim.stalled = [{"rank": r, "waits": waits.get(r, "check's replay finds no reason; see the ASTRA-sim log")}
-                       for r in missing]
+        sim.stalled = [{"rank": r, "waits": waits.get(r, "check's replay finds no reason; see the ASTRA-sim log"),
+                        "holds_comm_nodes": run.log.unreleased.get(r, [])} for r in missing]
     sim.write(target)
     step = sim.step_time_ns
     out.print(f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
