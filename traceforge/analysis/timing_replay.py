@@ -148,6 +148,7 @@ class _Replay:
         # Per (class, group role): the (class, role) of every member, group size, link class.
         self.coll_info: dict[tuple[int, int], tuple[set, int, bool]] = {}
         self.coll_members: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.coll_us: dict[tuple[int, int, int, int], float] = {}
         for c, cp in enumerate(self.classes):
             for role in cp.coll_lists:
                 g = ts.scans[cp.rank].group_roles[role]
@@ -224,8 +225,11 @@ class _Replay:
         _, n, inter = self.coll_info[(c, cp.roles[i])]
         self.start[c][i] = t0
         if self.network is not None:
-            ns = self.network.collective_ns(int(cp.p.ctypes[i]), cp.sizes[i], self.coll_members[(c, cp.roles[i])])
-            self.done_at(c, i, t0 + ns / 1000)
+            key = (c, cp.roles[i], int(cp.p.ctypes[i]), cp.sizes[i])  # cheap to hash, unlike a 128-rank member tuple
+            us = self.coll_us.get(key)
+            if us is None:
+                us = self.coll_us[key] = self.network.collective_ns(key[2], key[3], self.coll_members[key[:2]]) / 1000
+            self.done_at(c, i, t0 + us)
         else:
             self.done_at(c, i, t0 + self.link.micros(wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n), inter))
 
