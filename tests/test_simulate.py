@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from mutate import attr, edit, set_int
 from typer.testing import CliRunner
 
-from mutate import attr, edit, set_int
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.astra import Cluster, write_astra_bundle
 from traceforge.cli import app, load_commands

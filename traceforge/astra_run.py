@@ -12,15 +12,20 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from traceforge.astra import (
-    ASTRA_BINARY, ASTRA_REPO, BUNDLE_FILES, NETWORK_FILE, REMOTE_MEMORY_FILE, SYSTEM_FILE,
-)
 from traceforge.analysis.astra_log import FINISHED, AstraLog, read_astra_log
 from traceforge.analysis.reader import read_json_file
+from traceforge.astra import (
+    ASTRA_BINARY,
+    ASTRA_REPO,
+    BUNDLE_FILES,
+    NETWORK_FILE,
+    REMOTE_MEMORY_FILE,
+    SYSTEM_FILE,
+)
 from traceforge.errors import UserError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 

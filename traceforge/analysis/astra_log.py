@@ -20,9 +20,9 @@ A rank that stalls prints nothing, and ASTRA-sim still exits 0.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from traceforge.errors import UserError
 

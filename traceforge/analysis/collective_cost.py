@@ -83,7 +83,7 @@ class AstraNetwork:
     def link_ns(self, src: int, dst: int, size: int) -> int:
         """One message, as MultiDimTopology::send times it."""
         a, b = self.address(src), self.address(dst)
-        for dim, x, y in zip(self.dims, a, b):
+        for dim, x, y in zip(self.dims, a, b, strict=True):
             if x != y:
                 return dim.delay_ns(x, y, size)
         return 0  # same NPU: ASTRA-sim refuses; nothing to charge
@@ -224,5 +224,5 @@ def load_network(directory: Path, network_file: Path | None = None, system_file:
             system = json.loads(sys_path.read_text())
         except ValueError as exc:
             raise UserError(f"{sys_path}: not JSON ({exc})") from None
-    return AstraNetwork([NetDim(*d) for d in zip(topo, npus, bw, lat)], splits=int(system.get("preferred-dataset-splits", 1)),
+    return AstraNetwork([NetDim(*d) for d in zip(topo, npus, bw, lat, strict=True)], splits=int(system.get("preferred-dataset-splits", 1)),
                         local_mem_gbps=float(system.get("local-mem-bw", 0) or 0))

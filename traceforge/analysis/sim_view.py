@@ -113,7 +113,7 @@ def _exposed_by_dim(compute: list[tuple[float, float]], comm: list[tuple[float, 
     events = sorted(comm)
     active: list[tuple[float, str]] = []
     j = k = 0
-    for a, b in zip(points, points[1:]):
+    for a, b in zip(points, points[1:], strict=False):
         while j < len(events) and events[j][0] <= a:
             active.append((events[j][1], events[j][2]))
             j += 1

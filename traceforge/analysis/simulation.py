@@ -13,6 +13,7 @@ simulation.json (times in ns, ASTRA-sim's cycles):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -34,10 +35,8 @@ def trace_set_identity(directory: Path, world: int) -> dict:
     if path.is_file():
         raw = path.read_bytes()
         out["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             out["spec"] = json.loads(raw).get("spec")
-        except (ValueError, AttributeError):
-            pass
     return out
 
 
@@ -58,7 +57,7 @@ class Simulation:
         return max((f for f, _ in self.ranks.values()), default=0)
 
     @classmethod
-    def from_log(cls, log: AstraLog, identity: dict, simulator: dict | None = None) -> "Simulation":
+    def from_log(cls, log: AstraLog, identity: dict, simulator: dict | None = None) -> Simulation:
         nodes = {r: sorted((n, s, e) for n, (s, e) in events.items() if s is not None and e is not None)
                  for r, events in sorted(log.nodes.items())}
         ranks = {r: (x.finish_ns, x.exposed_comm_ns) for r, x in sorted(log.ranks.items())}

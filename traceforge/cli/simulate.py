@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,9 +17,9 @@ MAX_STALLED_SHOWN = 16
 @user_errors
 def simulate(
     directory: Path = typer.Argument(..., help="Trace set written with 'traceforge generate --astra-sim'."),
-    astra_sim_bin: Optional[str] = typer.Option(None, "--astra-sim-bin", help="ASTRA-sim analytical binary (default: $ASTRA_SIM, else AstraSim_Analytical_Congestion_Unaware on PATH)."),
-    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the result (default: DIR/simulation.json)."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="ASTRA-sim's logging folder (default: DIR/astra_log)."),
+    astra_sim_bin: str | None = typer.Option(None, "--astra-sim-bin", help="ASTRA-sim analytical binary (default: $ASTRA_SIM, else AstraSim_Analytical_Congestion_Unaware on PATH)."),
+    out_file: Path | None = typer.Option(None, "--out", "-o", help="Where to write the result (default: DIR/simulation.json)."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="ASTRA-sim's logging folder (default: DIR/astra_log)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Stop ASTRA-sim after this many seconds."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
