@@ -12,7 +12,8 @@ goes (compute, exposed communication, idle on the critical rank). Scratch sets g
 Sources (docs/simulation.md has the details and the assumptions):
 - Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM" (SC'21, arXiv 2104.04473), Table 1: GPT models on Selene (DGX A100, 8 GPUs per node,
-  NVSwitch, 8 x 200 Gb/s HDR InfiniBand per node), fp16, full activation recomputation, vocab 51,200,
+  NVSwitch, 8 x 200 Gb/s HDR InfiniBand per node), fp16, full activation recomputation, attention
+  without FlashAttention (scores materialized: --attention unfused), vocab 51,200,
   sequence 2,048; FLOPs per iteration 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) (their eq. 3).
 - Dubey et al. 2024, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4: Llama 3 405B on
   H100 (8 per node, NVLink, 400 Gb/s RoCE per GPU), BF16, TP8 CP1 PP16, sequence 8,192, 16M tokens
@@ -54,7 +55,7 @@ def megatron_gpt(name: str, h: int, heads: int, layers: int, t: int, p: int, n: 
     flags = ["--arch", "gpt", "--layers", str(layers), "--hidden", str(h), "--ffn-hidden", str(4 * h), "--heads", str(heads),
              "--kv-heads", str(heads), "--vocab", str(vocab), "--seq-len", str(s), "--tp", str(t), "--pp", str(p),
              "--world-size", str(n), "--global-batch", str(batch), "--micro-batch", str(micro), "--recompute", "full",
-             "--order", "megatron", *SELENE]
+             "--order", "megatron", "--attention", "unfused", *SELENE]
     return Run(name, "Narayanan et al. 2021, Table 1", published, flags, flops, n)
 
 

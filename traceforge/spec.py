@@ -93,6 +93,8 @@ FIELDS: tuple[Field, ...] = (
           ("h100", "h200", "a100", "b200", "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure)."),
+    Field("attention", str, "Attention kernel: flash (FlashAttention; default) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
+          ("flash", "unfused")),
     Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom)."),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
@@ -141,6 +143,7 @@ class Spec:
     gpu_tflops: float
     gpu_hbm_gbps: float
     gpu_efficiency: float | None  # None: the preset's per-kernel calibration (hardware.py)
+    attention: str
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -486,7 +489,7 @@ def _gpu(r: _Raw, v: dict) -> dict:
     if tflops <= 0 or hbm <= 0:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
-                gpu_efficiency=None if efficiency is None else float(efficiency))
+                gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"))
 
 
 def _divisors(n: int) -> str:

@@ -70,14 +70,28 @@ class CostModel:
         self.proj = gemm(T, h // t, h)
         self.fc1 = gemm(T, h, mlp_in // t)
         self.fc2 = gemm(T, f // t, h)
-        self.norm = elementwise(T * h)
+        # Layer norm fused with the residual add and dropout before it: read two, write one, then the
+        # norm reads and writes (5 passes over the activation).
+        self.norm = elementwise(T * h, passes=5)
         self.act = elementwise(T * mlp_in // t)
         # This rank's queries (s/cp of them) against every key of the sequence.
         score_flops = 4 * T * s.seq_len * h // t
         core_flops, core_bytes = round(score_flops * CAUSAL_FRACTION), 4 * T * h // t * e
-        self.core = self.kernel(core_flops, core_bytes, 1.0 if self.cal is None else self.cal.attn_fwd)
-        self._core_bwd = self.kernel(round(core_flops * ATTENTION_BACKWARD_FACTOR), round(core_bytes * ATTENTION_BACKWARD_FACTOR),
-                                     1.0 if self.cal is None else self.cal.attn_bwd)
+        if s.attention == "unfused":
+            # Scores materialized (Megatron-LM's fused scale-mask-softmax before FlashAttention): the
+            # full s x s products as batched GEMMs; softmax and dropout read and write the scores
+            # (~5 passes forward, ~10 backward); backward has twice the GEMMs.
+            heads = max(1, s.heads // t)
+            scores = heads * T * s.seq_len * e
+            full = score_flops  # QK^T and PV, the masked half included
+            rate = 1.0 if self.cal is None else self.cal.gemm * wave_efficiency(T, s.seq_len, self.cal)
+            self.core = self.kernel(full, 5 * scores, rate)
+            self._core_bwd = self.kernel(2 * full, 10 * scores, rate)
+        else:
+            self.core = self.kernel(core_flops, core_bytes, 1.0 if self.cal is None else self.cal.attn_fwd)
+            self._core_bwd = self.kernel(round(core_flops * ATTENTION_BACKWARD_FACTOR),
+                                         round(core_bytes * ATTENTION_BACKWARD_FACTOR),
+                                         1.0 if self.cal is None else self.cal.attn_bwd)
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         routed = (T // t if t > 1 else T) * s.top_k  # dispatched token copies per rank
         self.router = gemm(T // t if t > 1 else T, h, s.experts) if s.experts else self.kernel(0, 0)
@@ -103,7 +117,7 @@ class CostModel:
 
     @property
     def attn_core_bwd(self) -> Cost:
-        if self.cal is None:
+        if self.cal is None and self.spec.attention != "unfused":
             return self.core.scaled(ATTENTION_BACKWARD_FACTOR)
         return self._core_bwd
 
