@@ -137,9 +137,6 @@ class _Replay:
         self.ready_at = [[0.0] * n for n in sizes]
         self.indeg = [list(cp.indeg) for cp in self.classes]
         self.busy = [[False, False] for _ in sizes]  # compute, comm slot
-        # ASTRA-sim's HardwareResource counts posted recvs as comm ops in flight: with the ASTRA-sim
-        # network model no send or collective issues while one of the rank's recvs is open.
-        self.recvs_open = [0] * len(sizes)
         self.queues: list[list[list]] = [[[], []] for _ in sizes]
         self.events: list[tuple[float, int, int, int]] = []
         self.seq = 0
@@ -253,7 +250,7 @@ class _Replay:
                 self.try_collective(*waiter)
 
     def acquire(self, c: int, i: int, t: float, which: int) -> None:
-        if self.busy[c][which] or (which == 1 and self.recvs_open[c]):
+        if self.busy[c][which]:
             heapq.heappush(self.queues[c][which], i)  # lowest id first, as ASTRA-sim issues
         else:
             self.busy[c][which] = True
@@ -261,15 +258,13 @@ class _Replay:
 
     def release(self, c: int, t: float, which: int) -> None:
         q = self.queues[c][which]
-        if q and not (which == 1 and self.recvs_open[c]):
+        if q:
             self.run(c, heapq.heappop(q), t)
         else:
             self.busy[c][which] = False
 
     def post_recv(self, c: int, i: int, t: float) -> None:
         self.issue[c][i] = t
-        if self.network is not None:
-            self.recvs_open[c] += 1
         send = self.matching_send(c, i)
         if send is None:
             return
@@ -312,11 +307,6 @@ class _Replay:
                 self.release(c, t, 0)
             elif kind in (SEND, COLL):
                 self.release(c, t, 1)
-            elif kind == RECV and self.network is not None:
-                self.recvs_open[c] -= 1
-                if not self.recvs_open[c] and not self.busy[c][1] and self.queues[c][1]:
-                    self.busy[c][1] = True
-                    self.release(c, t, 1)
             if kind == SEND:
                 for waiter in self.recv_waiters.pop((c, i), ()):
                     self.finish_recv(*waiter, (c, i))
