@@ -303,19 +303,21 @@ class _Replay:
             makespan = max(makespan, t)
             cp = self.classes[c]
             kind = cp.types[i]
-            if kind == COMP:
-                self.release(c, t, 0)
-            elif kind in (SEND, COLL):
-                self.release(c, t, 1)
             if kind == SEND:
                 for waiter in self.recv_waiters.pop((c, i), ()):
                     self.finish_recv(*waiter, (c, i))
+            # As ASTRA-sim's Workload: a finished node first frees its dependants, then the freed
+            # resource goes to the lowest ready id, which may be one of them.
             ready_at, indeg = self.ready_at[c], self.indeg[c]
             for j in cp.children[i]:
                 ready_at[j] = max(ready_at[j], t)
                 indeg[j] -= 1
                 if indeg[j] == 0:
                     self.became_ready(c, j, ready_at[j])
+            if kind == COMP:
+                self.release(c, t, 0)
+            elif kind in (SEND, COLL):
+                self.release(c, t, 1)
         return makespan
 
 
