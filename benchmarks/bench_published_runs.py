@@ -4,7 +4,7 @@ For each run: write its trace set (`generate --astra-sim`, the run's GPU and net
 step-time estimate of `traceforge report` (ASTRA-sim's analytical network arithmetic plus the
 calibrated compute model), and turn it into TFLOP/s per GPU with the publication's own FLOP count.
 
-    python benchmarks/bench_published_runs.py [--only NAME] [--keep DIR]
+    python benchmarks/bench_published_runs.py [--only NAME] [--keep DIR] [--gpu-efficiency X]
 
 Prints run, source, published and predicted TFLOP/s per GPU, error, and where the predicted step
 goes (compute, exposed communication, idle on the critical rank). Scratch sets go to $TMPDIR.
@@ -98,6 +98,8 @@ def main() -> int:
     args = sys.argv[1:]
     only = args[args.index("--only") + 1] if "--only" in args else None
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    # --gpu-efficiency X: the old flat roofline instead of the calibration, to see what it changes
+    extra = ["--gpu-efficiency", args[args.index("--gpu-efficiency") + 1]] if "--gpu-efficiency" in args else []
     tf = [sys.executable, "-m", "traceforge"]
     print(f"{'run':26} {'source':32} {'published':>9} {'predicted':>9} {'error':>7}  "
           f"{'step s':>7} {'compute':>8} {'exposed':>8} {'idle':>6} {'secs':>5}")
@@ -109,7 +111,7 @@ def main() -> int:
         out = os.path.join(keep or scratch, r.name.split(",")[0].replace(" ", "_").lower())
         t0 = time.perf_counter()
         try:
-            run(tf + ["generate", *r.flags, "--astra-sim", "-o", out, "--force"])
+            run(tf + ["generate", *r.flags, *extra, "--astra-sim", "-o", out, "--force"])
             doc = json.loads(run(tf + ["report", out, "--json", "--timeline-ranks", "1"]))
             crit = doc["timeline"]["critical"]
             step_s = crit["time_us"] / 1e6
