@@ -23,17 +23,56 @@ MATRIX = [
     ("demo (8 switch)", ["-p", "demo"]),
     ("demo 4x2 (2 dims)", ["-p", "demo", "--gpus-per-node", "4"]),
     ("demo ring 8", ["-p", "demo", "--scale-up-topology", "ring"]),
-    ("demo 2x4 fc+ring", ["-p", "demo", "--gpus-per-node", "2", "--scale-up-topology", "fullyconnected",
-                          "--scale-out-topology", "ring"]),
+    (
+        "demo 2x4 fc+ring",
+        ["-p", "demo", "--gpus-per-node", "2", "--scale-up-topology", "fullyconnected", "--scale-out-topology", "ring"],
+    ),
     ("demo zero3", ["-p", "demo", "--dp-mode", "zero3"]),
-    ("demo hsdp d4 k2", ["-p", "demo", "--dp", "4", "--global-batch", "16", "--dp-mode", "hsdp", "--shard-size", "2",
-                         "--gpus-per-node", "4"]),
+    (
+        "demo hsdp d4 k2",
+        [
+            "-p",
+            "demo",
+            "--dp",
+            "4",
+            "--global-batch",
+            "16",
+            "--dp-mode",
+            "hsdp",
+            "--shard-size",
+            "2",
+            "--gpus-per-node",
+            "4",
+        ],
+    ),
     ("demo cp2", ["-p", "demo", "--cp", "2", "--order", "megatron", "--gpus-per-node", "4"]),
-    ("demo interleaved p4 v2", ["-p", "demo", "--pp", "4", "--dp", "1", "--layers", "8", "--schedule", "interleaved",
-                                "--virtual-stages", "2", "--global-batch", "8", "--gpus-per-node", "4"]),
+    (
+        "demo interleaved p4 v2",
+        [
+            "-p",
+            "demo",
+            "--pp",
+            "4",
+            "--dp",
+            "1",
+            "--layers",
+            "8",
+            "--schedule",
+            "interleaved",
+            "--virtual-stages",
+            "2",
+            "--global-batch",
+            "8",
+            "--gpus-per-node",
+            "4",
+        ],
+    ),
     ("llama3-8b", ["-p", "llama3-8b"]),
     ("mixtral-8x7b (MoE)", ["-p", "mixtral-8x7b"]),
-    ("llama3-8b dist-opt sp", ["-p", "llama3-8b", "--dp-mode", "dist-opt", "--sequence-parallel", "--overlap-grad-reduce"]),
+    (
+        "llama3-8b dist-opt sp",
+        ["-p", "llama3-8b", "--dp-mode", "dist-opt", "--sequence-parallel", "--overlap-grad-reduce"],
+    ),
     ("gpt3-13b", ["-p", "gpt3-13b"]),
     ("llama3-70b", ["-p", "llama3-70b"]),
 ]
@@ -50,9 +89,12 @@ def run(cmd: list[str]) -> str:
 def main() -> int:
     binary = os.environ.get("ASTRA_SIM_BIN") or os.environ.get("ASTRA_SIM")
     if not binary:
-        print("ASTRA_SIM_BIN is not set: point it at ASTRA-sim's AstraSim_Analytical_Congestion_Unaware "
-              "(build: git clone --recursive https://github.com/astra-sim/astra-sim && ./build/astra_analytical/build.sh)",
-              file=sys.stderr)
+        print(
+            "ASTRA_SIM_BIN is not set: point it at ASTRA-sim's AstraSim_Analytical_Congestion_Unaware "
+            "(build: git clone --recursive https://github.com/astra-sim/astra-sim && "
+            "./build/astra_analytical/build.sh)",
+            file=sys.stderr,
+        )
         return 2
     matrix = MATRIX[:QUICK] if "--quick" in sys.argv else MATRIX
     tf = [sys.executable, "-m", "traceforge"]
@@ -71,8 +113,11 @@ def main() -> int:
             est_s = time.perf_counter() - t0
             cmp = doc["simulation"]["estimate_vs_simulation"]
             worst = max(worst, abs(cmp["error"]))
-            print(f"{name:26} {doc['source']['world_size']:>6} {cmp['simulated_us'] / 1e3:>14,.3f} "
-                  f"{cmp['estimate_us'] / 1e3:>14,.3f} {100 * cmp['error']:>+7.2f}% {sim_s:>7.1f} {est_s:>7.1f}", flush=True)
+            print(
+                f"{name:26} {doc['source']['world_size']:>6} {cmp['simulated_us'] / 1e3:>14,.3f} "
+                f"{cmp['estimate_us'] / 1e3:>14,.3f} {100 * cmp['error']:>+7.2f}% {sim_s:>7.1f} {est_s:>7.1f}",
+                flush=True,
+            )
         except RuntimeError as exc:
             print(f"{name:26} failed: {exc}", flush=True)
             worst = float("inf")

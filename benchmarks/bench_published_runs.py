@@ -32,8 +32,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-SELENE = ["--gpu", "a100", "--dtype", "fp16", "--gpus-per-node", "8", "--scale-up-bw", "300", "--scale-out-bw", "25",
-          "--scale-up-latency", "700", "--scale-out-latency", "2000"]
+SELENE = [
+    "--gpu",
+    "a100",
+    "--dtype",
+    "fp16",
+    "--gpus-per-node",
+    "8",
+    "--scale-up-bw",
+    "300",
+    "--scale-out-bw",
+    "25",
+    "--scale-up-latency",
+    "700",
+    "--scale-out-latency",
+    "2000",
+]
 H100_ROCE = ["--gpu", "h100", "--gpus-per-node", "8", "--scale-up-bw", "450", "--scale-out-bw", "50"]
 
 
@@ -48,14 +62,46 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
 
-def megatron_gpt(name: str, h: int, heads: int, layers: int, t: int, p: int, n: int, batch: int, published: float,
-                 micro: int = 1) -> Run:
+def megatron_gpt(
+    name: str, h: int, heads: int, layers: int, t: int, p: int, n: int, batch: int, published: float, micro: int = 1
+) -> Run:
     s, vocab = 2048, 51200
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
-    flags = ["--arch", "gpt", "--layers", str(layers), "--hidden", str(h), "--ffn-hidden", str(4 * h), "--heads", str(heads),
-             "--kv-heads", str(heads), "--vocab", str(vocab), "--seq-len", str(s), "--tp", str(t), "--pp", str(p),
-             "--world-size", str(n), "--global-batch", str(batch), "--micro-batch", str(micro), "--recompute", "full",
-             "--order", "megatron", "--attention", "unfused", *SELENE]
+    flags = [
+        "--arch",
+        "gpt",
+        "--layers",
+        str(layers),
+        "--hidden",
+        str(h),
+        "--ffn-hidden",
+        str(4 * h),
+        "--heads",
+        str(heads),
+        "--kv-heads",
+        str(heads),
+        "--vocab",
+        str(vocab),
+        "--seq-len",
+        str(s),
+        "--tp",
+        str(t),
+        "--pp",
+        str(p),
+        "--world-size",
+        str(n),
+        "--global-batch",
+        str(batch),
+        "--micro-batch",
+        str(micro),
+        "--recompute",
+        "full",
+        "--order",
+        "megatron",
+        "--attention",
+        "unfused",
+        *SELENE,
+    ]
     return Run(name, "Narayanan et al. 2021, Table 1", published, flags, flops, n)
 
 
@@ -63,7 +109,17 @@ def llama3_405b(dp: int, published: float, virtual: int = 1) -> Run:
     n, s, layers, h, params = 8 * 16 * dp, 8192, 126, 16384, 405.9e9
     tokens = 16 * 1024 * 1024 // s * s  # 16M tokens: 2,048 sequences
     flops = tokens * (6 * params + 6 * layers * h * s)
-    flags = ["-p", "llama3-405b", "--dp", str(dp), "--world-size", str(n), "--global-batch", str(tokens // s), *H100_ROCE]
+    flags = [
+        "-p",
+        "llama3-405b",
+        "--dp",
+        str(dp),
+        "--world-size",
+        str(n),
+        "--global-batch",
+        str(tokens // s),
+        *H100_ROCE,
+    ]
     name = f"Llama 3 405B, {n:,} H100"
     if virtual > 1:
         # What-if: Llama 3 ran an interleaved schedule on 128 layer slots (the first and last stage one
@@ -101,8 +157,10 @@ def main() -> int:
     # --gpu-efficiency X: the old flat roofline instead of the calibration, to see what it changes
     extra = ["--gpu-efficiency", args[args.index("--gpu-efficiency") + 1]] if "--gpu-efficiency" in args else []
     tf = [sys.executable, "-m", "traceforge"]
-    print(f"{'run':26} {'source':32} {'published':>9} {'predicted':>9} {'error':>7}  "
-          f"{'step s':>7} {'compute':>8} {'exposed':>8} {'idle':>6} {'secs':>5}")
+    print(
+        f"{'run':26} {'source':32} {'published':>9} {'predicted':>9} {'error':>7}  "
+        f"{'step s':>7} {'compute':>8} {'exposed':>8} {'idle':>6} {'secs':>5}"
+    )
     errors = []
     for r in RUNS:
         if only and only.lower() not in r.name.lower():
@@ -118,15 +176,21 @@ def main() -> int:
             predicted = r.flops / (step_s * r.world) / 1e12
             err = predicted / r.published - 1
             errors.append(err)
-            print(f"{r.name:26} {r.source:32} {r.published:>9.0f} {predicted:>9.1f} {100 * err:>+6.1f}%  "
-                  f"{step_s:>7.2f} {crit['compute_us'] / crit['time_us']:>7.0%} {crit['exposed_comm_us'] / crit['time_us']:>8.0%} "
-                  f"{crit['idle_us'] / crit['time_us']:>6.0%} {time.perf_counter() - t0:>5.0f}", flush=True)
+            print(
+                f"{r.name:26} {r.source:32} {r.published:>9.0f} {predicted:>9.1f} {100 * err:>+6.1f}%  "
+                f"{step_s:>7.2f} {crit['compute_us'] / crit['time_us']:>7.0%} "
+                f"{crit['exposed_comm_us'] / crit['time_us']:>8.0%} "
+                f"{crit['idle_us'] / crit['time_us']:>6.0%} {time.perf_counter() - t0:>5.0f}",
+                flush=True,
+            )
         except (RuntimeError, KeyError, TypeError) as exc:
             print(f"{r.name:26} failed: {exc}", flush=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     if errors:
-        print(f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * max(map(abs, errors)):.1f}%")
+        print(
+            f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * max(map(abs, errors)):.1f}%"
+        )
     return 0
 
 

@@ -88,7 +88,9 @@ def test_simulation_json_round_trip_and_identity(tmp_path):
         back.check_matches(tmp_path, 4)
 
 
-@pytest.mark.parametrize("content", ["{", "[]", '{"traceforge_simulation": 7}', '{"traceforge_simulation": 1, "ranks": [{"rank": 0}]}'])
+@pytest.mark.parametrize(
+    "content", ["{", "[]", '{"traceforge_simulation": 7}', '{"traceforge_simulation": 1, "ranks": [{"rank": 0}]}']
+)
 def test_bad_simulation_file_is_refused(tmp_path, content):
     (tmp_path / "s.json").write_text(content)
     with pytest.raises(UserError, match="s.json"):

@@ -25,8 +25,9 @@ def one_node() -> AstraNetwork:
 
 
 def two_dims() -> AstraNetwork:
-    return AstraNetwork([NetDim("Switch", 4, 400.0, 936.25), NetDim("Switch", 2, 50.0, 1000.0)], splits=4,
-                        local_mem_gbps=1675.0)
+    return AstraNetwork(
+        [NetDim("Switch", 4, 400.0, 936.25), NetDim("Switch", 2, 50.0, 1000.0)], splits=4, local_mem_gbps=1675.0
+    )
 
 
 def test_link_delay_switch_and_units():
@@ -104,17 +105,24 @@ def test_whole_world_on_two_dimensions_goes_dimension_by_dimension():
 
 
 def test_load_network_from_bundle(tmp_path):
-    (tmp_path / "astra_network.yml").write_text("topology: [ Ring, Switch ]\nnpus_count: [ 4, 2 ]\n"
-                                                "bandwidth: [ 100.0, 25.0 ]\nlatency: [ 500.0, 2000.0 ]\n")
+    (tmp_path / "astra_network.yml").write_text(
+        "topology: [ Ring, Switch ]\nnpus_count: [ 4, 2 ]\nbandwidth: [ 100.0, 25.0 ]\nlatency: [ 500.0, 2000.0 ]\n"
+    )
     (tmp_path / "astra_system.json").write_text(json.dumps({"preferred-dataset-splits": 8, "local-mem-bw": 2000}))
     net = load_network(tmp_path)
     assert [d.topology for d in net.dims] == ["Ring", "Switch"] and net.world == 8
     assert net.splits == 8 and net.local_mem_gbps == 2000
 
 
-@pytest.mark.parametrize("text", ["topology: [ Torus ]\nnpus_count: [ 4 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n",
-                                  "npus_count: [ 4 ]\n", "topology: [ Ring, Ring ]\nnpus_count: [ 4 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n",
-                                  ": : :\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "topology: [ Torus ]\nnpus_count: [ 4 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n",
+        "npus_count: [ 4 ]\n",
+        "topology: [ Ring, Ring ]\nnpus_count: [ 4 ]\nbandwidth: [ 1 ]\nlatency: [ 1 ]\n",
+        ": : :\n",
+    ],
+)
 def test_bad_network_file_is_one_clear_error(tmp_path, text):
     (tmp_path / "astra_network.yml").write_text(text)
     with pytest.raises(UserError, match="astra_network.yml"):

@@ -46,8 +46,20 @@ def test_sm_count_matters():
 
 
 def spec(**overrides):
-    base = dict(hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384, seq_len=4096, vocab=32000, tp=1, pp=1, dp=8,
-                world_size=8, micro_batch=1, global_batch=8)
+    base = dict(
+        hidden=4096,
+        heads=32,
+        kv_heads=32,
+        ffn_hidden=16384,
+        seq_len=4096,
+        vocab=32000,
+        tp=1,
+        pp=1,
+        dp=8,
+        world_size=8,
+        micro_batch=1,
+        global_batch=8,
+    )
     return build_spec("demo", overrides={**base, **overrides})
 
 

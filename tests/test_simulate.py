@@ -18,8 +18,10 @@ from traceforge.cli import app, load_commands
 
 LOGS = Path(__file__).parent / "data" / "astra_logs"
 BINARY = os.environ.get("ASTRA_SIM_BIN")
-needs_astra = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
-                                 reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")
+needs_astra = pytest.mark.skipif(
+    not BINARY or not Path(BINARY).is_file(),
+    reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware",
+)
 
 
 def cli(args, env=None):
@@ -54,6 +56,7 @@ def fake_binary(tmp_path: Path, body: str) -> str:
 
 
 # -- bad input, no simulator needed --------------------------------------------------------
+
 
 def test_no_binary_anywhere_is_one_line(bundled, tmp_path):
     _, out = bundled()
@@ -121,10 +124,17 @@ def test_report_reads_a_trace_enabled_log(make_set, tmp_path):
 
 # -- end to end with the real simulator ----------------------------------------------------
 
+
 @needs_astra
-@pytest.mark.parametrize("gpus_per_node, overrides", [(8, {}), (4, {}), (4, {"dp_mode": "zero3"}),
-                                                      (4, {"pp": 4, "layers": 8, "dp": 1, "num_microbatches": 4,
-                                                           "schedule": "interleaved", "virtual_stages": 2})])
+@pytest.mark.parametrize(
+    "gpus_per_node, overrides",
+    [
+        (8, {}),
+        (4, {}),
+        (4, {"dp_mode": "zero3"}),
+        (4, {"pp": 4, "layers": 8, "dp": 1, "num_microbatches": 4, "schedule": "interleaved", "virtual_stages": 2}),
+    ],
+)
 def test_simulate_and_estimate_agree(bundled, tmp_path, gpus_per_node, overrides):
     spec, out = bundled(gpus_per_node, **overrides)
     res = cli(["simulate", str(out), "--astra-sim-bin", BINARY])

@@ -30,8 +30,10 @@ from traceforge.errors import UserError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 ENV_BINARY = "ASTRA_SIM"
-HOW_TO_GET = (f"build it (git clone --recursive {ASTRA_REPO} && cd astra-sim && ./build/astra_analytical/build.sh) and "
-              f"pass build/astra_analytical/build/bin/{ASTRA_BINARY} with --astra-sim-bin or ${ENV_BINARY}")
+HOW_TO_GET = (
+    f"build it (git clone --recursive {ASTRA_REPO} && cd astra-sim && ./build/astra_analytical/build.sh) and "
+    f"pass build/astra_analytical/build/bin/{ASTRA_BINARY} with --astra-sim-bin or ${ENV_BINARY}"
+)
 
 
 class SimulatorError(UserError):
@@ -44,13 +46,19 @@ def find_binary(explicit: str | None = None) -> str:
     """--astra-sim-bin, else $ASTRA_SIM, else the analytical binary on PATH."""
     for source, value in (("--astra-sim-bin", explicit), (f"${ENV_BINARY}", os.environ.get(ENV_BINARY))):
         if value:
-            found = shutil.which(value) if os.sep not in value else (value if os.access(value, os.X_OK) and os.path.isfile(value) else None)
+            found = (
+                shutil.which(value)
+                if os.sep not in value
+                else (value if os.access(value, os.X_OK) and os.path.isfile(value) else None)
+            )
             if not found:
                 raise UserError(f"{source} {value!r} is not an executable file; {HOW_TO_GET}")
             return os.path.abspath(found)
     found = shutil.which(ASTRA_BINARY)
     if not found:
-        raise UserError(f"ASTRA-sim not found (no --astra-sim-bin, no ${ENV_BINARY}, no {ASTRA_BINARY} on PATH); {HOW_TO_GET}")
+        raise UserError(
+            f"ASTRA-sim not found (no --astra-sim-bin, no ${ENV_BINARY}, no {ASTRA_BINARY} on PATH); {HOW_TO_GET}"
+        )
     return found
 
 
@@ -69,17 +77,35 @@ def astra_command(directory: Path, binary: str, log_dir: Path) -> list[str]:
     manifest = read_json_file(directory / MANIFEST_FILE) or {}
     missing = [name for name in BUNDLE_FILES if not (directory / name).is_file()]
     if missing:
-        raise UserError(f"{directory} has no ASTRA-sim bundle ({', '.join(missing)} missing); write it with "
-                        f"'traceforge generate ... --astra-sim -o {directory}'")
+        raise UserError(
+            f"{directory} has no ASTRA-sim bundle ({', '.join(missing)} missing); write it with "
+            f"'traceforge generate ... --astra-sim -o {directory}'"
+        )
     prefix = manifest.get("prefix", "workload") if isinstance(manifest, dict) else "workload"
-    groups = (manifest.get("files", {}) or {}).get("comm_groups", COMM_GROUP_FILE) if isinstance(manifest, dict) else COMM_GROUP_FILE
-    return [binary, f"--workload-configuration={directory / prefix}", f"--comm-group-configuration={directory / groups}",
-            f"--system-configuration={directory / SYSTEM_FILE}", f"--remote-memory-configuration={directory / REMOTE_MEMORY_FILE}",
-            f"--network-configuration={directory / NETWORK_FILE}", f"--logging-folder={log_dir}"]
+    groups = (
+        (manifest.get("files", {}) or {}).get("comm_groups", COMM_GROUP_FILE)
+        if isinstance(manifest, dict)
+        else COMM_GROUP_FILE
+    )
+    return [
+        binary,
+        f"--workload-configuration={directory / prefix}",
+        f"--comm-group-configuration={directory / groups}",
+        f"--system-configuration={directory / SYSTEM_FILE}",
+        f"--remote-memory-configuration={directory / REMOTE_MEMORY_FILE}",
+        f"--network-configuration={directory / NETWORK_FILE}",
+        f"--logging-folder={log_dir}",
+    ]
 
 
-def run_astra(directory: Path, binary: str, world: int, log_dir: Path, timeout: float,
-              progress: Callable[[int, int, float], None] | None = None) -> RunResult:
+def run_astra(
+    directory: Path,
+    binary: str,
+    world: int,
+    log_dir: Path,
+    timeout: float,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> RunResult:
     """Run ASTRA-sim, tee its output to log_dir/stdout.txt, report ranks finished as they come."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -88,8 +114,9 @@ def run_astra(directory: Path, binary: str, world: int, log_dir: Path, timeout: 
     command = astra_command(Path(directory).resolve(), binary, log_dir.resolve())
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=directory,
-                                text=True, errors="replace")
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=directory, text=True, errors="replace"
+        )
     except OSError as exc:
         raise SimulatorError(f"cannot start {binary}: {exc.strerror or exc}; {HOW_TO_GET}") from None
     lines: queue.Queue = queue.Queue()

@@ -41,14 +41,30 @@ class Gpu:
 
 
 GPUS = {
-    "h100": Gpu("h100", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}, hbm_gbps=3350.0,
-                calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85)),
-    "h200": Gpu("h200", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}, hbm_gbps=4800.0,
-                calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85)),
-    "a100": Gpu("a100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, hbm_gbps=2039.0,
-                calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85)),
-    "b200": Gpu("b200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0}, hbm_gbps=8000.0,
-                calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85)),
+    "h100": Gpu(
+        "h100",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=3350.0,
+        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+    ),
+    "h200": Gpu(
+        "h200",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=4800.0,
+        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+    ),
+    "a100": Gpu(
+        "a100",
+        {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+        hbm_gbps=2039.0,
+        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85),
+    ),
+    "b200": Gpu(
+        "b200",
+        {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
+        hbm_gbps=8000.0,
+        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85),
+    ),
 }
 
 # A custom GPU without --gpu-efficiency: the flat roofline at this fraction.

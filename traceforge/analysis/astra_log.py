@@ -96,16 +96,22 @@ def _log_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise UserError(f"{path}: no such ASTRA-sim log file or directory; pass the --logging-folder of the run "
-                        f"(astra_log/ beside run_astra_sim.sh) or its stdout")
+        raise UserError(
+            f"{path}: no such ASTRA-sim log file or directory; pass the --logging-folder of the run "
+            f"(astra_log/ beside run_astra_sim.sh) or its stdout"
+        )
     files = [path / name for name in LOG_FILES if (path / name).is_file()]
-    rotated = sorted(path.glob("log.*.log"), key=lambda p: -int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else 0)
+    rotated = sorted(
+        path.glob("log.*.log"), key=lambda p: -int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else 0
+    )
     # stdout repeats log.log's info lines; read log.log (oldest rotation first) when it is there.
     logs = rotated + [f for f in files if f.name == "log.log"]
     chosen = logs or files
     if not chosen:
-        raise UserError(f"{path}: no ASTRA-sim log in this directory (looked for {', '.join(LOG_FILES)}); pass the "
-                        f"--logging-folder of the run or the file holding its output")
+        raise UserError(
+            f"{path}: no ASTRA-sim log in this directory (looked for {', '.join(LOG_FILES)}); pass the "
+            f"--logging-folder of the run or the file holding its output"
+        )
     return chosen
 
 
@@ -120,6 +126,8 @@ def read_astra_log(path: Path | str) -> AstraLog:
         except OSError as exc:
             raise UserError(f"{f}: cannot read ({exc.strerror}); check the path and its permissions") from None
     if not log.is_astra:
-        raise UserError(f"{path}: not an ASTRA-sim log (no 'sys[N] finished' line and no line in ASTRA-sim's log "
-                        f"format); pass the output or --logging-folder of an ASTRA-sim run")
+        raise UserError(
+            f"{path}: not an ASTRA-sim log (no 'sys[N] finished' line and no line in ASTRA-sim's log "
+            f"format); pass the output or --logging-folder of an ASTRA-sim run"
+        )
     return log

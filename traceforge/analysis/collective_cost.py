@@ -139,8 +139,11 @@ class AstraNetwork:
         out: list[tuple[int, int]] = []
         data = chunk
         if ctype == ALL_REDUCE:  # localBWAware: RS up the dimensions, AR on the last, AG down
-            plan = [(REDUCE_SCATTER, i) for i in active[:-1]] + [(ALL_REDUCE, active[-1])] \
+            plan = (
+                [(REDUCE_SCATTER, i) for i in active[:-1]]
+                + [(ALL_REDUCE, active[-1])]
                 + [(ALL_GATHER, i) for i in reversed(active[:-1])]
+            )
         else:
             order = list(reversed(active)) if ctype == ALL_GATHER else active
             plan = [(ctype, i) for i in order]
@@ -210,10 +213,14 @@ def load_network(directory: Path, network_file: Path | None = None, system_file:
         bw = [float(x) for x in _as_list(net["bandwidth"])]
         lat = [float(x) for x in _as_list(net["latency"])]
     except FileNotFoundError:
-        raise UserError(f"{net_path}: no ASTRA-sim network file; write one with 'traceforge generate --astra-sim'") from None
+        raise UserError(
+            f"{net_path}: no ASTRA-sim network file; write one with 'traceforge generate --astra-sim'"
+        ) from None
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{net_path}: not an ASTRA-sim analytical network file ({exc}); it needs topology, "
-                        f"npus_count, bandwidth and latency lists") from None
+        raise UserError(
+            f"{net_path}: not an ASTRA-sim analytical network file ({exc}); it needs topology, "
+            f"npus_count, bandwidth and latency lists"
+        ) from None
     if not len(topo) == len(npus) == len(bw) == len(lat) or not topo:
         raise UserError(f"{net_path}: topology, npus_count, bandwidth and latency must list one value per dimension")
     if min(npus) < 1 or min(bw) <= 0 or min(lat) < 0:
@@ -224,5 +231,8 @@ def load_network(directory: Path, network_file: Path | None = None, system_file:
             system = json.loads(sys_path.read_text())
         except ValueError as exc:
             raise UserError(f"{sys_path}: not JSON ({exc})") from None
-    return AstraNetwork([NetDim(*d) for d in zip(topo, npus, bw, lat, strict=True)], splits=int(system.get("preferred-dataset-splits", 1)),
-                        local_mem_gbps=float(system.get("local-mem-bw", 0) or 0))
+    return AstraNetwork(
+        [NetDim(*d) for d in zip(topo, npus, bw, lat, strict=True)],
+        splits=int(system.get("preferred-dataset-splits", 1)),
+        local_mem_gbps=float(system.get("local-mem-bw", 0) or 0),
+    )

@@ -30,15 +30,24 @@ class SimView:
     exact: bool = False  # per-node times were available
 
     def to_json(self) -> dict:
-        return {"step_time_us": self.step_time_us, "finished_ranks": self.finished, "world_size": self.world,
-                "split_from": "per-node times" if self.exact else "ASTRA-sim's per-rank totals (idle counted as exposed)",
-                "rank_classes": [{"ranks": _span(rs), "count": len(rs), **s.to_json()} for rs, s in self.classes],
-                "exposed_comm_us_by_dim": self.exposed_by_dim}
+        return {
+            "step_time_us": self.step_time_us,
+            "finished_ranks": self.finished,
+            "world_size": self.world,
+            "split_from": "per-node times" if self.exact else "ASTRA-sim's per-rank totals (idle counted as exposed)",
+            "rank_classes": [{"ranks": _span(rs), "count": len(rs), **s.to_json()} for rs, s in self.classes],
+            "exposed_comm_us_by_dim": self.exposed_by_dim,
+        }
 
 
 def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}..{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
+    return (
+        f"{ranks[0]}"
+        if len(ranks) == 1
+        else f"{ranks[0]}..{ranks[-1]}"
+        if ranks == list(range(ranks[0], ranks[-1] + 1))
         else ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
+    )
 
 
 def _node_times(sim: Simulation, rank: int, n: int) -> tuple[list, list]:
@@ -59,8 +68,16 @@ def simulated_result(sim: Simulation, ts: TraceSet, link: LinkModel) -> ReplayRe
         programs.append(p)
         starts.append(s)
         finishes.append(f)
-    return ReplayResult(link, list(range(ts.world)), list(range(ts.world)), programs, [list(s) for s in starts], starts,
-                        finishes, sim.step_time_ns / 1e3)
+    return ReplayResult(
+        link,
+        list(range(ts.world)),
+        list(range(ts.world)),
+        programs,
+        [list(s) for s in starts],
+        starts,
+        finishes,
+        sim.step_time_ns / 1e3,
+    )
 
 
 def simulated_view(sim: Simulation, ts: TraceSet, color: list[int] | None = None) -> SimView:
@@ -97,11 +114,20 @@ def simulated_view(sim: Simulation, ts: TraceSet, color: list[int] | None = None
     classes = []
     for c in sorted(groups, key=lambda c: groups[c][0]):
         rs = groups[c]
-        classes.append((rs, Split(step, sum(per_rank[r].compute for r in rs) / len(rs),
-                                  sum(per_rank[r].exposed_comm for r in rs) / len(rs))))
+        classes.append(
+            (
+                rs,
+                Split(
+                    step,
+                    sum(per_rank[r].compute for r in rs) / len(rs),
+                    sum(per_rank[r].exposed_comm for r in rs) / len(rs),
+                ),
+            )
+        )
     n = max(1, len(per_rank))
-    return SimView(step, len(sim.ranks), sim.world or ts.world, classes,
-                   {d: v / n for d, v in sorted(by_dim.items())}, exact)
+    return SimView(
+        step, len(sim.ranks), sim.world or ts.world, classes, {d: v / n for d, v in sorted(by_dim.items())}, exact
+    )
 
 
 def _exposed_by_dim(compute: list[tuple[float, float]], comm: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -139,6 +165,10 @@ def simulated_chrome_trace(sim: Simulation, ts: TraceSet, link: LinkModel, ranks
     if not sim.nodes:
         return None
     result = simulated_result(sim, ts, link)
-    meta = {"traceforge": "ASTRA-sim simulated times (trace output)", "simulator": sim.simulator, "ranks_shown": ranks,
-            "step_time_ns": sim.step_time_ns}
+    meta = {
+        "traceforge": "ASTRA-sim simulated times (trace output)",
+        "simulator": sim.simulator,
+        "ranks_shown": ranks,
+        "step_time_ns": sim.step_time_ns,
+    }
     return chrome_trace(result, ranks, link.gpus_per_node, meta)

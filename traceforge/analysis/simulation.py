@@ -58,11 +58,18 @@ class Simulation:
 
     @classmethod
     def from_log(cls, log: AstraLog, identity: dict, simulator: dict | None = None) -> Simulation:
-        nodes = {r: sorted((n, s, e) for n, (s, e) in events.items() if s is not None and e is not None)
-                 for r, events in sorted(log.nodes.items())}
+        nodes = {
+            r: sorted((n, s, e) for n, (s, e) in events.items() if s is not None and e is not None)
+            for r, events in sorted(log.nodes.items())
+        }
         ranks = {r: (x.finish_ns, x.exposed_comm_ns) for r, x in sorted(log.ranks.items())}
-        return cls(identity, ranks, simulator or {"name": "ASTRA-sim", "log": log.source}, [],
-                   {r: v for r, v in nodes.items() if v})
+        return cls(
+            identity,
+            ranks,
+            simulator or {"name": "ASTRA-sim", "log": log.source},
+            [],
+            {r: v for r, v in nodes.items() if v},
+        )
 
     def to_json(self) -> dict:
         return {
@@ -71,8 +78,10 @@ class Simulation:
             "simulator": self.simulator,
             "step_time_ns": self.step_time_ns,
             "finished_ranks": len(self.ranks),
-            "ranks": [{"rank": r, "finish_ns": f, "compute_ns": f - e, "exposed_comm_ns": e}
-                      for r, (f, e) in sorted(self.ranks.items())],
+            "ranks": [
+                {"rank": r, "finish_ns": f, "compute_ns": f - e, "exposed_comm_ns": e}
+                for r, (f, e) in sorted(self.ranks.items())
+            ],
             "stalled": self.stalled,
             "nodes": {str(r): [list(x) for x in v] for r, v in sorted(self.nodes.items())},
         }
@@ -94,12 +103,16 @@ class Simulation:
         mine = trace_set_identity(directory, world)
         theirs = self.trace_set
         if int(theirs.get("world_size") or world) != world:
-            raise UserError(f"the simulation is of {theirs.get('world_size')} ranks but {directory} has {world}; "
-                            f"pass the simulation.json that 'traceforge simulate {directory}' wrote")
+            raise UserError(
+                f"the simulation is of {theirs.get('world_size')} ranks but {directory} has {world}; "
+                f"pass the simulation.json that 'traceforge simulate {directory}' wrote"
+            )
         a, b = theirs.get("manifest_sha256"), mine["manifest_sha256"]
         if a and b and a != b and theirs.get("spec") != mine["spec"]:
-            raise UserError(f"the simulation was made from another trace set (manifest sha256 {a[:12]}..., this set's "
-                            f"is {b[:12]}...); run 'traceforge simulate {directory}' again")
+            raise UserError(
+                f"the simulation was made from another trace set (manifest sha256 {a[:12]}..., this set's "
+                f"is {b[:12]}...); run 'traceforge simulate {directory}' again"
+            )
 
 
 def load_simulation(path: Path) -> Simulation:
@@ -109,14 +122,21 @@ def load_simulation(path: Path) -> Simulation:
     except FileNotFoundError:
         raise UserError(f"{path}: no such file; write it with 'traceforge simulate DIR'") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not a simulation.json (invalid JSON: {exc}); write it with 'traceforge simulate DIR'") from None
+        raise UserError(
+            f"{path}: not a simulation.json (invalid JSON: {exc}); write it with 'traceforge simulate DIR'"
+        ) from None
     if not isinstance(doc, dict) or doc.get("traceforge_simulation") != FORMAT:
-        raise UserError(f"{path}: not a traceforge simulation.json (no 'traceforge_simulation': {FORMAT}); "
-                        f"write it with 'traceforge simulate DIR'")
+        raise UserError(
+            f"{path}: not a traceforge simulation.json (no 'traceforge_simulation': {FORMAT}); "
+            f"write it with 'traceforge simulate DIR'"
+        )
     try:
         ranks = {int(x["rank"]): (int(x["finish_ns"]), int(x["exposed_comm_ns"])) for x in doc.get("ranks", [])}
         nodes = {int(r): [(int(a), int(b), int(c)) for a, b, c in v] for r, v in (doc.get("nodes") or {}).items()}
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{path}: malformed simulation.json ({exc!r}); write it again with 'traceforge simulate DIR'") from None
-    return Simulation(dict(doc.get("trace_set") or {}), ranks, dict(doc.get("simulator") or {}),
-                      list(doc.get("stalled") or []), nodes)
+        raise UserError(
+            f"{path}: malformed simulation.json ({exc!r}); write it again with 'traceforge simulate DIR'"
+        ) from None
+    return Simulation(
+        dict(doc.get("trace_set") or {}), ranks, dict(doc.get("simulator") or {}), list(doc.get("stalled") or []), nodes
+    )
