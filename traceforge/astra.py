@@ -165,7 +165,8 @@ def system_config(dims: list[Dimension], spec: dict) -> dict:
     if tflops and hbm:
         from traceforge.hardware import GPUS
 
-        cal = getattr(GPUS.get(spec.get("gpu", "")), "calibration", None)  # per-kernel model: its GEMM and HBM fractions
+        # The per-kernel model's GEMM and HBM fractions, unless a flat --gpu-efficiency overrides it.
+        cal = getattr(GPUS.get(spec.get("gpu", "")), "calibration", None)
         flat = spec.get("gpu_efficiency")
         flops_eff, mem_eff = (flat, flat) if flat or cal is None else (cal.gemm, cal.memory)
         doc["peak-perf"] = round(tflops * (flops_eff or 1.0), 3)  # TFLOP/s

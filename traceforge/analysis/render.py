@@ -109,7 +109,8 @@ def estimate_lines(report) -> list[str]:
         return f"{100 * x / total:.0f}%" if total else "-"
 
     net = getattr(report, "network", None)
-    model = (f"  ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {' x '.join(f'{d.npus} {d.topology}' for d in net.dims)} "
+    shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
+    model = (f"  ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {shape} "
              f"from astra_network.yml; not a simulation" if net is not None else
              f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
              f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank")
@@ -135,10 +136,11 @@ def simulation_lines(report) -> list[str]:
     how = "from per-node times" if v.exact else "from ASTRA-sim's totals: waiting counts as exposed communication"
     lines.append(f"  per rank class ({how}):")
     for ranks, s in v.classes[:24]:
-        def pct(x: float) -> str:
-            return f"{100 * x / s.total:.0f}%" if s.total else "-"
-        lines.append(f"    ranks {_span_text(ranks)}: compute {s.compute / 1e3:,.3f} ms ({pct(s.compute)}), exposed "
-                     f"communication {s.exposed_comm / 1e3:,.3f} ms ({pct(s.exposed_comm)}), idle {s.idle / 1e3:,.3f} ms ({pct(s.idle)})")
+        def pct(x: float, total: float = s.total) -> str:
+            return f"{100 * x / total:.0f}%" if total else "-"
+        lines.append(f"    ranks {_span_text(ranks)}: compute {s.compute / 1e3:,.3f} ms ({pct(s.compute)}), "
+                     f"exposed communication {s.exposed_comm / 1e3:,.3f} ms ({pct(s.exposed_comm)}), "
+                     f"idle {s.idle / 1e3:,.3f} ms ({pct(s.idle)})")
     if len(v.classes) > 24:
         lines.append(f"    ... {len(v.classes) - 24} more classes in report.json")
     if v.exposed_by_dim:

@@ -17,14 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from traceforge.analysis.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.analysis.matrix import (
-    MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
+    MAX_DENSE_RANKS,
+    PlotUnavailable,
+    node_matrix,
+    rank_matrix,
+    traffic_edges,
+    write_heatmap,
+    write_links_csv,
     write_matrix_csv,
 )
-from traceforge.analysis.collective_cost import NETWORK_FILE, AstraNetwork, load_network
-from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.analysis.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
 from traceforge.analysis.timeline import DEFAULT_TRACK_RANKS, StepEstimate, chrome_trace, sample_ranks, step_estimate
+from traceforge.analysis.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.analysis.traceset import TraceSet, load_trace_set
 from traceforge.analysis.traffic import DimTraffic, dimension_traffic, node_of
 from traceforge.emit.output import atomic_output_dir
@@ -123,14 +129,15 @@ class Report:
 
     def attach_simulation(self, sim) -> None:
         """Show a simulation of this set beside the estimate; refuse one of another set."""
-        from traceforge.analysis.simulation import trace_set_identity
         from traceforge.analysis.sim_view import simulated_view
+        from traceforge.analysis.simulation import trace_set_identity
 
         if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
             sim.trace_set = trace_set_identity(self.traces.directory, self.world)
             beyond = [r for r in sim.ranks if r >= self.world]
             if beyond:
-                raise UserError(f"the ASTRA-sim log has rank {beyond[0]} but {self.traces.directory} has {self.world} ranks; "
+                raise UserError(f"the ASTRA-sim log has rank {beyond[0]} but {self.traces.directory} has "
+                                f"{self.world} ranks; "
                                 f"pass the log of a run of this set")
         sim.check_matches(self.traces.directory, self.world)
         self.simulation = sim
