@@ -166,3 +166,19 @@ def test_simulate_stalled_ranks_are_located(bundled):
     assert 0 in stalled and 1 in stalled  # the sender's stage and its receiver never finish
     assert any("deadlock" in s["waits"] for s in stalled.values())
     assert "never finished" in res.output
+
+
+@needs_astra
+def test_simulate_with_trace_gives_node_times_and_dimensions(bundled, tmp_path):
+    spec, out = bundled(4, cp=2, order="megatron", num_microbatches=2)
+    res = cli(["simulate", str(out), "-q", "--trace", "--astra-sim-bin", BINARY])
+    assert res.exit_code == 0, res.output
+    sim = json.loads((out / "simulation.json").read_text())
+    assert set(sim["nodes"]) == {str(r) for r in range(spec.world_size)}
+    for r in sim["ranks"]:  # the last node of a rank ends when the rank finishes
+        assert max(end for _, _, end in sim["nodes"][str(r["rank"])]) == r["finish_ns"]
+    res = cli(["report", str(out), "--simulation", str(out / "simulation.json"), "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    view = json.loads((tmp_path / "r" / "report.json").read_text())["simulation"]["view"]
+    assert view["split_from"] == "per-node times" and {"tp", "cp"} <= set(view["exposed_comm_us_by_dim"])
+    assert (tmp_path / "r" / "timeline_simulated.json").exists()

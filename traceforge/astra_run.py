@@ -6,6 +6,7 @@ never finish, so success here means every rank printed `sys[i] finished`.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -72,7 +73,7 @@ class RunResult:
     log: AstraLog
 
 
-def astra_command(directory: Path, binary: str, log_dir: Path) -> list[str]:
+def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path | None = None) -> list[str]:
     directory = Path(directory)
     manifest = read_json_file(directory / MANIFEST_FILE) or {}
     missing = [name for name in BUNDLE_FILES if not (directory / name).is_file()]
@@ -91,7 +92,7 @@ def astra_command(directory: Path, binary: str, log_dir: Path) -> list[str]:
         binary,
         f"--workload-configuration={directory / prefix}",
         f"--comm-group-configuration={directory / groups}",
-        f"--system-configuration={directory / SYSTEM_FILE}",
+        f"--system-configuration={system_file or directory / SYSTEM_FILE}",
         f"--remote-memory-configuration={directory / REMOTE_MEMORY_FILE}",
         f"--network-configuration={directory / NETWORK_FILE}",
         f"--logging-folder={log_dir}",
@@ -105,13 +106,24 @@ def run_astra(
     log_dir: Path,
     timeout: float,
     progress: Callable[[int, int, float], None] | None = None,
+    trace: bool = False,
 ) -> RunResult:
-    """Run ASTRA-sim, tee its output to log_dir/stdout.txt, report ranks finished as they come."""
+    """Run ASTRA-sim, tee its output to log_dir/stdout.txt, report ranks finished as they come.
+
+    trace: run with a copy of the system input that has "trace-enabled": 1 (per-node times)."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for old in list(log_dir.glob("log*.log")) + list(log_dir.glob("err*.log")):
         old.unlink()  # spdlog appends; a previous run's lines would count as this run's
-    command = astra_command(Path(directory).resolve(), binary, log_dir.resolve())
+    system_file = None
+    if trace:
+        try:
+            system = json.loads((Path(directory) / SYSTEM_FILE).read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{Path(directory) / SYSTEM_FILE}: cannot read ({exc}); rewrite the bundle with --astra-sim") from None
+        system_file = (log_dir / "astra_system.trace.json").resolve()
+        system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
+    command = astra_command(Path(directory).resolve(), binary, log_dir.resolve(), system_file)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(

@@ -28,6 +28,9 @@ def simulate(
     log_dir: Path | None = typer.Option(None, "--log-dir", help="ASTRA-sim's logging folder (default: DIR/astra_log)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Stop ASTRA-sim after this many seconds."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+    trace: bool = typer.Option(
+        False, "--trace", help="Turn on ASTRA-sim's trace output for this run: per-node start and end in simulation.json."
+    ),
 ) -> None:
     """Run ASTRA-sim's analytical backend with the set's bundle; write per-rank finish, compute and
     exposed communication (and per-node times when the bundle enables ASTRA-sim's trace output).
@@ -59,7 +62,7 @@ def simulate(
 
     if not quiet:
         err.print(f"simulate: running {binary} on {world} ranks (logs in {logs}/)", markup=False)
-    run = run_astra(directory, binary, world, logs, timeout, progress)
+    run = run_astra(directory, binary, world, logs, timeout, progress, trace=trace)
     finished = len(run.log.ranks)
     if run.timed_out:
         raise SimulatorError(
