@@ -120,7 +120,9 @@ def run_astra(
         try:
             system = json.loads((Path(directory) / SYSTEM_FILE).read_text())
         except (OSError, ValueError) as exc:
-            raise UserError(f"{Path(directory) / SYSTEM_FILE}: cannot read ({exc}); rewrite the bundle with --astra-sim") from None
+            raise UserError(
+                f"{Path(directory) / SYSTEM_FILE}: cannot read ({exc}); rewrite the bundle with --astra-sim"
+            ) from None
         system_file = (log_dir / "astra_system.trace.json").resolve()
         system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
     command = astra_command(Path(directory).resolve(), binary, log_dir.resolve(), system_file)

@@ -29,7 +29,9 @@ def simulate(
     timeout: float = typer.Option(3600.0, "--timeout", help="Stop ASTRA-sim after this many seconds."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     trace: bool = typer.Option(
-        False, "--trace", help="Turn on ASTRA-sim's trace output for this run: per-node start and end in simulation.json."
+        False,
+        "--trace",
+        help="Turn on ASTRA-sim's trace output for this run: per-node start and end in simulation.json.",
     ),
 ) -> None:
     """Run ASTRA-sim's analytical backend with the set's bundle; write per-rank finish, compute and
