@@ -119,7 +119,10 @@ class Report:
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],
-            "timeline": None if self.estimate is None else {**self.estimate.to_json(), "link_model": self.link_json()},
+            "timeline": None if self.estimate is None else {
+                **self.estimate.to_json(), "link_model": self.link_json(),
+                **({"estimate": "analytical replay with ASTRA-sim's network arithmetic, not a simulation"}
+                   if self.network is not None else {})},
             "simulation": self.simulation_json(),
             "notes": self.notes,
         }
