@@ -187,9 +187,9 @@ class Report:
             if self.simulation is not None:
                 from traceforge.analysis.sim_view import simulated_chrome_trace
 
-                ranks = sample_ranks(self.replay, self.track_ranks) if self.replay is not None \
+                shown = sample_ranks(self.replay, self.track_ranks) if self.replay is not None \
                     else list(range(min(self.world, self.track_ranks)))
-                sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, ranks)
+                sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, shown)
                 if sim_trace is not None:
                     (tmp / "timeline_simulated.json").write_text(json.dumps(sim_trace) + "\n")
             try:

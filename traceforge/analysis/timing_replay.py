@@ -224,6 +224,7 @@ class _Replay:
         cp = self.classes[c]
         _, n, inter = self.coll_info[(c, cp.roles[i])]
         self.start[c][i] = t0
+        assert t0 is not None  # every mate has issued
         if self.network is not None:
             key = (c, cp.roles[i], int(cp.p.ctypes[i]), cp.sizes[i])  # cheap to hash, unlike a 128-rank member tuple
             us = self.coll_us.get(key)
