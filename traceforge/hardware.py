@@ -1,13 +1,35 @@
-"""GPU models for compute durations: dense peak FLOP/s per dtype and HBM bandwidth.
+"""GPU models for compute durations: dense peak FLOP/s per dtype, HBM bandwidth, and one
+calibration per preset that says which fraction of those peaks each kind of kernel reaches.
 
 Peaks are the vendors' dense (no sparsity) tensor-core figures for the SXM parts (fp32 means
-TF32 tensor cores). The achieved fraction (--gpu-efficiency, default 0.5) is a stated
-assumption (Megatron reports 40-55% MFU at scale), not a measurement.
+TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
+- gemm: the fraction of peak a large, well-shaped cuBLAS GEMM sustains (clocks under load and
+  kernel overheads); smaller GEMMs lose more to tile and wave quantization (plan/compute.py);
+- attn_fwd / attn_bwd: FlashAttention's published forward / backward rates (FlashAttention-2 on
+  A100, Dao 2023; FlashAttention-3 on H100, Shah et al. 2024; head dim 128, causal);
+- memory: the fraction of HBM bandwidth a streaming (element-wise) kernel reaches;
+- sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
+  with the relative efficiency of each (smaller tiles reuse operands less).
+`--gpu-efficiency` replaces all of it with one flat fraction (the old roofline).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# CTA tiles (m, n, relative efficiency): CUTLASS / cuBLAS's 128x256 family for Ampere and Hopper
+# bf16, and smaller tiles for small problems.
+TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.9), (64, 128, 0.75))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    sms: int
+    gemm: float
+    attn_fwd: float
+    attn_bwd: float
+    memory: float
+    tiles: tuple[tuple[int, int, float], ...] = TILES
 
 
 @dataclass(frozen=True)
@@ -15,11 +37,47 @@ class Gpu:
     name: str
     peak_tflops: dict[str, float]  # by dtype
     hbm_gbps: float
+    calibration: Calibration | None = None
 
 
 GPUS = {
-    "h100": Gpu("h100", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}, hbm_gbps=3350.0),
-    "h200": Gpu("h200", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}, hbm_gbps=4800.0),
-    "a100": Gpu("a100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, hbm_gbps=2039.0),
-    "b200": Gpu("b200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0}, hbm_gbps=8000.0),
+    "h100": Gpu(
+        "h100",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=3350.0,
+        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+    ),
+    "h200": Gpu(
+        "h200",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=4800.0,
+        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+    ),
+    "a100": Gpu(
+        "a100",
+        {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+        hbm_gbps=2039.0,
+        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85),
+    ),
+    "b200": Gpu(
+        "b200",
+        {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
+        hbm_gbps=8000.0,
+        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85),
+    ),
 }
+
+# A custom GPU without --gpu-efficiency: the flat roofline at this fraction.
+DEFAULT_FLAT_EFFICIENCY = 0.5
+
+
+def wave_efficiency(m: int, n: int, cal: Calibration) -> float:
+    """The fraction of the SMs' tile work that is useful for an m x n GEMM output, with the best
+    of the calibration's tiles: ceil(m/tm)*ceil(n/tn) tiles run in waves of `sms`; the last wave
+    and the tiles' overhang past m and n are idle work."""
+    best = 0.0
+    for tm, tn, rel in cal.tiles:
+        tiles = -(-m // tm) * -(-n // tn)
+        waves = -(-tiles // cal.sms)
+        best = max(best, rel * (m * n) / (waves * cal.sms * tm * tn))
+    return best

@@ -118,7 +118,9 @@ FIELDS: tuple[Field, ...] = (
           ("h100", "h200", "a100", "b200", "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure)."),
-    Field("gpu_efficiency", float, "Fraction of peak FLOP/s and bandwidth achieved (default 0.5)."),
+    Field("attention", str, "Attention kernel: flash (FlashAttention; default) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
+          ("flash", "unfused")),
+    Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom)."),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -174,7 +176,8 @@ class Spec:
     gpu: str
     gpu_tflops: float
     gpu_hbm_gbps: float
-    gpu_efficiency: float
+    gpu_efficiency: float | None  # None: the preset's per-kernel calibration (hardware.py)
+    attention: str
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -623,7 +626,7 @@ def _layer_split(r: _Raw, layers: int, pp: int, vs: int, schedule: str) -> dict:
 
 
 def _gpu(r: _Raw, v: dict) -> dict:
-    from traceforge.hardware import GPUS
+    from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, GPUS
 
     gpu = r.need("gpu")
     base = GPUS.get(gpu)
@@ -631,12 +634,13 @@ def _gpu(r: _Raw, v: dict) -> dict:
     hbm = r.get("gpu_hbm_gbps", base.hbm_gbps if base else None)
     if tflops is None or hbm is None:
         raise SpecError("gpu custom needs --gpu-tflops and --gpu-hbm-gbps")
-    efficiency = r.get("gpu_efficiency", 0.5)
-    if not 0 < efficiency <= 1:
+    efficiency = r.get("gpu_efficiency", None if base and base.calibration else DEFAULT_FLAT_EFFICIENCY)
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise SpecError(f"gpu_efficiency must be in (0, 1], got {efficiency}")
     if tflops <= 0 or hbm <= 0:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
-    return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm), gpu_efficiency=float(efficiency))
+    return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
+                gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"))
 
 
 def _divisors(n: int) -> str:

@@ -54,6 +54,9 @@ def report(
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
     track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    simulation: Optional[Path] = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
+    astra_log: Optional[Path] = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
+    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help="Estimate: ASTRA-sim's analytical network arithmetic from DIR/astra_network.yml (default when the set has one), or the alpha-beta model of --intra-bw/--inter-bw/--latency."),
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
     from traceforge.report.render import render_comparison
@@ -71,9 +74,24 @@ def report(
     link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
 
     def build(path: Path):
-        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs)
+        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs,
+                            astra_model=astra_model)
 
+    if simulation is not None and astra_log is not None:
+        raise UserError("give --simulation or --astra-log, not both")
+    sim = None
+    if simulation is not None:
+        from traceforge.report.simulation import load_simulation
+
+        sim = load_simulation(simulation)
+    elif astra_log is not None:
+        from traceforge.report.astra_log import read_astra_log
+        from traceforge.report.simulation import Simulation
+
+        sim = Simulation.from_log(read_astra_log(astra_log), {})
     main = build(directory)
+    if sim is not None:
+        main.attach_simulation(sim)
     other = build(compare) if compare is not None else None
     notes = main.write(out_dir, force=force) if out_dir is not None else []
     if as_json:

@@ -240,9 +240,14 @@ def system_config(dims: list[Dimension], spec: dict, trace: bool = False) -> dic
         doc["trace-enabled"] = 1
     tflops, hbm = spec.get("gpu_tflops"), spec.get("gpu_hbm_gbps")
     if tflops and hbm:
-        efficiency = spec.get("gpu_efficiency") or 1.0
-        doc["peak-perf"] = round(tflops * efficiency, 3)  # TFLOP/s
-        doc["local-mem-bw"] = round(hbm * efficiency, 3)  # GB/s
+        from traceforge.hardware import GPUS
+
+        # The per-kernel model's GEMM and HBM fractions, unless a flat --gpu-efficiency overrides it.
+        cal = getattr(GPUS.get(spec.get("gpu", "")), "calibration", None)
+        flat = spec.get("gpu_efficiency")
+        flops_eff, mem_eff = (flat, flat) if flat or cal is None else (cal.gemm, cal.memory)
+        doc["peak-perf"] = round(tflops * (flops_eff or 1.0), 3)  # TFLOP/s
+        doc["local-mem-bw"] = round(hbm * (mem_eff or 1.0), 3)  # GB/s
     return doc
 
 

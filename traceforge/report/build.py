@@ -13,9 +13,11 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.report.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
     write_matrix_csv,
@@ -45,6 +47,9 @@ class Report:
     replay: ReplayResult | None = None
     estimate: StepEstimate | None = None
     track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
+    network: AstraNetwork | None = None  # the estimate follows ASTRA-sim's analytical backend
+    simulation: Any = None  # a Simulation read back (simulation.json or an ASTRA-sim log)
+    sim_view: Any = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -102,6 +107,11 @@ class Report:
             return write_chrome_trace(self.replay, ranks, self.gpus_per_node, stream, self._timeline_meta(ranks))
 
     def link_json(self) -> dict:
+        if self.network is not None:
+            return {"model": "ASTRA-sim analytical (congestion-unaware), from " + NETWORK_FILE,
+                    "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
+                                    "latency_ns": d.latency} for d in self.network.dims],
+                    "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
         return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps, "latency_us": self.link.latency_us}
 
     def to_json(self) -> dict:
@@ -118,11 +128,42 @@ class Report:
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],
-            "timeline": None if self.estimate is None else {**self.estimate.to_json(), "link_model": self.link_json()},
+            "timeline": None if self.estimate is None else {
+                **self.estimate.to_json(), "link_model": self.link_json(),
+                **({"estimate": "analytical replay with ASTRA-sim's network arithmetic, not a simulation"}
+                   if self.network is not None else {})},
+            "simulation": self.simulation_json(),
             "notes": self.notes,
         }
         if self.nodes <= JSON_NODE_MATRIX_LIMIT:
             doc["node_matrix_bytes_per_step"] = self.node_matrix().tolist()
+        return doc
+
+    def attach_simulation(self, sim) -> None:
+        """Show a simulation of this set beside the estimate; refuse one of another set."""
+        from traceforge.report.sim_view import simulated_view
+        from traceforge.report.simulation import trace_set_identity
+
+        if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
+            sim.trace_set = trace_set_identity(self.traces.directory, self.world)
+            beyond = [r for r in sim.ranks if r >= self.world]
+            if beyond:
+                raise UserError(f"the ASTRA-sim log has rank {beyond[0]} but {self.traces.directory} has "
+                                f"{self.world} ranks; "
+                                f"pass the log of a run of this set")
+        sim.check_matches(self.traces.directory, self.world)
+        self.simulation = sim
+        self.sim_view = simulated_view(sim, self.traces, self.replay.color if self.replay is not None else None)
+
+    def simulation_json(self) -> dict | None:
+        if self.simulation is None:
+            return None
+        doc = self.simulation.summary_json()
+        doc["view"] = self.sim_view.to_json()
+        if self.estimate is not None and self.sim_view.step_time_us:
+            est = self.estimate.critical.total
+            doc["estimate_vs_simulation"] = {"estimate_us": est, "simulated_us": self.sim_view.step_time_us,
+                                             "error": est / self.sim_view.step_time_us - 1}
         return doc
 
     # -- output --------------------------------------------------------------------------
@@ -150,6 +191,14 @@ class Report:
                 notes.append(f"no matrix_ranks.csv above {MAX_DENSE_RANKS} ranks; links.csv has every rank pair")
             write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
             self.write_timeline(tmp / "timeline.json")
+            if self.simulation is not None:
+                from traceforge.report.sim_view import simulated_chrome_trace
+
+                shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
+                    else list(range(min(self.world, 32)))
+                sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, shown)
+                if sim_trace is not None:
+                    (tmp / "timeline_simulated.json").write_text(json.dumps(sim_trace) + "\n")
             try:
                 write_heatmap(heatmaps, tmp / "traffic_heatmap.png")
             except PlotUnavailable as exc:
@@ -190,8 +239,12 @@ def _n(value: float):
 def build_report(
     directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
     timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
+    astra_model: bool | None = None,
 ) -> Report:
-    """Scan a trace set once and assemble its report. Raises UserError on unreadable input."""
+    """Scan a trace set once and assemble its report. Raises UserError on unreadable input.
+
+    astra_model: time communication as ASTRA-sim's analytical backend does, with the set's
+    astra_network.yml / astra_system.json (None: when the set has them)."""
     if gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     link = link or LinkModel(gpus_per_node=gpus_per_node)
@@ -212,12 +265,22 @@ def build_report(
     seconds["traffic"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, notes=list(ts.notes),
                     seconds=seconds)
+    if astra_model is None:
+        astra_model = (Path(directory) / NETWORK_FILE).exists()
+    if astra_model:
+        report.network = load_network(Path(directory))
+        if report.network.world != ts.world:
+            raise UserError(f"{Path(directory) / NETWORK_FILE} describes {report.network.world} NPUs but the trace set has "
+                            f"{ts.world} ranks; rewrite the bundle with 'traceforge generate --astra-sim'")
     if ts.world % gpus_per_node:
         report.notes.append(f"{ts.world} ranks do not fill nodes of {gpus_per_node} GPUs; the last node is partial")
     if timeline:
         t0 = time.perf_counter()
         try:
-            report.replay = replay(ts, link)
+            net = report.network
+            replay_link = link if net is None or len(net.dims) < 2 else LinkModel(
+                link.intra_gbps, link.inter_gbps, link.latency_us, net.dims[0].npus)  # rank classes see its links
+            report.replay = replay(ts, replay_link, network=net)
         except ReplayTooBig as exc:
             report.notes.append(f"timeline skipped: {exc}")
         else:

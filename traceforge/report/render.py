@@ -111,16 +111,52 @@ def estimate_lines(report) -> list[str]:
     def pct(x: float, total: float) -> str:
         return f"{100 * x / total:.0f}%" if total else "-"
 
+    net = getattr(report, "network", None)
+    shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
+    model = (f"  ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {shape} "
+             f"from astra_network.yml; not a simulation" if net is not None else
+             f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
+             f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank")
     return [
-        f"Step time estimate {c.total / 1e3:,.2f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
+        f"Step time estimate {c.total / 1e3:,.3f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
         f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "
         f"idle {c.idle / 1e3:,.2f} ms ({pct(c.idle, c.total)})",
         f"  mean over ranks: compute {pct(m.compute, m.total)}, exposed communication {pct(m.exposed_comm, m.total)}, "
         f"idle {pct(m.idle, m.total)} (the pipeline bubble and other waits); "
         f"{e.classes} distinct rank behaviours replayed",
-        f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
-        f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank",
+        model,
     ]
+
+
+def simulation_lines(report) -> list[str]:
+    v = getattr(report, "sim_view", None)
+    if v is None:
+        return []
+    lines = [f"Simulated step {v.step_time_us / 1e3:,.3f} ms ({report.simulation.simulator.get('name', 'ASTRA-sim')}; "
+             f"{v.finished}/{v.world} ranks finished)"]
+    if report.estimate is not None and v.step_time_us:
+        est = report.estimate.critical.total
+        lines.append(f"  estimate {est / 1e3:,.3f} ms, {100 * (est / v.step_time_us - 1):+.1f}% against the simulation")
+    how = "from per-node times" if v.exact else "from ASTRA-sim's totals: waiting counts as exposed communication"
+    lines.append(f"  per rank class ({how}):")
+    for ranks, s in v.classes[:24]:
+        def pct(x: float, total: float = s.total) -> str:
+            return f"{100 * x / total:.0f}%" if total else "-"
+        lines.append(f"    ranks {_span_text(ranks)}: compute {s.compute / 1e3:,.3f} ms ({pct(s.compute)}), "
+                     f"exposed communication {s.exposed_comm / 1e3:,.3f} ms ({pct(s.exposed_comm)}), "
+                     f"idle {s.idle / 1e3:,.3f} ms ({pct(s.idle)})")
+    if len(v.classes) > 24:
+        lines.append(f"    ... {len(v.classes) - 24} more classes in report.json")
+    if v.exposed_by_dim:
+        lines.append("  exposed communication per dimension (mean per rank): " + ", ".join(
+            f"{d} {us / 1e3:,.3f} ms" for d, us in sorted(v.exposed_by_dim.items(), key=lambda x: -x[1])))
+    return lines
+
+
+def _span_text(ranks: list[int]) -> str:
+    from traceforge.report.sim_view import _span
+
+    return _span(ranks)
 
 
 def render_report(report, console) -> None:
@@ -133,6 +169,8 @@ def render_report(report, console) -> None:
         console.print(nodes)
     console.print(test_table(report))
     for line in estimate_lines(report):
+        console.print(line, markup=False)
+    for line in simulation_lines(report):
         console.print(line, markup=False)
     for note in report.notes:
         console.print(f"note: {note}", markup=False)

@@ -23,6 +23,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from traceforge.report.collective_cost import AstraNetwork
 from traceforge.report.ring import wire_bytes
 from traceforge.report.scan import COLL, COMP, RECV, SEND, RankProgram
 from traceforge.report.traceset import TraceSet
@@ -123,8 +124,10 @@ class ReplayResult:
 
 
 class _Replay:
-    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int]):
+    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int],
+                 network: AstraNetwork | None = None):
         self.ts, self.link, self.color = ts, link, color
+        self.network = network  # when given, durations follow ASTRA-sim's analytical backend
         self.gpn = link.gpus_per_node
         self.classes = [_ClassProgram(r, ts.programs[ts.scans[r].shape]) for r in reps]
         sizes = [len(cp.types) for cp in self.classes]
@@ -144,12 +147,15 @@ class _Replay:
         self._peers: dict[int, dict] = {}
         # Per (class, group role): the (class, role) of every member, group size, link class.
         self.coll_info: dict[tuple[int, int], tuple[set, int, bool]] = {}
+        self.coll_members: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.coll_us: dict[tuple[int, int, int, int], float] = {}
         for c, cp in enumerate(self.classes):
             for role in cp.coll_lists:
                 g = ts.scans[cp.rank].group_roles[role]
                 members = ts.groups[g]
                 mates = {(color[m], self._group_role(m, g)) for m in members}
                 self.coll_info[(c, role)] = (mates, len(members), crosses_nodes(members, self.gpn))
+                self.coll_members[(c, role)] = tuple(members)
 
     # -- lookups ------------------------------------------------------------------------
     def _group_role(self, rank: int, group: str) -> int:
@@ -188,6 +194,14 @@ class _Replay:
         k = cp.position[i]
         return (cs, lst[k]) if k < len(lst) else None
 
+    def send_micros(self, c: int, i: int) -> float:
+        cp = self.classes[c]
+        if self.network is not None:
+            dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+            if 0 <= dst < self.ts.world:
+                return self.network.send_ns(cp.rank, dst, cp.sizes[i]) / 1000
+        return self.link.micros(cp.sizes[i], self.send_is_inter(c, i))
+
     def send_is_inter(self, c: int, i: int) -> bool:
         cp = self.classes[c]
         dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
@@ -210,7 +224,15 @@ class _Replay:
         cp = self.classes[c]
         _, n, inter = self.coll_info[(c, cp.roles[i])]
         self.start[c][i] = t0
-        self.done_at(c, i, t0 + self.link.micros(wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n), inter))
+        assert t0 is not None  # every mate has issued
+        if self.network is not None:
+            key = (c, cp.roles[i], int(cp.p.ctypes[i]), cp.sizes[i])  # cheap to hash, unlike a 128-rank member tuple
+            us = self.coll_us.get(key)
+            if us is None:
+                us = self.coll_us[key] = self.network.collective_ns(key[2], key[3], self.coll_members[key[:2]]) / 1000
+            self.done_at(c, i, t0 + us)
+        else:
+            self.done_at(c, i, t0 + self.link.micros(wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n), inter))
 
     def run(self, c: int, i: int, t: float) -> None:
         """Node i of class c got its resource at time t."""
@@ -221,7 +243,7 @@ class _Replay:
             self.done_at(c, i, t + cp.durations[i])
         elif kind == SEND:
             self.issue[c][i] = self.start[c][i] = t
-            self.done_at(c, i, t + self.link.micros(cp.sizes[i], self.send_is_inter(c, i)))
+            self.done_at(c, i, t + self.send_micros(c, i))
         else:  # COLL
             self.issue[c][i] = t
             self.try_collective(c, i)
@@ -301,7 +323,8 @@ class _Replay:
         return makespan
 
 
-def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT) -> ReplayResult:
+def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT,
+           network: AstraNetwork | None = None) -> ReplayResult:
     color = rank_classes(ts, link.gpus_per_node)
     reps: list[int] = []
     for rank, c in enumerate(color):
@@ -310,7 +333,7 @@ def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT) -
     size = sum(ts.scans[r].nodes for r in reps)
     if size > node_limit:
         raise ReplayTooBig(f"{len(reps)} distinct rank programs, {size:,} nodes to replay (limit {node_limit:,})")
-    sim = _Replay(ts, link, color, reps)
+    sim = _Replay(ts, link, color, reps, network)
     makespan = sim.run_all()
     stalled = [(c, i) for c, fin in enumerate(sim.finish) for i, f in enumerate(fin) if f is None]
     return ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish, makespan, stalled)

@@ -1,0 +1,140 @@
+"""`traceforge simulate DIR`: run ASTRA-sim on a trace set and write simulation.json."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+
+from traceforge.cli import app, err, out, user_errors
+from traceforge.errors import UserError
+
+MAX_STALLED_SHOWN = 16
+
+
+@app.command("simulate")
+@user_errors
+def simulate(
+    directory: Path = typer.Argument(..., help="Trace set written with 'traceforge generate --astra-sim'."),
+    astra_sim_bin: str | None = typer.Option(
+        None,
+        "--astra-sim-bin",
+        help="ASTRA-sim analytical binary (default: $ASTRA_SIM, else AstraSim_Analytical_Congestion_Unaware on PATH).",
+    ),
+    out_file: Path | None = typer.Option(
+        None, "--out", "-o", help="Where to write the result (default: DIR/simulation.json)."
+    ),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="ASTRA-sim's logging folder (default: DIR/astra_log)."),
+    timeout: float = typer.Option(3600.0, "--timeout", help="Stop ASTRA-sim after this many seconds."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+    trace: bool = typer.Option(
+        False,
+        "--trace",
+        help="Turn on ASTRA-sim's trace output for this run: per-node start and end in simulation.json.",
+    ),
+) -> None:
+    """Run ASTRA-sim's analytical backend with the set's bundle; write per-rank finish, compute and
+    exposed communication (and per-node times when the bundle enables ASTRA-sim's trace output).
+    Ranks that never finish are located with check's replay. Exit 0 all ranks finished, 1 some
+    stalled, 2 unusable input, 3 the simulator failed or timed out."""
+    from traceforge.check.run import check_trace_set
+    from traceforge.check.replay import ASTRA
+    from traceforge.read.reader import find_rank_files, manifest_world_size
+    from traceforge.report.simulation import SIMULATION_FILE, Simulation, trace_set_identity
+    from traceforge.astra_run import SimulatorError, find_binary, run_astra
+
+    if not 0 < timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
+    if not directory.is_dir():
+        raise UserError(
+            f"{directory}: no such trace set directory; write one with 'traceforge generate --astra-sim -o {directory}'"
+        )
+    prefix, files = find_rank_files(directory, None)
+    world = manifest_world_size(directory, prefix) or len(files)
+    binary = find_binary(astra_sim_bin)
+    target = out_file or directory / SIMULATION_FILE
+    if not target.parent.is_dir():
+        raise UserError(f"{target.parent}: no such directory for --out")
+    logs = log_dir or directory / "astra_log"
+
+    def progress(done: int, total: int, seconds: float) -> None:
+        if not quiet and (done == total or done == 1 or done % max(1, total // 20) == 0):
+            err.print(f"simulate: {done}/{total} ranks finished ({seconds:,.1f} s)", markup=False)
+
+    if not quiet:
+        err.print(f"simulate: running {binary} on {world} ranks (logs in {logs}/)", markup=False)
+    run = run_astra(directory, binary, world, logs, timeout, progress, trace=trace)
+    finished = len(run.log.ranks)
+    if run.timed_out:
+        raise SimulatorError(
+            f"ASTRA-sim did not finish within {timeout:g} s ({finished}/{world} ranks finished; output in "
+            f"{logs}/stdout.txt); raise --timeout, or simulate a smaller set"
+        )
+    if run.exit_code != 0 or not run.log.is_astra:
+        last = next((line for line in reversed(run.log.errors)), "") if run.log.errors else ""
+        tail = _last_line(logs / "stdout.txt")
+        raise SimulatorError(
+            f"ASTRA-sim exited with code {run.exit_code} ({finished}/{world} ranks finished): "
+            f"{last or tail or 'no output'} "
+            f"(full output in {logs}/stdout.txt)"
+        )
+    sim = Simulation.from_log(
+        run.log,
+        trace_set_identity(directory, world),
+        {
+            "name": "ASTRA-sim analytical (congestion-unaware)",
+            "binary": binary,
+            "command": run.command,
+            "exit_code": run.exit_code,
+            "seconds": round(run.seconds, 3),
+            "log_dir": str(logs),
+        },
+    )
+    missing = run.log.missing(world)
+    if missing:
+        result = check_trace_set(directory, prefix=prefix, model=ASTRA)
+        waits: dict[int, str] = {}
+        for f in result.findings:
+            if f.rank is not None and f.rank not in waits and f.kind == "deadlock":
+                waits[f.rank] = f"{f.kind}: {f.message}"
+        for f in result.findings:  # any finding names something on that rank
+            if f.rank is not None and f.rank not in waits:
+                waits[f.rank] = f"{f.kind}: {f.message}"
+        sim.stalled = [
+            {
+                "rank": r,
+                "waits": waits.get(r, "check's replay finds no reason; see the ASTRA-sim log"),
+                "holds_comm_nodes": run.log.unreleased.get(r, []),
+            }
+            for r in missing
+        ]
+    sim.write(target)
+    step = sim.step_time_ns
+    out.print(
+        f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
+        f"wrote {target}",
+        markup=False,
+        soft_wrap=True,
+    )
+    if missing:
+        for s in sim.stalled[:MAX_STALLED_SHOWN]:
+            out.print(f"  rank {s['rank']} never finished: {s['waits']}", markup=False, soft_wrap=True)
+        if len(missing) > MAX_STALLED_SHOWN:
+            out.print(f"  ... {len(missing) - MAX_STALLED_SHOWN} more in {target}", markup=False)
+        err.print(
+            f"traceforge: {len(missing)} of {world} ranks never finished (ASTRA-sim exits 0 regardless); "
+            f"run 'traceforge check {directory} --model astra-sim' for every finding",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    out.print(f"read it back: traceforge report {directory} --simulation {target}", markup=False, soft_wrap=True)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
