@@ -23,8 +23,10 @@ from traceforge.spec import KNOWN_DIMS, Spec
 # dense gradients over both). emb: the first and last pipeline stage at equal tp, dp (the tied
 # word-embedding gradient). dps/dpr: FSDP HYBRID_SHARD's shard groups of K consecutive DP ranks
 # and the replica groups across them. ep: expert parallel (MoE AllToAll). edp: expert data
-# parallel (expert gradients).
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp")
+# parallel (expert gradients). epx/epn: node-limited routing's two-step dispatch, the EP group cut
+# into G routing groups (nodes) of ep/G consecutive EP ranks: epn the ranks of one node, epx the
+# ranks at one position of every node (last, so other kinds keep their ids).
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "epx", "epn")
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ class Grid:
 
 
 class Layout:
-    def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None):
+    def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None, ep_groups: int = 1):
         self.order = order
+        self.ep_groups = ep_groups
         self.dims = tuple(order.split("-"))
         self.sizes = {d: sizes.get(d, 1) for d in KNOWN_DIMS}
         for dim, size in self.sizes.items():
@@ -84,7 +87,7 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: Spec) -> "Layout":
         return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
-                   spec.shard_size if spec.dp_mode == "hsdp" else None)
+                   spec.shard_size if spec.dp_mode == "hsdp" else None, spec.moe_router_num_groups)
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:
@@ -128,6 +131,13 @@ class Layout:
             return rows[np.argsort(rows[:, 0], kind="stable")]
         if self.expert is None:
             return empty
+        if kind in ("epx", "epn"):
+            if self.ep_groups < 2:
+                return empty
+            ep_rows = self.expert.rows(("ep",))  # members in EP-coordinate order
+            blocks = ep_rows.reshape(len(ep_rows), self.ep_groups, -1)  # (groups, nodes, per node)
+            rows = blocks.reshape(-1, blocks.shape[2]) if kind == "epn" else blocks.transpose(0, 2, 1).reshape(-1, self.ep_groups)
+            return rows[np.argsort(rows[:, 0], kind="stable")]
         return self.expert.rows(("ep",) if kind == "ep" else ("dp",))
 
     @cached_property

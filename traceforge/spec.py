@@ -52,6 +52,12 @@ FIELDS: tuple[Field, ...] = (
     Field("ffn_hidden", int, "MLP inner size f (default 4h)."),
     Field("heads", int, "Attention heads."),
     Field("kv_heads", int, "Key/value heads (GQA query groups; default = heads)."),
+    Field("head_dim", int, "Channels per attention head (Megatron's kv_channels; default hidden/heads)."),
+    Field("q_lora_rank", int, "Multi-head latent attention: rank of the compressed query (0 = queries not compressed).", minimum=0),
+    Field("kv_lora_rank", int, "Multi-head latent attention (DeepSeek-V2/V3): rank of the compressed key/value latent (0 or unset = standard attention).", minimum=0),
+    Field("qk_nope_head_dim", int, "MLA: per-head query/key channels without rotary embedding (default 128).", minimum=0),
+    Field("qk_rope_head_dim", int, "MLA: per-head query/key channels with rotary embedding, the key's shared by all heads (default 64).", minimum=0),
+    Field("v_head_dim", int, "MLA: per-head value channels (default 128).", minimum=0),
     Field("vocab", int, "Vocabulary size (padded to a multiple of 128*tp, as Megatron does)."),
     Field("seq_len", int, "Sequence length s in tokens."),
     Field("tied_embeddings", bool, "Share input embedding and LM head weights (default: gpt yes, llama no).",
@@ -75,6 +81,11 @@ FIELDS: tuple[Field, ...] = (
     Field("experts", int, "Mixture-of-experts: experts per MoE layer (0 or unset = dense).", minimum=0),
     Field("top_k", int, "Mixture-of-experts: experts each token is routed to (default 2).", minimum=0),
     Field("moe_layer_freq", int, "Mixture-of-experts: every k-th layer is an MoE layer (default 1: all)."),
+    Field("moe_first_dense_layers", int, "Mixture-of-experts: the first k layers are dense (DeepSeek's first_k_dense_replace; default 0).", minimum=0),
+    Field("moe_ffn_hidden", int, "Mixture-of-experts: inner size of one expert (fine-grained experts; default ffn_hidden)."),
+    Field("shared_experts", int, "Mixture-of-experts: shared experts every token passes through, next to the routed ones (default 0).", minimum=0),
+    Field("moe_router_num_groups", int, "Node-limited routing: the EP group's ranks split into this many groups (nodes); > 1 dispatches across groups once per token, then inside the group (default 1: flat AllToAll)."),
+    Field("moe_router_group_topk", int, "Node-limited routing: groups (nodes) each token reaches at most (default: all groups)."),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
     Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe", "interleaved")),
@@ -108,6 +119,12 @@ class Spec:
     ffn_hidden: int
     heads: int
     kv_heads: int
+    head_dim: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
     vocab: int
     seq_len: int
     tied_embeddings: bool
@@ -128,6 +145,11 @@ class Spec:
     experts: int
     top_k: int
     moe_layer_freq: int
+    moe_first_dense_layers: int
+    moe_ffn_hidden: int
+    shared_experts: int
+    moe_router_num_groups: int
+    moe_router_group_topk: int
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
@@ -155,6 +177,16 @@ class Spec:
     def grad_bytes(self) -> int:
         """Bytes per gradient element as reduced (g)."""
         return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3) instead of standard (GQA) attention."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def node_limited(self) -> bool:
+        """Expert dispatch across routing groups (nodes) first, then inside them."""
+        return self.moe_router_num_groups > 1
 
     @property
     def order_dims(self) -> tuple[str, ...]:
@@ -319,12 +351,31 @@ def _model(r: _Raw, _: dict) -> dict:
     arch = r.need("arch")
     layers, hidden, heads, vocab, seq_len = (r.need(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len"))
     kv_heads = r.get("kv_heads", heads)
-    if hidden % heads:
-        raise SpecError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+    head_dim = r.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise SpecError(f"hidden ({hidden}) must be divisible by heads ({heads}), or give --head-dim")
+        head_dim = hidden // heads
     if kv_heads > heads or heads % kv_heads:
         raise SpecError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
-    return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=r.get("ffn_hidden", 4 * hidden), heads=heads,
-                kv_heads=kv_heads, vocab=vocab, seq_len=seq_len, tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
+    kv_lora = r.get("kv_lora_rank", 0)
+    mla = dict(q_lora_rank=r.get("q_lora_rank", 0), kv_lora_rank=kv_lora, qk_nope_head_dim=r.get("qk_nope_head_dim", 128),
+               qk_rope_head_dim=r.get("qk_rope_head_dim", 64), v_head_dim=r.get("v_head_dim", 128))
+    if not kv_lora:
+        for name in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if name in r.explicit and r.explicit[name] != 0:
+                raise SpecError(f"{name} applies to multi-head latent attention: give --kv-lora-rank R too, or drop it")
+        mla = dict(q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0)
+    elif not mla["qk_nope_head_dim"] or not mla["v_head_dim"]:
+        raise SpecError("multi-head latent attention needs qk_nope_head_dim and v_head_dim of at least 1")
+    elif arch != "llama":
+        raise SpecError("multi-head latent attention (kv_lora_rank) is modelled for arch llama (no biases, SwiGLU): use --arch llama")
+    elif kv_heads != heads:
+        raise SpecError(f"multi-head latent attention has no key/value head groups: drop kv_heads ({kv_heads}) or set it to heads ({heads})")
+    ffn_hidden = r.get("ffn_hidden", 4 * hidden)
+    return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
+                kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
+                tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
 
 
 def _parallel(r: _Raw, v: dict) -> dict:
@@ -399,7 +450,19 @@ def _batch(r: _Raw, v: dict) -> dict:
 
 def _experts(r: _Raw, v: dict) -> dict:
     experts, top_k, freq = r.get("experts", 0), r.get("top_k", 2), r.get("moe_layer_freq", 1)
+    fine = dict(moe_first_dense_layers=r.get("moe_first_dense_layers", 0), moe_ffn_hidden=r.get("moe_ffn_hidden", v["ffn_hidden"]),
+                shared_experts=r.get("shared_experts", 0), moe_router_num_groups=r.get("moe_router_num_groups", 1))
+    fine["moe_router_group_topk"] = r.get("moe_router_group_topk", fine["moe_router_num_groups"])
     if experts:
+        if fine["moe_ffn_hidden"] % v["tp"]:
+            raise SpecError(f"moe_ffn_hidden ({fine['moe_ffn_hidden']}) must be divisible by tp ({v['tp']}): experts are tensor-parallel too")
+        if fine["moe_first_dense_layers"] >= v["layers"]:
+            raise SpecError(f"moe_first_dense_layers ({fine['moe_first_dense_layers']}) leaves no MoE layer of {v['layers']}: lower it")
+        groups, group_topk = fine["moe_router_num_groups"], fine["moe_router_group_topk"]
+        if v["ep"] % groups or experts % groups:
+            raise SpecError(f"moe_router_num_groups ({groups}) must divide ep ({v['ep']}) and experts ({experts}): each group is ep/groups ranks (a node)")
+        if group_topk > groups:
+            raise SpecError(f"moe_router_group_topk ({group_topk}) must be at most moe_router_num_groups ({groups})")
         if experts % v["ep"]:
             raise SpecError(f"experts ({experts}) must be divisible by ep ({v['ep']})")
         if not 1 <= top_k <= experts:
@@ -409,10 +472,13 @@ def _experts(r: _Raw, v: dict) -> dict:
     elif v["ep"] > 1:
         raise SpecError(f"ep ({v['ep']}) needs a mixture-of-experts model: give --experts E")
     else:  # a dense model: routing settings other than their dense values mean a forgotten --experts
-        for name, dense in (("top_k", 0), ("moe_layer_freq", 1)):
+        for name, dense in (("top_k", 0), ("moe_layer_freq", 1), ("moe_first_dense_layers", 0), ("shared_experts", 0),
+                            ("moe_router_num_groups", 1), ("moe_ffn_hidden", v["ffn_hidden"])):
             if r.explicit.get(name, dense) != dense:
                 raise SpecError(f"{name} applies to mixture-of-experts models: give --experts E, or drop it")
-    return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1)
+        fine = dict(moe_first_dense_layers=0, moe_ffn_hidden=v["ffn_hidden"], shared_experts=0,
+                    moe_router_num_groups=1, moe_router_group_topk=1)
+    return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1, **fine)
 
 
 def _modes(r: _Raw, v: dict) -> dict:

@@ -12,7 +12,7 @@ Each attention block computes while the next block is in flight.
 
 from __future__ import annotations
 
-from traceforge.model import local_tokens
+from traceforge.model import local_tokens, qkv_channels
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import ProgramBuilder
 from traceforge.spec import Spec
@@ -25,8 +25,8 @@ class ContextParallel:
     def __init__(self, spec: Spec):
         self.spec = spec
         self.cp = spec.cp
-        kv_dim = spec.kv_heads * (spec.hidden // spec.heads)
-        self.kv_bytes = 2 * local_tokens(spec) * kv_dim // spec.tp * spec.act_bytes
+        _, k_dim, v_dim = qkv_channels(spec)
+        self.kv_bytes = local_tokens(spec) * (k_dim + v_dim) // spec.tp * spec.act_bytes
 
     def _tag(self, layer: int, ring_step: int, kind: int) -> int:
         """Unique per (src, dst) pair within the run: CP pairs never carry pipeline traffic."""

@@ -25,7 +25,8 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     """Members of each group role; collectives on single-member groups are dropped."""
     dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if spec.pp > 1 else 1,
-             "ep": spec.ep, "edp": dp // spec.ep}
+             "ep": spec.ep, "edp": dp // spec.ep, "epx": spec.moe_router_num_groups,
+             "epn": spec.ep // spec.moe_router_num_groups}
     if spec.dp_mode == "hsdp":
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes
