@@ -193,5 +193,15 @@ class Layout:
         """(next, prev) in each rank's context-parallel ring."""
         return self._ring("cp")
 
+    @cached_property
+    def ep_peers(self) -> np.ndarray:
+        """(world, ep): the member of each rank's EP group at each EP rank (itself at its own)."""
+        if self.expert is None:
+            return np.arange(self.world_size)[:, None]
+        rows = self.expert.rows(("ep",))  # members in EP-rank order
+        out = np.empty((self.world_size, rows.shape[1]), dtype=np.int64)
+        out[rows.reshape(-1)] = np.repeat(rows, rows.shape[1], axis=0)
+        return out
+
     def stage_ranks(self, stage: int) -> np.ndarray:
         return np.flatnonzero(self.coords["pp"] == stage)

@@ -42,6 +42,7 @@ class Field:
     # Flag spelling for booleans: (on, off).
     bool_flags: tuple[str, str] | None = None
     minimum: int = 1  # smallest allowed whole number
+    keep_case: bool = False  # strings that hold paths are not lowercased
 
 
 FIELDS: tuple[Field, ...] = (
@@ -86,6 +87,9 @@ FIELDS: tuple[Field, ...] = (
     Field("shared_experts", int, "Mixture-of-experts: shared experts every token passes through, next to the routed ones (default 0).", minimum=0),
     Field("moe_router_num_groups", int, "Node-limited routing: the EP group's ranks split into this many groups (nodes); > 1 dispatches across groups once per token, then inside the group (default 1: flat AllToAll)."),
     Field("moe_router_group_topk", int, "Node-limited routing: groups (nodes) each token reaches at most (default: all groups)."),
+    Field("moe_routing", str, "Mixture-of-experts routing: balanced (AllToAll), zipf:S (expert popularity ~ 1/i^S, drawn with --seed) or trace:FILE (.npy/.json token counts [m, moe_layers, ep, ep]); uneven counts become Send/Recv pairs.",
+          keep_case=True),
+    Field("seed", int, "Seed of every random draw (zipf routing, compute jitter); same seed, same bytes (default 0).", minimum=0),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
     Field("schedule", str, "Pipeline schedule.", ("1f1b", "gpipe", "interleaved")),
@@ -150,6 +154,8 @@ class Spec:
     shared_experts: int
     moe_router_num_groups: int
     moe_router_group_topk: int
+    moe_routing: str
+    seed: int
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
@@ -268,7 +274,7 @@ def _coerce(name: str, value: Any) -> Any:
         if value < 0 or not math.isfinite(value):
             raise SpecError(f"{name} must be a finite number >= 0, got {value}")
         return float(value)
-    value = str(value).strip().lower()
+    value = str(value).strip() if field.keep_case else str(value).strip().lower()
     if field.choices and value not in field.choices:
         raise SpecError(f"{name} must be one of {', '.join(field.choices)}; got {value!r}")
     return value
@@ -342,7 +348,7 @@ class _Raw:
 def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
     r = _Raw(raw_values, explicit)
     values: dict[str, Any] = {"preset": preset_name}
-    for section in (_model, _parallel, _batch, _experts, _modes, _gpu):
+    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _gpu):
         values.update(section(r, values))
     return Spec(**values)
 
@@ -535,6 +541,39 @@ def _modes(r: _Raw, v: dict) -> dict:
     return dict(schedule=schedule, virtual_stages=vs, layers_per_stage=layers_per_stage, dp_mode=dp_mode,
                 shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
                 overlap_param_gather=overlap_param, steps=steps)
+
+
+def moe_layer_count(layers: int, first_dense: int, freq: int) -> int:
+    return sum(1 for layer in range(first_dense, layers) if layer % freq == 0)
+
+
+def ep_tag_base(steps: int, m: int, layers: int, cp: int) -> int:
+    """First tag of imbalanced expert traffic: past every context-parallel tag (EP peers can be
+    CP peers; pipeline peers never are)."""
+    return 1 + steps * m * layers * cp * 4
+
+
+EP_TAG_KINDS = 9  # dispatch, probabilities, combine; their recomputation; three backward
+
+
+def _routing(r: _Raw, v: dict) -> dict:
+    from traceforge.plan.routing import BALANCED, load_routing_trace, parse_routing
+
+    text, seed = r.get("moe_routing", BALANCED), r.get("seed", 0)
+    kind, arg = parse_routing(text)
+    if kind == BALANCED:
+        return dict(moe_routing=BALANCED, seed=seed)
+    if not v["experts"] or v["ep"] < 2:
+        raise SpecError(f"moe_routing {text!r} needs a mixture-of-experts model with ep > 1: give --experts E --ep N, or use balanced")
+    if v["moe_router_num_groups"] > 1:
+        raise SpecError(f"moe_routing {text!r} with node-limited routing (moe_router_num_groups > 1) is not modelled: drop one of them")
+    steps, m, layers = v["steps"], v["num_microbatches"], v["layers"]
+    if kind == "trace":
+        assert isinstance(arg, str)
+        load_routing_trace(arg, steps, m, moe_layer_count(layers, v["moe_first_dense_layers"], v["moe_layer_freq"]), v["ep"])
+    if ep_tag_base(steps, m, layers, v["cp"]) + steps * m * layers * EP_TAG_KINDS >= MAX_TAG:
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers make too many expert transfers for tags below {MAX_TAG}: emit fewer steps")
+    return dict(moe_routing=text.strip() if kind == "trace" else f"zipf:{arg:g}", seed=seed)
 
 
 def _gpu(r: _Raw, v: dict) -> dict:

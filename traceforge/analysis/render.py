@@ -119,6 +119,25 @@ def estimate_lines(report) -> list[str]:
     ]
 
 
+EXPERT_GROUPS_SHOWN = 8
+
+
+def expert_table(report) -> Table | None:
+    """EP groups, hottest first: the link that carries the most and how uneven receiving is."""
+    groups = sorted(report.expert_groups, key=lambda g: (-g.hottest[2], g.ranks))
+    if not groups:
+        return None
+    t = Table(title=f"Expert-parallel groups, per step ({len(groups)}; the {min(len(groups), EXPERT_GROUPS_SHOWN)} "
+                    "with the hottest links)", title_justify="left")
+    for col in ("ranks", "hottest link", "bytes", "x mean link", "imbalance (max/mean received)"):
+        t.add_column(col, justify="left" if col in ("ranks", "hottest link") else "right")
+    for g in groups[:EXPERT_GROUPS_SHOWN]:
+        src, dst, value = g.hottest
+        ranks = ",".join(map(str, g.ranks)) if len(g.ranks) <= 8 else f"{g.ranks[0]}..{g.ranks[-1]} ({len(g.ranks)})"
+        t.add_row(ranks, f"{src} -> {dst}", fmt_bytes(value), f"{value / g.mean_link:.2f}", f"{g.imbalance:.2f}")
+    return t
+
+
 def render_report(report, console) -> None:
     console.print(_header(report), markup=False)
     console.print(dimension_table(report))
@@ -128,6 +147,9 @@ def render_report(report, console) -> None:
     if nodes is not None:
         console.print(nodes)
     console.print(test_table(report))
+    experts = expert_table(report)
+    if experts is not None:
+        console.print(experts)
     for line in estimate_lines(report):
         console.print(line, markup=False)
     for note in report.notes:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traceforge.analysis.experts import ExpertGroup, expert_groups
 from traceforge.analysis.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
     write_matrix_csv,
@@ -54,6 +55,11 @@ class Report:
     @property
     def nodes(self) -> int:
         return -(-self.world // self.gpus_per_node)
+
+    @property
+    def expert_groups(self) -> list[ExpertGroup]:
+        """Per EP group: hottest link and imbalance factor (empty without expert traffic)."""
+        return expert_groups(self.edges)
 
     def dim(self, name: str) -> DimTraffic | None:
         return next((d for d in self.dims if d.dim == name), None)
@@ -103,6 +109,7 @@ class Report:
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],
+            "expert_parallel": [g.to_json() for g in self.expert_groups],
             "timeline": None if self.estimate is None else {**self.estimate.to_json(), "link_model": self.link_json()},
             "notes": self.notes,
         }

@@ -13,10 +13,10 @@ from traceforge.spec import Spec
 
 
 class LayerTemplate:
-    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel):
+    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel, ep_rank: int = 0):
         self.spec, self.tp, self.cost = spec, tp, cost
         self.cp = ContextParallel(spec) if spec.cp > 1 else None
-        self.moe = MixtureOfExperts(spec, tp)
+        self.moe = MixtureOfExperts(spec, tp, ep_rank)
         # Attention's column-parallel entry: MLA gathers (and reduces the gradient of) its
         # compressed latent rather than the hidden state.
         self.qkv_tp = tp
@@ -36,7 +36,7 @@ class LayerTemplate:
             b.compute(f"attn_proj{suffix}", cost.proj)
         tp.row_fwd(b, "proj")
         if is_moe_layer(self.spec, layer):
-            self.moe.forward(b, cost)
+            self.moe.forward(b, cost, recompute)
         else:
             tp.column_fwd(b, "fc1")
             b.compute(f"mlp{suffix}", cost.mlp_fwd)

@@ -14,6 +14,7 @@ from traceforge.plan.embedding import (
 )
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, schedule
+from traceforge.plan.routing import BALANCED
 from traceforge.plan.tensor import TensorParallel
 from traceforge.errors import SpecError
 from traceforge.spec import Spec
@@ -32,14 +33,21 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     return sizes
 
 
+def program_variants(spec: Spec) -> int:
+    """Programs per stage: one, or one per EP rank when routing is imbalanced (each EP rank
+    then sends and receives its own token counts)."""
+    return spec.ep if spec.moe_routing != BALANCED else 1
+
+
 class StagePlanner:
-    def __init__(self, spec: Spec, stage: int):
+    def __init__(self, spec: Spec, stage: int, variant: int = 0):
         self.spec, self.stage = spec, stage
         self.b = b = ProgramBuilder(stage, group_sizes(spec))
+        b.program.variant = variant
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
         self.params = stage_params(spec, stage)
-        self.layer = LayerTemplate(spec, self.tp, self.cost)
+        self.layer = LayerTemplate(spec, self.tp, self.cost, variant)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
 
@@ -153,8 +161,8 @@ class StagePlanner:
 INT64_MAX = 2**63 - 1
 
 
-def build_program(spec: Spec, stage: int) -> Program:
-    program = StagePlanner(spec, stage).build()
+def build_program(spec: Spec, stage: int, variant: int = 0) -> Program:
+    program = StagePlanner(spec, stage, variant).build()
     biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros) for op in program.ops)
     if biggest > INT64_MAX:
         raise SpecError(f"this spec makes a node value of {biggest:.3g} (FLOPs, bytes or microseconds), beyond "
@@ -163,10 +171,15 @@ def build_program(spec: Spec, stage: int) -> Program:
 
 
 @lru_cache(maxsize=None)
-def _cached(spec: Spec, stage: int) -> Program:
-    return build_program(spec, stage)
+def _cached(spec: Spec, stage: int, variant: int) -> Program:
+    return build_program(spec, stage, variant)
 
 
-def stage_program(spec: Spec, stage: int) -> Program:
-    """The (cached) program of one stage; all ranks of the stage share it."""
-    return _cached(spec, stage)
+def stage_program(spec: Spec, stage: int, variant: int = 0) -> Program:
+    """The (cached) program of one stage; all ranks of the stage share it (all of the stage at
+    one EP rank, with imbalanced routing: see program_variants)."""
+    return _cached(spec, stage, variant)
+
+
+def all_programs(spec: Spec) -> list[Program]:
+    return [stage_program(spec, s, v) for s in range(spec.pp) for v in range(program_variants(spec))]
