@@ -43,6 +43,7 @@ class Field:
     bool_flags: tuple[str, str] | None = None
     minimum: int = 1  # smallest allowed whole number
     keep_case: bool = False  # strings that hold paths are not lowercased
+    repeatable: bool = False  # a flag given once per item (lists only)
 
 
 FIELDS: tuple[Field, ...] = (
@@ -104,6 +105,9 @@ FIELDS: tuple[Field, ...] = (
     Field("overlap_param_gather", bool, "Sharded optimizers: overlap the parameter AllGather with the next forward.",
           bool_flags=("--overlap-param-gather", "--no-overlap-param-gather")),
     Field("steps", int, "Training steps to emit."),
+    Field("straggler", list, "A slow GPU: RANK:FACTOR multiplies every compute duration of that rank (repeatable, e.g. --straggler 5:1.3).",
+          repeatable=True),
+    Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0)."),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
           ("h100", "h200", "a100", "b200", "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
@@ -156,6 +160,8 @@ class Spec:
     moe_router_group_topk: int
     moe_routing: str
     seed: int
+    straggler: tuple[tuple[int, float], ...]
+    compute_jitter: float
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
@@ -257,6 +263,8 @@ def _coerce(name: str, value: Any) -> Any:
             kind = "a positive whole number" if field.minimum == 1 else f"a whole number >= {field.minimum}"
             raise SpecError(f"{name} must be {kind}, got {value}")
         return value
+    if name == "straggler":
+        return _stragglers(value)
     if field.kind is list:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
@@ -278,6 +286,29 @@ def _coerce(name: str, value: Any) -> Any:
     if field.choices and value not in field.choices:
         raise SpecError(f"{name} must be one of {', '.join(field.choices)}; got {value!r}")
     return value
+
+
+def _stragglers(value: Any) -> tuple[tuple[int, float], ...]:
+    """RANK:FACTOR items (a list, or one comma-separated string) as sorted (rank, factor) pairs."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise SpecError(f"straggler must be RANK:FACTOR items, e.g. 5:1.3; got {value!r}")
+    out: dict[int, float] = {}
+    for item in items:
+        parts = item if isinstance(item, (list, tuple)) else str(item).split(":")
+        try:
+            rank, factor = int(str(parts[0]).strip()), float(str(parts[1]).strip())
+            if len(parts) != 2:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise SpecError(f"straggler {item!r} must be RANK:FACTOR, "
+                            "e.g. 5:1.3 (rank 5 computes 1.3x slower)") from None
+        if rank < 0 or not (factor > 0 and math.isfinite(factor)):
+            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a positive number, e.g. 5:1.3")
+        if rank in out:
+            raise SpecError(f"straggler names rank {rank} twice: give one factor per rank")
+        out[rank] = factor
+    return tuple(sorted(out.items()))
 
 
 def _check_keys(source: str, data: Mapping[str, Any]) -> None:
@@ -348,7 +379,7 @@ class _Raw:
 def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
     r = _Raw(raw_values, explicit)
     values: dict[str, Any] = {"preset": preset_name}
-    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _gpu):
+    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu):
         values.update(section(r, values))
     return Spec(**values)
 
@@ -572,8 +603,20 @@ def _routing(r: _Raw, v: dict) -> dict:
         assert isinstance(arg, str)
         load_routing_trace(arg, steps, m, moe_layer_count(layers, v["moe_first_dense_layers"], v["moe_layer_freq"]), v["ep"])
     if ep_tag_base(steps, m, layers, v["cp"]) + steps * m * layers * EP_TAG_KINDS >= MAX_TAG:
-        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers make too many expert transfers for tags below {MAX_TAG}: emit fewer steps")
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers make too many expert transfers "
+                        f"for tags below {MAX_TAG}: emit fewer steps")
     return dict(moe_routing=text.strip() if kind == "trace" else f"zipf:{arg:g}", seed=seed)
+
+
+def _variation(r: _Raw, v: dict) -> dict:
+    """Per-rank compute speed: stragglers and jitter (emit/durations.py)."""
+    world = v["world_size"]
+    stragglers = r.get("straggler", ())
+    for rank, _ in stragglers:
+        if rank >= world:
+            raise SpecError(f"straggler rank {rank} is outside the world of {world} ranks: "
+                            f"give a rank from 0 to {world - 1}")
+    return dict(straggler=stragglers, compute_jitter=r.get("compute_jitter", 0.0))
 
 
 def _gpu(r: _Raw, v: dict) -> dict:

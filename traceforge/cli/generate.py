@@ -31,7 +31,9 @@ def _spec_options() -> list[inspect.Parameter]:
             option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
         else:
             option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec")
-        kind = str if f.kind is list else f.kind  # lists arrive comma-separated
+        kind: Any = str if f.kind is list else f.kind  # lists arrive comma-separated
+        if f.repeatable:
+            kind = list[str]
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[kind]))
     return params
 

@@ -5,6 +5,12 @@ All ranks of a pipeline stage share one program; their files differ only in grou
 (pg_name) and peer ranks (comm_src/comm_dst). Those values are holes. Protobuf lengths depend
 on how many bytes each hole takes (varint and decimal widths), so a template is keyed by the
 widths of the rank's role values: ranks with equal widths share every byte but the holes.
+
+With stragglers or jitter (emit/durations.py) a rank's compute durations differ too. The
+template remembers where each compute node's length prefix and duration sit. A duration whose
+varint keeps its width is overwritten in place (vectorized, like the holes); only nodes whose
+duration changes width (and so their length prefix) are cut out and joined back with their
+new varints, so the cost follows the few nodes that cross a width boundary.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from traceforge.emit import wire
+from traceforge.emit.durations import scaled_durations
 from traceforge.emit.nodes import Hole, node_attributes
 from traceforge.plan.ops import Op, Program
 from traceforge.schema import SCHEMA_VERSION
@@ -53,6 +60,8 @@ class NodeShape:
 
     fixed: bytes  # id, name, type, deps, duration and every constant attribute
     holes: tuple[tuple[bytes, Hole], ...]  # (attribute name field + value key, hole)
+    duration_at: int = -1  # offset of the duration varint in fixed (-1: none)
+    duration_width: int = 0
 
 
 def node_shape(op: Op) -> NodeShape:
@@ -63,8 +72,12 @@ def node_shape(op: Op) -> NodeShape:
     fixed.append(wire.key(NODE_TYPE, wire.VARINT) + wire.varint(int(op.type)))
     if op.deps:
         fixed.append(wire.length_delimited(NODE_DATA_DEPS, b"".join(wire.varint(d) for d in op.deps)))
+    duration_at, duration_width = -1, 0
     if op.duration_micros:
-        fixed.append(wire.key(NODE_DURATION, wire.VARINT) + wire.varint(op.duration_micros))
+        value = wire.varint(op.duration_micros)
+        duration_key = wire.key(NODE_DURATION, wire.VARINT)
+        duration_at, duration_width = sum(len(f) for f in fixed) + len(duration_key), len(value)
+        fixed.append(duration_key + value)
     holes = []
     for name, value in node_attributes(op):
         if isinstance(value, Hole):
@@ -73,7 +86,7 @@ def node_shape(op: Op) -> NodeShape:
         else:
             assert not holes, "constant attributes must precede holes"
             fixed.append(_constant_attr(name, value))
-    return NodeShape(b"".join(fixed), tuple(holes))
+    return NodeShape(b"".join(fixed), tuple(holes), duration_at, duration_width)
 
 
 def shape_chunks(shape: NodeShape, encoded: dict[str, bytes]) -> list[tuple[bytes, str | None]]:
@@ -94,16 +107,38 @@ def metadata_bytes() -> bytes:
 
 
 @dataclass
+class DurationSlots:
+    """Where each node with a duration keeps it (arrays over those nodes, in file order)."""
+
+    prefix_start: np.ndarray  # the node's length prefix: [prefix_start, duration... )
+    prefix_end: np.ndarray
+    start: np.ndarray  # its duration varint: [start, start + width)
+    width: np.ndarray
+    body_without_duration: np.ndarray  # node body length minus its duration varint
+
+
+@dataclass
 class Template:
     buf: np.ndarray  # uint8, the whole file for the first rank that built it
     holes: dict[str, np.ndarray]  # role -> byte offsets (n_holes, width) to overwrite
     node_count: int
+    durations: DurationSlots | None = None
 
 
 def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Template:
     chunks: list[tuple[bytes, str | None]] = [(metadata_bytes(), None)]
+    slots: list[tuple[int, int, int, int]] = []  # length prefix start, end; duration start, end
+    bodies: list[int] = []
+    pos = len(chunks[0][0])
     for shape in shapes:
-        chunks += shape_chunks(shape, encoded)
+        node = shape_chunks(shape, encoded)
+        if shape.duration_at >= 0:
+            prefix = len(node[0][0])
+            at = pos + prefix + shape.duration_at
+            slots.append((pos, pos + prefix, at, at + shape.duration_width))
+            bodies.append(sum(len(c) for c, _ in node[1:]) - shape.duration_width)
+        pos += sum(len(c) for c, _ in node)
+        chunks += node
     starts: dict[str, list[int]] = {}
     pos = 0
     for data, role in chunks:
@@ -114,7 +149,52 @@ def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Templa
     holes = {
         role: np.asarray(s, dtype=np.int64)[:, None] + np.arange(len(encoded[role])) for role, s in starts.items()
     }
-    return Template(buf, holes, len(shapes))
+    at = np.asarray(slots, dtype=np.int64).reshape(-1, 4)
+    durations = DurationSlots(at[:, 0], at[:, 1], at[:, 2], at[:, 3] - at[:, 2], np.asarray(bodies, dtype=np.int64))
+    return Template(buf, holes, len(shapes), durations)
+
+
+_varint = lru_cache(maxsize=1 << 16)(wire.varint)
+VARINT_LIMITS = np.asarray([1 << (7 * i) for i in range(1, 10)], dtype=np.uint64)
+
+
+def varint_widths(values: np.ndarray) -> np.ndarray:
+    return 1 + np.searchsorted(VARINT_LIMITS, values.astype(np.uint64), side="right")
+
+
+def put_varints(buf: np.ndarray, starts: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+    """Write each value's varint of the given width at its start (vectorized per width)."""
+    if not len(widths):
+        return
+    for width in range(int(widths.min()), int(widths.max()) + 1):
+        pick = widths == width
+        if not pick.any():
+            continue
+        shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
+        groups = (values[pick].astype(np.uint64)[:, None] >> shifts) & np.uint64(0x7F)
+        groups[:, :-1] |= np.uint64(0x80)
+        buf[starts[pick][:, None] + np.arange(width)] = groups.astype(np.uint8)
+
+
+def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) -> bytes | np.ndarray:
+    """The file with each node's duration replaced: in place where the varint keeps its width;
+    nodes whose width changes (and so their length prefix) are cut out and joined back."""
+    widths = varint_widths(durations)
+    same = widths == slots.width
+    put_varints(buf, slots.start[same], durations[same], widths[same])
+    if same.all():
+        return buf
+    moved = np.flatnonzero(~same)
+    lengths = slots.body_without_duration[moved] + widths[moved]
+    spans = np.stack([slots.prefix_start[moved], slots.prefix_end[moved], slots.start[moved],
+                      slots.start[moved] + slots.width[moved]], axis=1).reshape(-1).tolist()
+    edges = [0, *spans, len(buf)]
+    data = buf.tobytes()
+    parts: list[bytes | None] = [None] * (4 * len(moved) + 1)
+    parts[0::2] = [data[a:b] for a, b in zip(edges[0::2], edges[1::2], strict=True)]
+    parts[1::4] = map(_varint, lengths.tolist())
+    parts[3::4] = map(_varint, durations[moved].tolist())
+    return b"".join(parts)  # type: ignore[arg-type]
 
 
 class StageEncoder:
@@ -122,13 +202,17 @@ class StageEncoder:
 
     def __init__(self, program: Program):
         self.shapes = [node_shape(op) for op in program.ops]
+        # Base durations of the nodes that carry one, in file order (what stragglers scale).
+        timed = [op.duration_micros for op in program.ops if op.duration_micros]
+        self.base_durations = np.asarray(timed, dtype=np.int64)
         self.string_roles = frozenset(program.group_roles)
         peers = program.peer_roles | ({"self"} if program.peer_roles else set())
         self.roles = tuple(sorted(self.string_roles | peers))
         self._templates: dict[tuple[int, ...], Template] = {}
 
-    def encode(self, values: dict[str, int]) -> tuple[memoryview, int]:
-        """(file bytes, node count) of the rank whose role values are given."""
+    def encode(self, values: dict[str, int], duration_scale: np.ndarray | None = None) -> tuple[memoryview, int]:
+        """(file bytes, node count) of the rank whose role values are given; duration_scale
+        multiplies its compute durations (emit/durations.py)."""
         encoded = {r: encode_value(str(values[r]) if r in self.string_roles else values[r]) for r in self.roles}
         sig = tuple(len(encoded[r]) for r in self.roles)
         template = self._templates.get(sig)
@@ -137,4 +221,7 @@ class StageEncoder:
         buf = template.buf.copy()
         for role, idx in template.holes.items():
             buf[idx] = np.frombuffer(encoded[role], dtype=np.uint8)
+        if duration_scale is not None and template.durations is not None:
+            durations = scaled_durations(self.base_durations, duration_scale)
+            return memoryview(put_durations(buf, template.durations, durations)), template.node_count
         return memoryview(buf), template.node_count

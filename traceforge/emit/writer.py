@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from traceforge import __version__
+from traceforge.emit.durations import duration_scale, varies
 from traceforge.emit.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
@@ -96,6 +97,7 @@ class RankWriter:
         self.spec, self.layout, self.directory, self.prefix = spec, layout, directory, prefix
         self._encoders: dict[tuple[int, int], StageEncoder] = {}
         self._ep_peers = program_variants(spec) > 1
+        self._durations_vary = varies(spec)
 
     def encoder(self, key: tuple[int, int]) -> StageEncoder:
         if key not in self._encoders:
@@ -104,7 +106,9 @@ class RankWriter:
 
     def write(self, rank: int) -> RankRecord:
         key = program_key(self.spec, self.layout, rank)
-        data, nodes = self.encoder(key).encode(role_values(self.layout, rank, self._ep_peers))
+        encoder = self.encoder(key)
+        scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
+        data, nodes = encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
         with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
             f.write(data)
         return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
