@@ -119,6 +119,21 @@ def estimate_lines(report) -> list[str]:
     ]
 
 
+def job_table(report) -> Table | None:
+    """A combined set: each job's wire bytes per step (all its ranks), by dimension."""
+    jobs = report.job_traffic()
+    if not jobs:
+        return None
+    dims = sorted({d for j in jobs for d in j["by_dim"]}, key=lambda d: [x.dim for x in report.dims].index(d))
+    t = Table(title="Traffic per job, per step (wire bytes, all its ranks)", title_justify="left")
+    for col in ("job", "source", "ranks", *dims, "scale-up", "scale-out"):
+        t.add_column(col, justify="left" if col in ("job", "source") else "right")
+    for j in jobs:
+        t.add_row(str(j["job"]), str(j["source"]), str(j["ranks"]), *(fmt_bytes(j["by_dim"].get(d, 0.0)) for d in dims),
+                  fmt_bytes(j["scale_up"]), fmt_bytes(j["scale_out"]))
+    return t
+
+
 EXPERT_GROUPS_SHOWN = 8
 
 
@@ -150,6 +165,9 @@ def render_report(report, console) -> None:
     experts = expert_table(report)
     if experts is not None:
         console.print(experts)
+    jobs = job_table(report)
+    if jobs is not None:
+        console.print(jobs)
     for line in estimate_lines(report):
         console.print(line, markup=False)
     for note in report.notes:
