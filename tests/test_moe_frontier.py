@@ -19,7 +19,8 @@ from traceforge.model import active_params, total_params
 from traceforge.spec import build_spec
 
 
-def deepseek_count(h, layers, heads, q_lora, kv_lora, nope, rope, v, ffn, moe_ffn, experts, shared, dense, vocab, top_k):
+def deepseek_count(h, layers, heads, q_lora, kv_lora, nope, rope, v, ffn, moe_ffn, experts, shared, dense, vocab,
+                   top_k):
     """DeepSeek-V2/V3 parameters from their config.json numbers (HF modeling_deepseek names)."""
     attention = (h * q_lora + q_lora + q_lora * heads * (nope + rope)  # q_a_proj, q_a_layernorm, q_b_proj
                  + h * (kv_lora + rope) + kv_lora  # kv_a_proj_with_mqa, kv_a_layernorm
@@ -49,7 +50,7 @@ def test_deepseek_v3_parameter_count_matches_the_published_671b():
 
 def test_qwen3_235b_parameter_count_matches_the_published_total():
     spec = build_spec("qwen3-235b-a22b")
-    h, layers, heads, kv, d, experts, moe_ffn, vocab, k = 4096, 94, 64, 4, 128, 128, 1536, 151936, 8
+    h, layers, heads, kv, d, experts, moe_ffn, vocab = 4096, 94, 64, 4, 128, 128, 1536, 151936
     attention = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * h  # q, k, v, o, two RMSNorms
     total = layers * (attention + h * experts + experts * 3 * h * moe_ffn) + 2 * vocab * h + h
     assert total_params(spec) == total
@@ -86,8 +87,9 @@ def test_node_limited_dispatch_crosses_nodes_once_per_token(make_set):
         assert len(inter) + len(intra) == len(a2a)  # no flat EP AllToAll any more
         # per MoE layer and micro-batch: dispatch, probabilities, combine; forward and backward
         assert len(inter) == len(intra) == 6 * moe_layers * m
-        assert Counter(n.size for n in inter) == Counter({tokens * M * h * e: 4 * moe_layers * m, tokens * k * 4: 2 * moe_layers * m})
-        assert Counter(n.size for n in intra) == Counter({tokens * k * h * e: 4 * moe_layers * m, tokens * k * 4: 2 * moe_layers * m})
+        probs = {tokens * k * 4: 2 * moe_layers * m}
+        assert Counter(n.size for n in inter) == Counter({tokens * M * h * e: 4 * moe_layers * m, **probs})
+        assert Counter(n.size for n in intra) == Counter({tokens * k * h * e: 4 * moe_layers * m, **probs})
         # Megatron order tp-cp-ep-dp-pp: EP rank r of my group is rank + (r - my ep) * tp. Two
         # nodes of two EP ranks: the node holds EP ranks {0,1} or {2,3}; across nodes {0,2}, {1,3}.
         c = ts.manifest["ranks"][rank]

@@ -178,7 +178,11 @@ class Spec:
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As JSON holds it (tuples as lists), so a spec read back from a manifest compares equal."""
+        def plain(value: Any) -> Any:
+            return [plain(v) for v in value] if isinstance(value, tuple) else value
+
+        return {k: plain(v) for k, v in dataclasses.asdict(self).items()}
 
     @property
     def act_bytes(self) -> int:

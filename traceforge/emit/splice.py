@@ -116,6 +116,15 @@ class DurationSlots:
     width: np.ndarray
     body_without_duration: np.ndarray  # node body length minus its duration varint
 
+    def __post_init__(self) -> None:
+        # Per varint width: which nodes have it and the byte offsets of their durations, so a
+        # rank whose durations keep their widths is one vectorized write per width.
+        self.lowest = np.where(self.width > 1, np.left_shift(1, 7 * (self.width - 1)), 0)
+        self.highest = np.left_shift(1, 7 * self.width)
+        self.by_width = {int(w): (np.flatnonzero(self.width == w),
+                                  self.start[self.width == w][:, None] + np.arange(int(w)))
+                         for w in np.unique(self.width).tolist()}
+
 
 @dataclass
 class Template:
@@ -162,30 +171,27 @@ def varint_widths(values: np.ndarray) -> np.ndarray:
     return 1 + np.searchsorted(VARINT_LIMITS, values.astype(np.uint64), side="right")
 
 
-def put_varints(buf: np.ndarray, starts: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
-    """Write each value's varint of the given width at its start (vectorized per width)."""
-    if not len(widths):
-        return
-    for width in range(int(widths.min()), int(widths.max()) + 1):
-        pick = widths == width
-        if not pick.any():
-            continue
-        shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
-        groups = (values[pick].astype(np.uint64)[:, None] >> shifts) & np.uint64(0x7F)
-        groups[:, :-1] |= np.uint64(0x80)
-        buf[starts[pick][:, None] + np.arange(width)] = groups.astype(np.uint8)
+def varint_bytes(values: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) uint8: each value's varint, all of the given width."""
+    groups = (values[:, None] >> (7 * np.arange(width))) & 0x7F
+    groups[:, :-1] |= 0x80
+    return groups.astype(np.uint8)
 
 
 def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) -> bytes | np.ndarray:
     """The file with each node's duration replaced: in place where the varint keeps its width;
     nodes whose width changes (and so their length prefix) are cut out and joined back."""
-    widths = varint_widths(durations)
-    same = widths == slots.width
-    put_varints(buf, slots.start[same], durations[same], widths[same])
+    same = (durations >= slots.lowest) & (durations < slots.highest)
     if same.all():
+        for width, (nodes, at) in slots.by_width.items():
+            buf[at] = varint_bytes(durations[nodes], width)
         return buf
+    for width, (nodes, at) in slots.by_width.items():
+        keep = same[nodes]
+        buf[at[keep]] = varint_bytes(durations[nodes[keep]], width)
     moved = np.flatnonzero(~same)
-    lengths = slots.body_without_duration[moved] + widths[moved]
+    widths = varint_widths(durations[moved])
+    lengths = slots.body_without_duration[moved] + widths
     spans = np.stack([slots.prefix_start[moved], slots.prefix_end[moved], slots.start[moved],
                       slots.start[moved] + slots.width[moved]], axis=1).reshape(-1).tolist()
     edges = [0, *spans, len(buf)]

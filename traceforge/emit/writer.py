@@ -24,7 +24,7 @@ from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import padded_vocab, stage_layer_ranges, total_params
 from traceforge.plan.ops import Program
-from traceforge.plan.program import all_programs, program_variants, stage_program
+from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import Spec
 
@@ -85,10 +85,6 @@ def program_key(spec: Spec, layout: Layout, rank: int) -> tuple[int, int]:
     return int(layout.coords["pp"][rank]), variant
 
 
-def program_ranks(spec: Spec, layout: Layout, stage: int, variant: int) -> np.ndarray:
-    ranks = layout.stage_ranks(stage)
-    return ranks[layout.coords["ep"][ranks] == variant] if program_variants(spec) > 1 else ranks
-
 
 class RankWriter:
     """Encodes and writes ranks; keeps one StageEncoder per stage it has seen."""
@@ -101,7 +97,13 @@ class RankWriter:
 
     def encoder(self, key: tuple[int, int]) -> StageEncoder:
         if key not in self._encoders:
-            self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
+            if self._ep_peers:
+                # One program per (stage, EP rank): ranks arrive in key order, so keep only the
+                # current one (memory stays one program per worker, not pp x ep of them).
+                self._encoders.clear()
+                self._encoders[key] = StageEncoder(build_program(self.spec, *key))
+            else:
+                self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
         return self._encoders[key]
 
     def write(self, rank: int) -> RankRecord:
@@ -164,7 +166,7 @@ def used_group_ids(spec: Spec, layout: Layout, programs: list[Program]) -> list[
     """Ids of every group that some node names (pg_name): the comm-group file's keys."""
     ids: set[int] = set()
     for program in programs:
-        ranks = program_ranks(spec, layout, program.stage, program.variant)
+        ranks = layout.stage_ranks(program.stage)
         for role in program.group_roles:
             ids.update(int(i) for i in set(layout.group_id_of[role][ranks].tolist()) if i)
     return sorted(ids)
@@ -212,7 +214,9 @@ def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -
 
 def finish_trace_set(spec: Spec, layout: Layout, directory: Path, prefix: str, table: RankTable) -> dict:
     """Write comm_group.json and manifest.json for a complete set; return the manifest header."""
-    programs = all_programs(spec)
+    # A stage's programs for different EP ranks (imbalanced routing) differ in sizes and peers,
+    # not in the group roles they name: variant 0 stands for all of them.
+    programs = [stage_program(spec, s) for s in range(spec.pp)]
     ids = used_group_ids(spec, layout, programs)
     (directory / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
     header = manifest_header(spec, layout, prefix, table, ids)
@@ -233,7 +237,9 @@ def write_trace_set(
     (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
     (e.g. an ASTRA-sim bundle) before the set is moved into place."""
     layout = Layout.from_spec(spec)
-    all_programs(spec)  # planned once here; forked workers inherit the cache
+    if program_variants(spec) == 1:
+        for stage in range(spec.pp):
+            stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     with atomic_output_dir(Path(out), force) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)

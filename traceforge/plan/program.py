@@ -180,6 +180,3 @@ def stage_program(spec: Spec, stage: int, variant: int = 0) -> Program:
     one EP rank, with imbalanced routing: see program_variants)."""
     return _cached(spec, stage, variant)
 
-
-def all_programs(spec: Spec) -> list[Program]:
-    return [stage_program(spec, s, v) for s in range(spec.pp) for v in range(program_variants(spec))]

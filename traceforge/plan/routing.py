@@ -50,7 +50,8 @@ def parse_routing(text: str) -> tuple[str, float | str | None]:
 def _load(path: str) -> np.ndarray:
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"moe_routing trace file {path} does not exist: give the path of a .npy or .json token-count array")
+        raise SpecError(f"moe_routing trace file {path} does not exist: "
+                        "give the path of a .npy or .json token-count array")
     try:
         if p.suffix.lower() == ".npy":
             raw = np.load(p, allow_pickle=False)
@@ -61,13 +62,17 @@ def _load(path: str) -> np.ndarray:
     except SpecError:
         raise
     except Exception as exc:  # numpy's and json's error types differ; all mean malformed input
-        raise SpecError(f"moe_routing trace file {path} is not a readable .npy/.json array: {' '.join(str(exc).split())}") from None
-    if raw.dtype.kind not in "iuf" or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+        detail = " ".join(str(exc).split())
+        raise SpecError(f"moe_routing trace file {path} is not a readable .npy/.json array: {detail}") from None
+    floats_whole = raw.dtype.kind == "f" and bool(np.all(np.isfinite(raw) & (raw == np.round(raw))))
+    whole = raw.dtype.kind in "iu" or floats_whole
+    if not whole:
         raise SpecError(f"moe_routing trace file {path}: counts must be whole numbers of tokens")
     counts = raw.astype(np.int64)
     if counts.size and counts.min() < 0:
         where = tuple(int(i) for i in np.argwhere(counts < 0)[0])
-        raise SpecError(f"moe_routing trace file {path}: negative token count {int(counts[where])} at index {list(where)}; counts must be >= 0")
+        raise SpecError(f"moe_routing trace file {path}: negative token count {int(counts[where])} "
+                        f"at index {list(where)}; counts must be >= 0")
     return counts
 
 
@@ -83,7 +88,8 @@ def load_routing_trace(path: str, steps: int, m: int, moe_layers: int, ep: int) 
                     f"(micro-batches, MoE layers, ep, ep) or {[steps, *shape]} with steps first")
 
 
-def zipf_counts(experts: int, ep: int, copies: int, exponent: float, seed: int, step: int, mb: int, moe_layer: int) -> np.ndarray:
+def zipf_counts(experts: int, ep: int, copies: int, exponent: float, seed: int, step: int, mb: int,
+                moe_layer: int) -> np.ndarray:
     rng = np.random.Generator(np.random.PCG64([seed, step, mb, moe_layer]))
     weights = 1.0 / np.arange(1, experts + 1) ** exponent
     probs = (weights / weights.sum())[rng.permutation(experts)]
