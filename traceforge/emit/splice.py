@@ -158,8 +158,9 @@ def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Templa
     holes = {
         role: np.asarray(s, dtype=np.int64)[:, None] + np.arange(len(encoded[role])) for role, s in starts.items()
     }
-    at = np.asarray(slots, dtype=np.int64).reshape(-1, 4)
-    durations = DurationSlots(at[:, 0], at[:, 1], at[:, 2], at[:, 3] - at[:, 2], np.asarray(bodies, dtype=np.int64))
+    table = np.asarray(slots, dtype=np.int64).reshape(-1, 4)
+    durations = DurationSlots(table[:, 0], table[:, 1], table[:, 2], table[:, 3] - table[:, 2],
+                              np.asarray(bodies, dtype=np.int64))
     return Template(buf, holes, len(shapes), durations)
 
 
@@ -178,14 +179,14 @@ def varint_bytes(values: np.ndarray, width: int) -> np.ndarray:
     return groups.astype(np.uint8)
 
 
-def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) -> bytes | np.ndarray:
+def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) -> memoryview:
     """The file with each node's duration replaced: in place where the varint keeps its width;
     nodes whose width changes (and so their length prefix) are cut out and joined back."""
     same = (durations >= slots.lowest) & (durations < slots.highest)
     if same.all():
         for width, (nodes, at) in slots.by_width.items():
             buf[at] = varint_bytes(durations[nodes], width)
-        return buf
+        return memoryview(buf)  # type: ignore[arg-type]  # numpy arrays are buffers
     for width, (nodes, at) in slots.by_width.items():
         keep = same[nodes]
         buf[at[keep]] = varint_bytes(durations[nodes[keep]], width)
@@ -200,7 +201,7 @@ def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) 
     parts[0::2] = [data[a:b] for a, b in zip(edges[0::2], edges[1::2], strict=True)]
     parts[1::4] = map(_varint, lengths.tolist())
     parts[3::4] = map(_varint, durations[moved].tolist())
-    return b"".join(parts)  # type: ignore[arg-type]
+    return memoryview(b"".join(parts))  # type: ignore[arg-type]
 
 
 class StageEncoder:
@@ -229,5 +230,5 @@ class StageEncoder:
             buf[idx] = np.frombuffer(encoded[role], dtype=np.uint8)
         if duration_scale is not None and template.durations is not None:
             durations = scaled_durations(self.base_durations, duration_scale)
-            return memoryview(put_durations(buf, template.durations, durations)), template.node_count
+            return put_durations(buf, template.durations, durations), template.node_count
         return memoryview(buf), template.node_count
