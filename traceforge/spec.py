@@ -609,7 +609,9 @@ def _routing(r: _Raw, v: dict) -> dict:
     if ep_tag_base(steps, m, layers, v["cp"]) + steps * m * layers * EP_TAG_KINDS >= MAX_TAG:
         raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers make too many expert transfers "
                         f"for tags below {MAX_TAG}: emit fewer steps")
-    return dict(moe_routing=text.strip() if kind == "trace" else f"zipf:{arg:g}", seed=seed)
+    # A trace file is recorded by its absolute path, so the manifest's spec rebuilds anywhere.
+    routing = f"trace:{Path(str(arg)).resolve()}" if kind == "trace" else f"zipf:{arg:g}"
+    return dict(moe_routing=routing, seed=seed)
 
 
 def _variation(r: _Raw, v: dict) -> dict:
