@@ -30,7 +30,8 @@ def _spec_options() -> list[inspect.Parameter]:
             on, off = f.bool_flags or (flag, "--no-" + flag[2:])
             option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
         else:
-            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec")
+            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec",
+                                  metavar="RANK:FACTOR" if f.repeatable else None)
         kind: Any = str if f.kind is list else f.kind  # lists arrive comma-separated
         if f.repeatable:
             kind = list[str]
