@@ -29,6 +29,9 @@ CASES = {
     "a": ["-p", "gpt3-13b", "--tp", "8", "--pp", "4", "--dp", "32", "--num-microbatches", "8"],
     # Llama 3 405B at 16,384 ranks, 1F1B (targets: < 20 s, <= 3x cp -r, RSS < 300 MB).
     "b": ["-p", "llama3-405b", "--tp", "8", "--pp", "16", "--dp", "128", "--num-microbatches", "16", "--schedule", "1f1b"],
+    # Case b with per-node compute jitter: every rank's durations differ (target: <= 1.5x case b).
+    "bj": ["-p", "llama3-405b", "--tp", "8", "--pp", "16", "--dp", "128", "--num-microbatches", "16", "--schedule", "1f1b",
+           "--compute-jitter", "0.05", "--seed", "1"],
     # Same model at 4,096 ranks: peak RSS must stay within 10% of case b.
     "b4k": ["-p", "llama3-405b", "--tp", "8", "--pp", "16", "--dp", "32", "--num-microbatches", "16", "--schedule", "1f1b"],
 }

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.oracle import load_set
+from oracle import load_set
 from traceforge.errors import SpecError
 from traceforge.plan.pipeline import interleaved
 from traceforge.spec import build_spec

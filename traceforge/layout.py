@@ -27,7 +27,9 @@ from traceforge.spec import KNOWN_DIMS, Spec
 # mp: Megatron's model-parallel group, tp x pp (parallel_state.py, 'tp-pp'; cp not included).
 # world: every rank (the distributed optimizer's gradient statistics). tpep: tp x ep of the
 # expert grid (the MoE dispatcher's routing-count AllGather).
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep")
+# epx/epn: node-limited routing's two-step dispatch, the EP group cut into G routing groups (nodes)
+# of ep/G consecutive EP ranks: epn the ranks of one node, epx the ranks at one position of every node.
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn")
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,9 @@ class Grid:
 
 
 class Layout:
-    def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None):
+    def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None, ep_groups: int = 1):
         self.order = order
+        self.ep_groups = ep_groups
         self.dims = tuple(order.split("-"))
         self.sizes = {d: sizes.get(d, 1) for d in KNOWN_DIMS}
         for dim, size in self.sizes.items():
@@ -87,7 +90,7 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: Spec) -> "Layout":
         return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
-                   spec.shard_size if spec.dp_mode == "hsdp" else None)
+                   spec.shard_size if spec.dp_mode == "hsdp" else None, spec.moe_router_num_groups)
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:
@@ -135,6 +138,13 @@ class Layout:
             return self.dense.ids.reshape(1, -1)
         if self.expert is None:
             return empty
+        if kind in ("epx", "epn"):
+            if self.ep_groups < 2:
+                return empty
+            ep_rows = self.expert.rows(("ep",))  # members in EP-coordinate order
+            blocks = ep_rows.reshape(len(ep_rows), self.ep_groups, -1)  # (groups, nodes, per node)
+            rows = blocks.reshape(-1, blocks.shape[2]) if kind == "epn" else blocks.transpose(0, 2, 1).reshape(-1, self.ep_groups)
+            return rows[np.argsort(rows[:, 0], kind="stable")]
         return self.expert.rows({"ep": ("ep",), "edp": ("dp",), "tpep": ("tp", "ep")}[kind])
 
     @cached_property
@@ -189,6 +199,16 @@ class Layout:
     def context_peers(self) -> tuple[np.ndarray, np.ndarray]:
         """(next, prev) in each rank's context-parallel ring."""
         return self._ring("cp")
+
+    @cached_property
+    def ep_peers(self) -> np.ndarray:
+        """(world, ep): the member of each rank's EP group at each EP rank (itself at its own)."""
+        if self.expert is None:
+            return np.arange(self.world_size)[:, None]
+        rows = self.expert.rows(("ep",))  # members in EP-rank order
+        out = np.empty((self.world_size, rows.shape[1]), dtype=np.int64)
+        out[rows.reshape(-1)] = np.repeat(rows, rows.shape[1], axis=0)
+        return out
 
     def stage_ranks(self, stage: int) -> np.ndarray:
         return np.flatnonzero(self.coords["pp"] == stage)

@@ -31,28 +31,61 @@ class LayerParams:
 
 
 def is_moe_layer(spec: Spec, layer: int) -> bool:
-    return spec.experts > 0 and layer % spec.moe_layer_freq == 0
+    """Megatron's --moe-layer-freq pattern, after DeepSeek's first k dense layers."""
+    return spec.experts > 0 and layer >= spec.moe_first_dense_layers and layer % spec.moe_layer_freq == 0
 
 
-def mlp_params(spec: Spec) -> int:
-    """One MLP (or one expert): gpt fc1 W+b and fc2 W; llama gate, up, down."""
-    h, f = spec.hidden, spec.ffn_hidden
+def mlp_params(spec: Spec, ffn_hidden: int | None = None) -> int:
+    """One MLP (or one expert of inner size ffn_hidden): gpt fc1 W+b and fc2 W; llama gate, up, down."""
+    h, f = spec.hidden, ffn_hidden or spec.ffn_hidden
     return h * f + f + f * h if spec.arch == "gpt" else 3 * h * f
+
+
+def qkv_channels(spec: Spec) -> tuple[int, int, int]:
+    """Channels of the full (all heads) query, key and value: GQA, or MLA's up-projected ones
+    (keys carry a nope and a rope part, DeepSeek-V2 section 2.1)."""
+    if spec.mla:
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        return spec.heads * qk, spec.heads * qk, spec.heads * spec.v_head_dim
+    return spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.kv_heads * spec.head_dim
+
+
+def mla_latent_channels(spec: Spec) -> int:
+    """MLA's compressed per-token latent: query latent (if compressed), KV latent and the shared
+    rope key. With sequence parallelism this is what the TP group gathers (Megatron's
+    multi_latent_attention.py gathers the compressed q and kv, not the hidden state)."""
+    return spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
+
+
+def attention_params(spec: Spec) -> tuple[int, int]:
+    """(TP-split, TP-replicated) parameters of one attention block, its input norm included."""
+    h = spec.hidden
+    q, k, v = qkv_channels(spec)
+    if spec.mla:
+        # Megatron MLASelfAttention: the down projections (and their norms) are duplicated on
+        # every TP rank; the up projections are column-parallel, the output row-parallel.
+        ql, kl = spec.q_lora_rank, spec.kv_lora_rank
+        q_params = ql * q if ql else h * q
+        split = q_params + kl * (k - spec.heads * spec.qk_rope_head_dim + v) + v * h
+        down = (h * ql + ql if ql else 0) + h * (kl + spec.qk_rope_head_dim) + kl
+        return split, down + h
+    if spec.arch == "gpt":
+        # QKV W+b, proj W (split); proj b and one LayerNorm w+b (replicated).
+        return h * (q + k + v) + (q + k + v) + q * h, h + 2 * h
+    # Llama: Q, K, V, O without biases (split); the RMSNorm weight (replicated).
+    return h * (q + k + v) + q * h, h
 
 
 def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
     h = spec.hidden
-    kv_dim = spec.kv_heads * (h // spec.heads)
-    qkv_out = h + 2 * kv_dim
-    if spec.arch == "gpt":
-        # QKV W+b, proj W (split); proj b, fc2 b, two LayerNorms w+b (replicated).
-        attention, replicated = h * qkv_out + qkv_out + h * h, h + h + 4 * h
-    else:
-        # Llama: Q, K, V, O without biases (split); two RMSNorm weights (replicated).
-        attention, replicated = h * qkv_out + h * h, 2 * h
+    attention, replicated = attention_params(spec)
+    replicated += 3 * h if spec.arch == "gpt" else h  # MLP norm (and fc2 bias for gpt)
     if is_moe_layer(spec, layer):
-        # The router (h x E) is replicated on every TP rank; each EP rank holds E/ep experts.
-        return LayerParams(attention, replicated + h * spec.experts, spec.experts // spec.ep * mlp_params(spec))
+        # The router (h x E) is replicated on every TP rank; each EP rank holds E/ep experts;
+        # shared experts are an ordinary tensor-parallel MLP every token passes through.
+        shared = spec.shared_experts * mlp_params(spec, spec.moe_ffn_hidden)
+        routed = spec.experts // spec.ep * mlp_params(spec, spec.moe_ffn_hidden)
+        return LayerParams(attention + shared, replicated + h * spec.experts, routed)
     return LayerParams(attention + mlp_params(spec), replicated)
 
 
@@ -224,6 +257,14 @@ def total_params(spec: Spec) -> int:
     if not spec.tied_embeddings:
         n += spec.vocab * h
     return n
+
+
+def active_params(spec: Spec) -> int:
+    """Parameters one token passes through: total_params with only top_k routed experts per
+    MoE layer (shared experts, router and embeddings included, as DeepSeek and Qwen count)."""
+    unused = spec.experts - spec.top_k
+    moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
+    return total_params(spec) - moe_layers * unused * mlp_params(spec, spec.moe_ffn_hidden)
 
 
 def local_tokens(spec: Spec) -> int:

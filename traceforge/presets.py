@@ -46,6 +46,23 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mixtral-8x7b": dict(_TRAINING, arch="llama", layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
                          vocab=32000, seq_len=4096, tied_embeddings=False, tp=1, pp=4, dp=8, ep=8, experts=8, top_k=2,
                          order="megatron", global_batch=256),
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437; architecture as its config.json): MLA, 1 shared
+    # + 256 routed experts of 2048, top-8 over at most 4 of 8 node groups, first 3 layers dense.
+    # 671B total without the 14B multi-token-prediction module (not modelled). Layout as the
+    # report's section 3.2: 2048 GPUs, PP16, EP64 over 8 nodes, ZeRO-1 DP, no TP; its final
+    # batch of 15360 sequences of 4096 tokens. H800 = H100 compute; 1F1B stands in for DualPipe.
+    "deepseek-v3": dict(_TRAINING, arch="llama", layers=61, hidden=7168, ffn_hidden=18432, heads=128, kv_heads=128,
+                        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        vocab=129280, seq_len=4096, tied_embeddings=False, experts=256, top_k=8, shared_experts=1,
+                        moe_ffn_hidden=2048, moe_first_dense_layers=3, moe_router_num_groups=8, moe_router_group_topk=4,
+                        tp=1, pp=16, dp=128, ep=64, dp_mode="zero1", order="megatron", global_batch=15360),
+    # Qwen3-235B-A22B (Qwen team 2025, arXiv 2505.09388, table 2 and its config.json): 94 layers,
+    # 64 query / 4 KV heads of 128 channels, 128 experts of 1536, top-8, no shared experts.
+    # The per-head q/k RMSNorms (2x128 weights a layer) are not modelled. Layout ours (not published).
+    "qwen3-235b-a22b": dict(_TRAINING, arch="llama", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
+                            head_dim=128, vocab=151936, seq_len=4096, tied_embeddings=False, experts=128, top_k=8,
+                            moe_ffn_hidden=1536, tp=4, sequence_parallel=True, pp=8, dp=8, ep=8, order="megatron",
+                            global_batch=512),
 }
 
 

@@ -42,6 +42,8 @@ class Field:
     # Flag spelling for booleans: (on, off).
     bool_flags: tuple[str, str] | None = None
     minimum: int = 1  # smallest allowed whole number
+    keep_case: bool = False  # strings that hold paths are not lowercased
+    repeatable: bool = False  # a flag given once per item (lists only)
 
 
 FIELDS: tuple[Field, ...] = (
@@ -52,6 +54,12 @@ FIELDS: tuple[Field, ...] = (
     Field("ffn_hidden", int, "MLP inner size f (default 4h)."),
     Field("heads", int, "Attention heads."),
     Field("kv_heads", int, "Key/value heads (GQA query groups; default = heads)."),
+    Field("head_dim", int, "Channels per attention head (Megatron's kv_channels; default hidden/heads)."),
+    Field("q_lora_rank", int, "Multi-head latent attention: rank of the compressed query (0 = queries not compressed).", minimum=0),
+    Field("kv_lora_rank", int, "Multi-head latent attention (DeepSeek-V2/V3): rank of the compressed key/value latent (0 or unset = standard attention).", minimum=0),
+    Field("qk_nope_head_dim", int, "MLA: per-head query/key channels without rotary embedding (default 128).", minimum=0),
+    Field("qk_rope_head_dim", int, "MLA: per-head query/key channels with rotary embedding, the key's shared by all heads (default 64).", minimum=0),
+    Field("v_head_dim", int, "MLA: per-head value channels (default 128).", minimum=0),
     Field("vocab", int, "Vocabulary size (padded to a multiple of 128*tp, as Megatron does)."),
     Field("seq_len", int, "Sequence length s in tokens."),
     Field("tied_embeddings", bool, "Share input embedding and LM head weights (default: gpt yes, llama no).",
@@ -79,6 +87,14 @@ FIELDS: tuple[Field, ...] = (
     Field("experts", int, "Mixture-of-experts: experts per MoE layer (0 or unset = dense).", minimum=0),
     Field("top_k", int, "Mixture-of-experts: experts each token is routed to (default 2).", minimum=0),
     Field("moe_layer_freq", int, "Mixture-of-experts: every k-th layer is an MoE layer (default 1: all)."),
+    Field("moe_first_dense_layers", int, "Mixture-of-experts: the first k layers are dense (DeepSeek's first_k_dense_replace; default 0).", minimum=0),
+    Field("moe_ffn_hidden", int, "Mixture-of-experts: inner size of one expert (fine-grained experts; default ffn_hidden)."),
+    Field("shared_experts", int, "Mixture-of-experts: shared experts every token passes through, next to the routed ones (default 0).", minimum=0),
+    Field("moe_router_num_groups", int, "Node-limited routing: the EP group's ranks split into this many groups (nodes); > 1 dispatches across groups once per token, then inside the group (default 1: flat AllToAll)."),
+    Field("moe_router_group_topk", int, "Node-limited routing: groups (nodes) each token reaches at most (default: all groups)."),
+    Field("moe_routing", str, "Mixture-of-experts routing: balanced (AllToAll), zipf:S (expert popularity ~ 1/i^S, drawn with --seed) or trace:FILE (.npy/.json token counts [m, moe_layers, ep, ep]); uneven counts become Send/Recv pairs.",
+          keep_case=True),
+    Field("seed", int, "Seed of every random draw (zipf routing, compute jitter); same seed, same bytes (default 0).", minimum=0),
     Field("recompute", str, "Activation recomputation: full replays each layer's forward (and its TP collectives) in backward; selective only attention's core.",
           ("none", "selective", "full")),
     Field("schedule", str, "Pipeline schedule: 1f1b, gpipe, interleaved (Megatron), zb-h1, interleaved-zb, zbv (zero bubble), "
@@ -114,6 +130,9 @@ FIELDS: tuple[Field, ...] = (
           "its --no-create-attention-mask-in-dataloader drops it).",
           bool_flags=("--attention-mask-in-dataloader", "--no-attention-mask-in-dataloader")),
     Field("steps", int, "Training steps to emit."),
+    Field("straggler", list, "A slow GPU: RANK:FACTOR multiplies every compute duration of that rank (repeatable, e.g. --straggler 5:1.3).",
+          repeatable=True),
+    Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0)."),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
           ("h100", "h200", "a100", "b200", "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
@@ -135,6 +154,12 @@ class Spec:
     ffn_hidden: int
     heads: int
     kv_heads: int
+    head_dim: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
     vocab: int
     seq_len: int
     tied_embeddings: bool
@@ -157,6 +182,15 @@ class Spec:
     experts: int
     top_k: int
     moe_layer_freq: int
+    moe_first_dense_layers: int
+    moe_ffn_hidden: int
+    shared_experts: int
+    moe_router_num_groups: int
+    moe_router_group_topk: int
+    moe_routing: str
+    seed: int
+    straggler: tuple[tuple[int, float], ...]
+    compute_jitter: float
     schedule: str
     virtual_stages: int
     layers_per_stage: tuple[int, ...] | None
@@ -181,7 +215,11 @@ class Spec:
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As JSON holds it (tuples as lists), so a spec read back from a manifest compares equal."""
+        def plain(value: Any) -> Any:
+            return [plain(v) for v in value] if isinstance(value, tuple) else value
+
+        return {k: plain(v) for k, v in dataclasses.asdict(self).items()}
 
     @property
     def act_bytes(self) -> int:
@@ -192,6 +230,16 @@ class Spec:
     def grad_bytes(self) -> int:
         """Bytes per gradient element as reduced (g)."""
         return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3) instead of standard (GQA) attention."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def node_limited(self) -> bool:
+        """Expert dispatch across routing groups (nodes) first, then inside them."""
+        return self.moe_router_num_groups > 1
 
     @property
     def order_dims(self) -> tuple[str, ...]:
@@ -256,6 +304,8 @@ def _coerce(name: str, value: Any) -> Any:
             kind = "a positive whole number" if field.minimum == 1 else f"a whole number >= {field.minimum}"
             raise SpecError(f"{name} must be {kind}, got {value}")
         return value
+    if name == "straggler":
+        return _stragglers(value)
     if field.kind is list:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
@@ -273,10 +323,33 @@ def _coerce(name: str, value: Any) -> Any:
         if value < 0 or not math.isfinite(value):
             raise SpecError(f"{name} must be a finite number >= 0, got {value}")
         return float(value)
-    value = str(value).strip().lower()
+    value = str(value).strip() if field.keep_case else str(value).strip().lower()
     if field.choices and value not in field.choices:
         raise SpecError(f"{name} must be one of {', '.join(field.choices)}; got {value!r}")
     return value
+
+
+def _stragglers(value: Any) -> tuple[tuple[int, float], ...]:
+    """RANK:FACTOR items (a list, or one comma-separated string) as sorted (rank, factor) pairs."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise SpecError(f"straggler must be RANK:FACTOR items, e.g. 5:1.3; got {value!r}")
+    out: dict[int, float] = {}
+    for item in items:
+        parts = item if isinstance(item, (list, tuple)) else str(item).split(":")
+        try:
+            rank, factor = int(str(parts[0]).strip()), float(str(parts[1]).strip())
+            if len(parts) != 2:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise SpecError(f"straggler {item!r} must be RANK:FACTOR, "
+                            "e.g. 5:1.3 (rank 5 computes 1.3x slower)") from None
+        if rank < 0 or not (factor > 0 and math.isfinite(factor)):
+            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a positive number, e.g. 5:1.3")
+        if rank in out:
+            raise SpecError(f"straggler names rank {rank} twice: give one factor per rank")
+        out[rank] = factor
+    return tuple(sorted(out.items()))
 
 
 def _check_keys(source: str, data: Mapping[str, Any]) -> None:
@@ -347,7 +420,7 @@ class _Raw:
 def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
     r = _Raw(raw_values, explicit)
     values: dict[str, Any] = {"preset": preset_name}
-    for section in (_model, _parallel, _batch, _experts, _modes, _gpu):
+    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu):
         values.update(section(r, values))
     return Spec(**values)
 
@@ -356,12 +429,31 @@ def _model(r: _Raw, _: dict) -> dict:
     arch = r.need("arch")
     layers, hidden, heads, vocab, seq_len = (r.need(k) for k in ("layers", "hidden", "heads", "vocab", "seq_len"))
     kv_heads = r.get("kv_heads", heads)
-    if hidden % heads:
-        raise SpecError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+    head_dim = r.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise SpecError(f"hidden ({hidden}) must be divisible by heads ({heads}), or give --head-dim")
+        head_dim = hidden // heads
     if kv_heads > heads or heads % kv_heads:
         raise SpecError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
-    return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=r.get("ffn_hidden", 4 * hidden), heads=heads,
-                kv_heads=kv_heads, vocab=vocab, seq_len=seq_len, tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
+    kv_lora = r.get("kv_lora_rank", 0)
+    mla = dict(q_lora_rank=r.get("q_lora_rank", 0), kv_lora_rank=kv_lora, qk_nope_head_dim=r.get("qk_nope_head_dim", 128),
+               qk_rope_head_dim=r.get("qk_rope_head_dim", 64), v_head_dim=r.get("v_head_dim", 128))
+    if not kv_lora:
+        for name in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if name in r.explicit and r.explicit[name] != 0:
+                raise SpecError(f"{name} applies to multi-head latent attention: give --kv-lora-rank R too, or drop it")
+        mla = dict(q_lora_rank=0, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0)
+    elif not mla["qk_nope_head_dim"] or not mla["v_head_dim"]:
+        raise SpecError("multi-head latent attention needs qk_nope_head_dim and v_head_dim of at least 1")
+    elif arch != "llama":
+        raise SpecError("multi-head latent attention (kv_lora_rank) is modelled for arch llama (no biases, SwiGLU): use --arch llama")
+    elif kv_heads != heads:
+        raise SpecError(f"multi-head latent attention has no key/value head groups: drop kv_heads ({kv_heads}) or set it to heads ({heads})")
+    ffn_hidden = r.get("ffn_hidden", 4 * hidden)
+    return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
+                kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
+                tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
 
 
 def _parallel(r: _Raw, v: dict) -> dict:
@@ -472,7 +564,19 @@ def _batch(r: _Raw, v: dict) -> dict:
 
 def _experts(r: _Raw, v: dict) -> dict:
     experts, top_k, freq = r.get("experts", 0), r.get("top_k", 2), r.get("moe_layer_freq", 1)
+    fine = dict(moe_first_dense_layers=r.get("moe_first_dense_layers", 0), moe_ffn_hidden=r.get("moe_ffn_hidden", v["ffn_hidden"]),
+                shared_experts=r.get("shared_experts", 0), moe_router_num_groups=r.get("moe_router_num_groups", 1))
+    fine["moe_router_group_topk"] = r.get("moe_router_group_topk", fine["moe_router_num_groups"])
     if experts:
+        if fine["moe_ffn_hidden"] % v["tp"]:
+            raise SpecError(f"moe_ffn_hidden ({fine['moe_ffn_hidden']}) must be divisible by tp ({v['tp']}): experts are tensor-parallel too")
+        if fine["moe_first_dense_layers"] >= v["layers"]:
+            raise SpecError(f"moe_first_dense_layers ({fine['moe_first_dense_layers']}) leaves no MoE layer of {v['layers']}: lower it")
+        groups, group_topk = fine["moe_router_num_groups"], fine["moe_router_group_topk"]
+        if v["ep"] % groups or experts % groups:
+            raise SpecError(f"moe_router_num_groups ({groups}) must divide ep ({v['ep']}) and experts ({experts}): each group is ep/groups ranks (a node)")
+        if group_topk > groups:
+            raise SpecError(f"moe_router_group_topk ({group_topk}) must be at most moe_router_num_groups ({groups})")
         if experts % v["ep"]:
             raise SpecError(f"experts ({experts}) must be divisible by ep ({v['ep']})")
         if not 1 <= top_k <= experts:
@@ -482,10 +586,13 @@ def _experts(r: _Raw, v: dict) -> dict:
     elif v["ep"] > 1:
         raise SpecError(f"ep ({v['ep']}) needs a mixture-of-experts model: give --experts E")
     else:  # a dense model: routing settings other than their dense values mean a forgotten --experts
-        for name, dense in (("top_k", 0), ("moe_layer_freq", 1)):
+        for name, dense in (("top_k", 0), ("moe_layer_freq", 1), ("moe_first_dense_layers", 0), ("shared_experts", 0),
+                            ("moe_router_num_groups", 1), ("moe_ffn_hidden", v["ffn_hidden"])):
             if r.explicit.get(name, dense) != dense:
                 raise SpecError(f"{name} applies to mixture-of-experts models: give --experts E, or drop it")
-    return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1)
+        fine = dict(moe_first_dense_layers=0, moe_ffn_hidden=v["ffn_hidden"], shared_experts=0,
+                    moe_router_num_groups=1, moe_router_group_topk=1)
+    return dict(experts=experts, top_k=top_k if experts else 0, moe_layer_freq=freq if experts else 1, **fine)
 
 
 def _modes(r: _Raw, v: dict) -> dict:
@@ -623,6 +730,53 @@ def _layer_split(r: _Raw, layers: int, pp: int, vs: int, schedule: str) -> dict:
                         "or set --decoder-first/last-pipeline-num-layers or "
                         "--account-for-embedding/loss-in-pipeline-split")
     return out
+
+
+def moe_layer_count(layers: int, first_dense: int, freq: int) -> int:
+    return sum(1 for layer in range(first_dense, layers) if layer % freq == 0)
+
+
+def ep_tag_base(steps: int, m: int, layers: int, cp: int) -> int:
+    """First tag of imbalanced expert traffic: past every context-parallel tag (EP peers can be
+    CP peers; pipeline peers never are)."""
+    return 1 + steps * m * layers * cp * 4
+
+
+EP_TAG_KINDS = 9  # dispatch, probabilities, combine; their recomputation; three backward
+
+
+def _routing(r: _Raw, v: dict) -> dict:
+    from traceforge.plan.routing import BALANCED, load_routing_trace, parse_routing
+
+    text, seed = r.get("moe_routing", BALANCED), r.get("seed", 0)
+    kind, arg = parse_routing(text)
+    if kind == BALANCED:
+        return dict(moe_routing=BALANCED, seed=seed)
+    if not v["experts"] or v["ep"] < 2:
+        raise SpecError(f"moe_routing {text!r} needs a mixture-of-experts model with ep > 1: give --experts E --ep N, or use balanced")
+    if v["moe_router_num_groups"] > 1:
+        raise SpecError(f"moe_routing {text!r} with node-limited routing (moe_router_num_groups > 1) is not modelled: drop one of them")
+    steps, m, layers = v["steps"], v["num_microbatches"], v["layers"]
+    if kind == "trace":
+        assert isinstance(arg, str)
+        load_routing_trace(arg, steps, m, moe_layer_count(layers, v["moe_first_dense_layers"], v["moe_layer_freq"]), v["ep"])
+    if ep_tag_base(steps, m, layers, v["cp"]) + steps * m * layers * EP_TAG_KINDS >= MAX_TAG:
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers make too many expert transfers "
+                        f"for tags below {MAX_TAG}: emit fewer steps")
+    # A trace file is recorded by its absolute path, so the manifest's spec rebuilds anywhere.
+    routing = f"trace:{Path(str(arg)).resolve()}" if kind == "trace" else f"zipf:{arg:g}"
+    return dict(moe_routing=routing, seed=seed)
+
+
+def _variation(r: _Raw, v: dict) -> dict:
+    """Per-rank compute speed: stragglers and jitter (emit/durations.py)."""
+    world = v["world_size"]
+    stragglers = r.get("straggler", ())
+    for rank, _ in stragglers:
+        if rank >= world:
+            raise SpecError(f"straggler rank {rank} is outside the world of {world} ranks: "
+                            f"give a rank from 0 to {world - 1}")
+    return dict(straggler=stragglers, compute_jitter=r.get("compute_jitter", 0.0))
 
 
 def _gpu(r: _Raw, v: dict) -> dict:

@@ -30,8 +30,11 @@ def _spec_options() -> list[inspect.Parameter]:
             on, off = f.bool_flags or (flag, "--no-" + flag[2:])
             option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
         else:
-            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec")
-        kind = str if f.kind is list else f.kind  # lists arrive comma-separated
+            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec",
+                                  metavar="RANK:FACTOR" if f.repeatable else None)
+        kind: Any = str if f.kind is list else f.kind  # lists arrive comma-separated
+        if f.repeatable:
+            kind = list[str]
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[kind]))
     return params
 
@@ -211,22 +214,30 @@ def merge(
 @user_errors
 def presets() -> None:
     """List the built-in presets with their key numbers."""
-    from traceforge.model import total_params
+    from traceforge.model import active_params, total_params
     from traceforge.presets import PRESETS
 
     table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
-    for col in ("preset", "arch", "params", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "cp", "pp", "dp", "ep",
+    for col in ("preset", "arch", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp/cp/pp/dp/ep",
                 "experts", "GPUs", "global batch", "m"):
-        table.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold")
+        table.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold",
+                         no_wrap=col == "preset")
     for name in PRESETS:
         s = build_spec(name)
         table.add_row(
-            name, s.arch, _count(total_params(s)), str(s.layers), str(s.hidden), f"{s.heads}/{s.kv_heads}",
-            str(s.ffn_hidden), str(s.vocab), str(s.seq_len), str(s.tp), str(s.cp), str(s.pp), str(s.dp), str(s.ep),
-            f"{s.experts} top-{s.top_k}" if s.experts else "-", str(s.world_size),
+            name, s.arch, _count(total_params(s)), _count(active_params(s)), str(s.layers), str(s.hidden), f"{s.heads}/{s.kv_heads}",
+            str(s.ffn_hidden), str(s.vocab), str(s.seq_len), f"{s.tp}/{s.cp}/{s.pp}/{s.dp}/{s.ep}",
+            _experts(s), str(s.world_size),
             str(s.global_batch), str(s.num_microbatches),
         )
     out.print(table)
+
+
+def _experts(s: Any) -> str:
+    if not s.experts:
+        return "-"
+    shared = f"+{s.shared_experts}" if s.shared_experts else ""
+    return f"{s.experts}{shared} top-{s.top_k}"
 
 
 def _count(n: int) -> str:

@@ -13,9 +13,9 @@ from traceforge.plan.ops import Op, Program
 from traceforge.schema import SCHEMA_VERSION
 
 
-def to_node(op: Op, values: dict[str, int]) -> pb.Node:
+def to_node(op: Op, values: dict[str, int], duration: int | None = None) -> pb.Node:
     node = pb.Node(id=op.id, name=op.name, type=int(op.type), data_deps=list(op.deps),
-                   duration_micros=op.duration_micros)
+                   duration_micros=op.duration_micros if duration is None else duration)
     for name, value in node_attributes(op):
         node.attr.add(name=name, **{attr_member(name): bind(value, values)})
     return node
@@ -26,7 +26,9 @@ def _delimited(message) -> bytes:
     return _VarintBytes(len(payload)) + payload
 
 
-def encode_rank(program: Program, values: dict[str, int]) -> bytes:
+def encode_rank(program: Program, values: dict[str, int], durations: dict[int, int] | None = None) -> bytes:
+    """durations: op id -> this rank's duration, where it differs from the program's."""
+    durations = durations or {}
     parts = [_delimited(pb.GlobalMetadata(version=SCHEMA_VERSION))]
-    parts += [_delimited(to_node(op, values)) for op in program.ops]
+    parts += [_delimited(to_node(op, values, durations.get(op.id))) for op in program.ops]
     return b"".join(parts)

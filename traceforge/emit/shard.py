@@ -24,7 +24,7 @@ from traceforge.emit.writer import (
 from traceforge.errors import UserError
 from traceforge.layout import Layout
 from traceforge.schema import MANIFEST_FILE
-from traceforge.plan.program import stage_program
+from traceforge.plan.program import program_variants, stage_program
 from traceforge.spec import Spec, build_spec
 
 _SHARD_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -63,8 +63,9 @@ def write_shard(
         raise UserError(f"{out} already holds a merged trace set; choose another -o/--out or pass --force")
     layout = Layout.from_spec(spec)
     ranks = shard_ranks(layout.world_size, k, n)
-    for stage in {int(layout.coords["pp"][r]) for r in ranks}:
-        stage_program(spec, stage)  # planned once here; forked workers inherit the cache
+    if program_variants(spec) == 1:
+        for stage in {int(layout.coords["pp"][r]) for r in ranks}:
+            stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".shard-{k}-of-{n}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -5,6 +5,12 @@ All ranks of a pipeline stage share one program; their files differ only in grou
 (pg_name) and peer ranks (comm_src/comm_dst). Those values are holes. Protobuf lengths depend
 on how many bytes each hole takes (varint and decimal widths), so a template is keyed by the
 widths of the rank's role values: ranks with equal widths share every byte but the holes.
+
+With stragglers or jitter (emit/durations.py) a rank's compute durations differ too. The
+template remembers where each compute node's length prefix and duration sit. A duration whose
+varint keeps its width is overwritten in place (vectorized, like the holes); only nodes whose
+duration changes width (and so their length prefix) are cut out and joined back with their
+new varints, so the cost follows the few nodes that cross a width boundary.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 
 from traceforge import wire
 from traceforge.emit.nodes import Hole, attr_member, node_attributes
+from traceforge.emit.durations import scaled_durations
 from traceforge.plan.ops import Op, Program
 from traceforge.schema import MEMBER_FIELD, SCHEMA_VERSION
 
@@ -52,6 +59,8 @@ class NodeShape:
 
     fixed: bytes  # id, name, type, deps, duration and every constant attribute
     holes: tuple[tuple[bytes, Hole], ...]  # (attribute name field + value key, hole)
+    duration_at: int = -1  # offset of the duration varint in fixed (-1: none)
+    duration_width: int = 0
 
 
 def node_shape(op: Op) -> NodeShape:
@@ -62,8 +71,12 @@ def node_shape(op: Op) -> NodeShape:
     fixed.append(wire.key(NODE_TYPE, wire.VARINT) + wire.varint(int(op.type)))
     if op.deps:
         fixed.append(wire.length_delimited(NODE_DATA_DEPS, b"".join(wire.varint(d) for d in op.deps)))
+    duration_at, duration_width = -1, 0
     if op.duration_micros:
-        fixed.append(wire.key(NODE_DURATION, wire.VARINT) + wire.varint(op.duration_micros))
+        value = wire.varint(op.duration_micros)
+        duration_key = wire.key(NODE_DURATION, wire.VARINT)
+        duration_at, duration_width = sum(len(f) for f in fixed) + len(duration_key), len(value)
+        fixed.append(duration_key + value)
     holes = []
     for name, value in node_attributes(op):
         if isinstance(value, Hole):
@@ -72,7 +85,7 @@ def node_shape(op: Op) -> NodeShape:
         else:
             assert not holes, "constant attributes must precede holes"
             fixed.append(_constant_attr(name, value))
-    return NodeShape(b"".join(fixed), tuple(holes))
+    return NodeShape(b"".join(fixed), tuple(holes), duration_at, duration_width)
 
 
 def shape_chunks(shape: NodeShape, encoded: dict[str, bytes]) -> list[tuple[bytes, str | None]]:
@@ -93,16 +106,47 @@ def metadata_bytes() -> bytes:
 
 
 @dataclass
+class DurationSlots:
+    """Where each node with a duration keeps it (arrays over those nodes, in file order)."""
+
+    prefix_start: np.ndarray  # the node's length prefix: [prefix_start, duration... )
+    prefix_end: np.ndarray
+    start: np.ndarray  # its duration varint: [start, start + width)
+    width: np.ndarray
+    body_without_duration: np.ndarray  # node body length minus its duration varint
+
+    def __post_init__(self) -> None:
+        # Per varint width: which nodes have it and the byte offsets of their durations, so a
+        # rank whose durations keep their widths is one vectorized write per width.
+        self.lowest = np.where(self.width > 1, np.left_shift(1, 7 * (self.width - 1)), 0)
+        self.highest = np.left_shift(1, 7 * self.width)
+        self.by_width = {int(w): (np.flatnonzero(self.width == w),
+                                  self.start[self.width == w][:, None] + np.arange(int(w)))
+                         for w in np.unique(self.width).tolist()}
+
+
+@dataclass
 class Template:
     buf: np.ndarray  # uint8, the whole file for the first rank that built it
     holes: dict[str, np.ndarray]  # role -> byte offsets (n_holes, width) to overwrite
     node_count: int
+    durations: DurationSlots | None = None
 
 
 def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Template:
     chunks: list[tuple[bytes, str | None]] = [(metadata_bytes(), None)]
+    slots: list[tuple[int, int, int, int]] = []  # length prefix start, end; duration start, end
+    bodies: list[int] = []
+    pos = len(chunks[0][0])
     for shape in shapes:
-        chunks += shape_chunks(shape, encoded)
+        node = shape_chunks(shape, encoded)
+        if shape.duration_at >= 0:
+            prefix = len(node[0][0])
+            at = pos + prefix + shape.duration_at
+            slots.append((pos, pos + prefix, at, at + shape.duration_width))
+            bodies.append(sum(len(c) for c, _ in node[1:]) - shape.duration_width)
+        pos += sum(len(c) for c, _ in node)
+        chunks += node
     starts: dict[str, list[int]] = {}
     pos = 0
     for data, role in chunks:
@@ -113,7 +157,50 @@ def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Templa
     holes = {
         role: np.asarray(s, dtype=np.int64)[:, None] + np.arange(len(encoded[role])) for role, s in starts.items()
     }
-    return Template(buf, holes, len(shapes))
+    table = np.asarray(slots, dtype=np.int64).reshape(-1, 4)
+    durations = DurationSlots(table[:, 0], table[:, 1], table[:, 2], table[:, 3] - table[:, 2],
+                              np.asarray(bodies, dtype=np.int64))
+    return Template(buf, holes, len(shapes), durations)
+
+
+_varint = lru_cache(maxsize=1 << 16)(wire.varint)
+VARINT_LIMITS = np.asarray([1 << (7 * i) for i in range(1, 10)], dtype=np.uint64)
+
+
+def varint_widths(values: np.ndarray) -> np.ndarray:
+    return 1 + np.searchsorted(VARINT_LIMITS, values.astype(np.uint64), side="right")
+
+
+def varint_bytes(values: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) uint8: each value's varint, all of the given width."""
+    groups = (values[:, None] >> (7 * np.arange(width))) & 0x7F
+    groups[:, :-1] |= 0x80
+    return groups.astype(np.uint8)
+
+
+def put_durations(buf: np.ndarray, slots: DurationSlots, durations: np.ndarray) -> memoryview:
+    """The file with each node's duration replaced: in place where the varint keeps its width;
+    nodes whose width changes (and so their length prefix) are cut out and joined back."""
+    same = (durations >= slots.lowest) & (durations < slots.highest)
+    if same.all():
+        for width, (nodes, at) in slots.by_width.items():
+            buf[at] = varint_bytes(durations[nodes], width)
+        return memoryview(buf)  # type: ignore[arg-type]  # numpy arrays are buffers
+    for width, (nodes, at) in slots.by_width.items():
+        keep = same[nodes]
+        buf[at[keep]] = varint_bytes(durations[nodes[keep]], width)
+    moved = np.flatnonzero(~same)
+    widths = varint_widths(durations[moved])
+    lengths = slots.body_without_duration[moved] + widths
+    spans = np.stack([slots.prefix_start[moved], slots.prefix_end[moved], slots.start[moved],
+                      slots.start[moved] + slots.width[moved]], axis=1).reshape(-1).tolist()
+    edges = [0, *spans, len(buf)]
+    data = buf.tobytes()
+    parts: list[bytes | None] = [None] * (4 * len(moved) + 1)
+    parts[0::2] = [data[a:b] for a, b in zip(edges[0::2], edges[1::2], strict=True)]
+    parts[1::4] = map(_varint, lengths.tolist())
+    parts[3::4] = map(_varint, durations[moved].tolist())
+    return memoryview(b"".join(parts))  # type: ignore[arg-type]
 
 
 class StageEncoder:
@@ -121,13 +208,17 @@ class StageEncoder:
 
     def __init__(self, program: Program):
         self.shapes = [node_shape(op) for op in program.ops]
+        # Base durations of the nodes that carry one, in file order (what stragglers scale).
+        timed = [op.duration_micros for op in program.ops if op.duration_micros]
+        self.base_durations = np.asarray(timed, dtype=np.int64)
         self.string_roles = frozenset(program.group_roles)
         peers = program.peer_roles | ({"self"} if program.peer_roles else set())
         self.roles = tuple(sorted(self.string_roles | peers))
         self._templates: dict[tuple[int, ...], Template] = {}
 
-    def encode(self, values: dict[str, int]) -> tuple[memoryview, int]:
-        """(file bytes, node count) of the rank whose role values are given."""
+    def encode(self, values: dict[str, int], duration_scale: np.ndarray | None = None) -> tuple[memoryview, int]:
+        """(file bytes, node count) of the rank whose role values are given; duration_scale
+        multiplies its compute durations (emit/durations.py)."""
         encoded = {r: encode_value(str(values[r]) if r in self.string_roles else values[r]) for r in self.roles}
         sig = tuple(len(encoded[r]) for r in self.roles)
         template = self._templates.get(sig)
@@ -136,4 +227,7 @@ class StageEncoder:
         buf = template.buf.copy()
         for role, idx in template.holes.items():
             buf[idx] = np.frombuffer(encoded[role], dtype=np.uint8)
+        if duration_scale is not None and template.durations is not None:
+            durations = scaled_durations(self.base_durations, duration_scale)
+            return put_durations(buf, template.durations, durations), template.node_count
         return memoryview(buf), template.node_count

@@ -18,12 +18,13 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from traceforge import __version__
+from traceforge.emit.durations import duration_scale, varies
 from traceforge.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
 from traceforge.plan.ops import Program
-from traceforge.plan.program import stage_program
+from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import Spec
 
@@ -63,15 +64,26 @@ def trace_file_name(prefix: str, rank: int) -> str:
     return f"{prefix}.{rank}.et"
 
 
-def role_values(layout: Layout, rank: int) -> dict[str, int]:
-    """What each role of a program means on this rank."""
+def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, int]:
+    """What each role of a program means on this rank (ep_peers: the members of its EP group
+    by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
     nxt, prv = layout.pipeline_peers
     cp_next, cp_prev = layout.context_peers
     values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank]),
               "cp_next": int(cp_next[rank]), "cp_prev": int(cp_prev[rank])}
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
+    if ep_peers:
+        for j, peer in enumerate(layout.ep_peers[rank].tolist()):
+            values[f"ep{j}"] = peer
     return values
+
+
+def program_key(spec: Spec, layout: Layout, rank: int) -> tuple[int, int]:
+    """(stage, variant) of the program this rank runs (see program_variants)."""
+    variant = int(layout.coords["ep"][rank]) if program_variants(spec) > 1 else 0
+    return int(layout.coords["pp"][rank]), variant
+
 
 
 class RankWriter:
@@ -79,16 +91,26 @@ class RankWriter:
 
     def __init__(self, spec: Spec, layout: Layout, directory: Path, prefix: str):
         self.spec, self.layout, self.directory, self.prefix = spec, layout, directory, prefix
-        self._encoders: dict[int, StageEncoder] = {}
+        self._encoders: dict[tuple[int, int], StageEncoder] = {}
+        self._ep_peers = program_variants(spec) > 1
+        self._durations_vary = varies(spec)
 
-    def encoder(self, stage: int) -> StageEncoder:
-        if stage not in self._encoders:
-            self._encoders[stage] = StageEncoder(stage_program(self.spec, stage))
-        return self._encoders[stage]
+    def encoder(self, key: tuple[int, int]) -> StageEncoder:
+        if key not in self._encoders:
+            if self._ep_peers:
+                # One program per (stage, EP rank): ranks arrive in key order, so keep only the
+                # current one (memory stays one program per worker, not pp x ep of them).
+                self._encoders.clear()
+                self._encoders[key] = StageEncoder(build_program(self.spec, *key))
+            else:
+                self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
+        return self._encoders[key]
 
     def write(self, rank: int) -> RankRecord:
-        stage = int(self.layout.coords["pp"][rank])
-        data, nodes = self.encoder(stage).encode(role_values(self.layout, rank))
+        key = program_key(self.spec, self.layout, rank)
+        encoder = self.encoder(key)
+        scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
+        data, nodes = encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
         with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
             f.write(data)
         return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
@@ -106,7 +128,8 @@ def _write_chunk(ranks: list[int]) -> list[RankRecord]:
 def _chunks(layout: Layout, ranks: range, jobs: int) -> list[list[int]]:
     """Ranks in stage order (so a worker reuses its stage templates), cut into chunks."""
     rank_ids = np.arange(ranks.start, ranks.stop)
-    by_stage = rank_ids[np.argsort(layout.coords["pp"][rank_ids], kind="stable")]
+    program = layout.coords["pp"][rank_ids] * layout.sizes["ep"] + layout.coords["ep"][rank_ids]
+    by_stage = rank_ids[np.argsort(program, kind="stable")]
     size = max(1, min(MAX_CHUNK_RANKS, len(by_stage) // (max(1, jobs) * CHUNKS_PER_JOB)))
     return [by_stage[i:i + size].tolist() for i in range(0, len(by_stage), size)]
 
@@ -191,6 +214,8 @@ def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -
 
 def finish_trace_set(spec: Spec, layout: Layout, directory: Path, prefix: str, table: RankTable) -> dict:
     """Write comm_group.json and manifest.json for a complete set; return the manifest header."""
+    # A stage's programs for different EP ranks (imbalanced routing) differ in sizes and peers,
+    # not in the group roles they name: variant 0 stands for all of them.
     programs = [stage_program(spec, s) for s in range(spec.pp)]
     ids = used_group_ids(spec, layout, programs)
     (directory / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
@@ -212,8 +237,9 @@ def write_trace_set(
     (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
     (e.g. an ASTRA-sim bundle) before the set is moved into place."""
     layout = Layout.from_spec(spec)
-    for stage in range(spec.pp):
-        stage_program(spec, stage)  # planned once here; forked workers inherit the cache
+    if program_variants(spec) == 1:
+        for stage in range(spec.pp):
+            stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     with atomic_output_dir(Path(out), force) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)

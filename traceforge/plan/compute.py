@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, GPUS, wave_efficiency
-from traceforge.model import local_tokens, padded_vocab
+from traceforge.model import local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import Spec
 
 # Adam with fp32 master weights: bf16 param, fp32 grad, master and two moments, read and
@@ -55,9 +55,9 @@ class CostModel:
         s, t, e = spec, spec.tp, spec.act_bytes
         T = local_tokens(s)  # tokens per micro-batch on this rank (b*s/cp)
         h, f = s.hidden, s.ffn_hidden
-        kv_dim = s.kv_heads * (h // s.heads)
-        qkv_out = h + 2 * kv_dim
-        mlp_in = (2 if s.arch == "llama" else 1) * f  # SwiGLU's gate and up projections
+        q_dim, k_dim, v_dim = qkv_channels(s)
+        gated = 2 if s.arch == "llama" else 1  # SwiGLU's gate and up projections
+        mlp_in = gated * f
 
         def gemm(m: int, k: int, n: int) -> Cost:
             rate = 1.0 if self.cal is None else self.cal.gemm * wave_efficiency(m, n, self.cal)
@@ -66,16 +66,26 @@ class CostModel:
         def elementwise(elements: int, passes: int = 2) -> Cost:
             return self.kernel(4 * elements, passes * elements * e)
 
-        self.qkv = gemm(T, h, qkv_out // t)
-        self.proj = gemm(T, h // t, h)
+        if s.mla:
+            # DeepSeek-V2 MLA: duplicated down projections (on this rank's sequence shard with
+            # SP), column-parallel up projections of the query and of keys (nope part) and values.
+            shard = T // t if s.sequence_parallel else T
+            ql, kl, rope = s.q_lora_rank, s.kv_lora_rank, s.qk_rope_head_dim
+            q_proj = (gemm(shard, h, ql) + gemm(T, ql, q_dim // t)) if ql else gemm(T, h, q_dim // t)
+            self.qkv = (q_proj + gemm(shard, h, kl + rope)
+                        + gemm(T, kl, (k_dim - s.heads * rope + v_dim) // t))
+        else:
+            self.qkv = gemm(T, h, (q_dim + k_dim + v_dim) // t)
+        self.proj = gemm(T, v_dim // t, h)
         self.fc1 = gemm(T, h, mlp_in // t)
         self.fc2 = gemm(T, f // t, h)
         # Layer norm fused with the residual add and dropout before it: read two, write one, then the
         # norm reads and writes (5 passes over the activation).
         self.norm = elementwise(T * h, passes=5)
         self.act = elementwise(T * mlp_in // t)
-        # This rank's queries (s/cp of them) against every key of the sequence.
-        score_flops = 4 * T * s.seq_len * h // t
+        # This rank's queries (s/cp of them) against every key of the sequence: Q.K^T over the
+        # query/key channels, P.V over the value channels.
+        score_flops = 2 * T * s.seq_len * (q_dim + v_dim) // t
         core_flops, core_bytes = round(score_flops * CAUSAL_FRACTION), 4 * T * h // t * e
         if s.attention == "unfused":
             # Scores materialized (Megatron-LM's fused scale-mask-softmax before FlashAttention): the
@@ -95,8 +105,13 @@ class CostModel:
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         routed = (T // t if t > 1 else T) * s.top_k  # dispatched token copies per rank
         self.router = gemm(T // t if t > 1 else T, h, s.experts) if s.experts else self.kernel(0, 0)
-        self.experts = (gemm(routed * t, h, mlp_in // t) + self.act.scaled(routed * t / T)
-                        + gemm(routed * t, f // t, h)) if s.experts else self.kernel(0, 0)
+        mf = s.moe_ffn_hidden
+        self.experts = (gemm(routed * t, h, gated * mf // t) + elementwise(routed * gated * mf)
+                        + gemm(routed * t, mf // t, h)) if s.experts else self.kernel(0, 0)
+        # Shared experts: one tensor-parallel MLP of inner size shared*moe_ffn over every token.
+        sf = s.shared_experts * mf
+        self.shared = (gemm(T, h, gated * sf // t) + elementwise(T * gated * sf // t)
+                       + gemm(T, sf // t, h)) if sf else self.kernel(0, 0)
         vocab = padded_vocab(s) // t
         self.embed = self.kernel(T * h, 2 * T * h * e)
         self.head = gemm(T, h, vocab) + self.kernel(5 * T * vocab, 3 * T * vocab * 4)  # logits + fp32 softmax-CE

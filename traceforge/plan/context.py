@@ -18,7 +18,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 
 from __future__ import annotations
 
-from traceforge.model import local_tokens
+from traceforge.model import local_tokens, qkv_channels
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
@@ -31,16 +31,17 @@ TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
 
 
 def kv_shard_bytes(spec: Spec) -> int:
-    """One of K or V on one rank: b*(s/cp)*(kv_dim/t)*e."""
-    kv_dim = spec.kv_heads * (spec.hidden // spec.heads)
-    return local_tokens(spec) * kv_dim // spec.tp * spec.act_bytes
+    """One of K or V on one rank: b*(s/cp)*(kv_dim/t)*e (with MLA, the up-projected keys)."""
+    _, k_dim, _ = qkv_channels(spec)
+    return local_tokens(spec) * k_dim // spec.tp * spec.act_bytes
 
 
 class RingAttention:
     def __init__(self, spec: Spec):
         self.spec = spec
         self.cp = spec.cp
-        self.kv_bytes = 2 * kv_shard_bytes(spec)
+        _, k_dim, v_dim = qkv_channels(spec)
+        self.kv_bytes = local_tokens(spec) * (k_dim + v_dim) // spec.tp * spec.act_bytes
 
     def _tag(self, layer: int, ring_step: int, kind: int) -> int:
         """Unique per (src, dst) pair within the run: CP pairs never carry pipeline traffic."""

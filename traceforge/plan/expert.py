@@ -11,48 +11,158 @@ T_local*k token copies, T_local = b*s/(cp*t) tokens with sequence parallelism):
   gradients, then of the token gradients (Megatron's launch order).
 With the synchronising collectives on (plan/sync.py), the dispatcher first AllGathers each
 rank's per-expert token counts (E int64) over the TP x EP group (preprocess).
+
+Shared experts (DeepSeekMoE) are a tensor-parallel MLP every token passes through; they run
+on the compute stream after the routed experts, with their own TP collectives under SP.
+
+Node-limited routing (--moe-router-num-groups G > 1, DeepSeek-V3 section 3.2.2): the EP group
+is G groups ("nodes") of ep/G ranks and each token reaches at most M = group_topk of them.
+Tokens cross the scale-out network once per destination node, to the rank with the same
+position there, and are forwarded to their experts inside the node. So each AllToAll becomes
+two: across nodes ("epx": the ranks at one position of every node) T_local*min(M, k) token
+copies, then inside the node ("epn") the T_local*k expert copies. The combine runs in reverse:
+inside the node first (outputs summed per token), then across nodes. Probabilities travel
+with their expert copies (T_local*k each way). Under balanced routing a flat AllToAll sends
+k*(G-1)/G of the copies across nodes; the two-step dispatch sends min(M, k)*(G-1)/G.
+
+Imbalanced routing (--moe-routing zipf:S or trace:FILE, plan/routing.py): each exchange moves
+C[src, dst] token copies, a different size per peer. Chakra's collective carries one size, so
+the AllToAll is written as the Send/Recv pairs it is: to every other EP rank with copies to
+take, a Send of its count, and a Recv of what that rank sends back (the local share stays
+local). Peers are roles "ep0".."ep{n-1}" (my EP group's member at that EP rank), and the
+program is built per (stage, EP rank). The experts' compute scales with the copies received.
+See docs/moe-and-imbalance.md.
 """
 
 from __future__ import annotations
 
-from traceforge.model import local_tokens
+import numpy as np
+
+from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
-from traceforge.spec import Spec
+from traceforge.plan.routing import Routing
+from traceforge.plan.tensor import TensorParallel
+from traceforge.spec import EP_TAG_KINDS, Spec, ep_tag_base
 
 FP32 = 4
 INT64 = 8
+# Group roles of the two-step (node-limited) dispatch.
+EP_INTER, EP_INTRA = "epx", "epn"
+# Tag kinds of imbalanced exchanges (< EP_TAG_KINDS); recomputation adds RECOMPUTE.
+DISPATCH, PROBS, COMBINE, RECOMPUTE, COMBINE_GRAD, PROBS_GRAD, DISPATCH_GRAD = 0, 1, 2, 3, 6, 7, 8
+
+
+def ep_peer_role(ep_rank: int) -> str:
+    """Peer role of the member of my EP group at this EP rank."""
+    return f"ep{ep_rank}"
 
 
 class MixtureOfExperts:
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, tp: TensorParallel, ep_rank: int = 0):
         t = spec.tp
         tokens = local_tokens(spec) // t if t > 1 else local_tokens(spec)
-        self.t = t
+        self.spec, self.t, self.tp, self.ep_rank = spec, t, tp, ep_rank
+        self.token_bytes = spec.hidden * spec.act_bytes
+        self.copies = tokens * spec.top_k  # token copies a rank dispatches (balanced: receives)
+        self.routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, self.copies, spec.steps,
+                               spec.num_microbatches, sum(is_moe_layer(spec, layer) for layer in range(spec.layers)))
+        self.moe_index = {layer: i for i, layer in enumerate(x for x in range(spec.layers) if is_moe_layer(spec, x))}
+        self.tag_base = ep_tag_base(spec.steps, spec.num_microbatches, spec.layers, spec.cp)
+        self._counts: np.ndarray | None = None
+        self.shared = spec.shared_experts > 0
+        self.node_limited = spec.node_limited
         self.routed = tokens * spec.top_k * spec.hidden * spec.act_bytes
         self.probs = tokens * spec.top_k * FP32
         self.counts = spec.experts * INT64 if spec.sync_collectives else 0
         self.counts_group = "tpep" if spec.ep > 1 else "tp"
+        # Token copies that cross nodes: one per destination node.
+        self.routed_inter = tokens * min(spec.moe_router_group_topk, spec.top_k) * spec.hidden * spec.act_bytes
 
-    def forward(self, b: ProgramBuilder, cost: CostModel) -> None:
+    def _begin(self, b: ProgramBuilder) -> None:
+        """This layer and micro-batch's routing counts (imbalanced routing only)."""
+        if not self.routing.balanced:
+            assert b.ctx.layer is not None
+            self._counts = self.routing.counts(b.ctx.step, b.ctx.microbatch or 0, self.moe_index[b.ctx.layer])
+
+    def _received(self) -> int:
+        """Token copies this rank's experts process (balanced: what it dispatches)."""
+        return self.copies if self._counts is None else int(self._counts[:, self.ep_rank].sum())
+
+    def _exchange(self, b: ProgramBuilder, name: str, per_copy: int, into_experts: bool, kind: int) -> None:
+        """An imbalanced AllToAll as Send/Recv pairs: toward the experts I send C[me, p] and
+        receive C[p, me]; away from them the reverse. Zero-byte messages are left out."""
+        assert self._counts is not None
+        me, s = self.ep_rank, self.spec
+        step, mb, layer = b.ctx.step, b.ctx.microbatch or 0, b.ctx.layer or 0
+        tag = self.tag_base + ((step * s.num_microbatches + mb) * s.layers + layer) * EP_TAG_KINDS + kind
+        out_row, in_col = self._counts[me, :], self._counts[:, me]
+        sends, recvs = (out_row, in_col) if into_experts else (in_col, out_row)
+        peers = [p for p in range(s.ep) if p != me]
+        for p in peers:
+            if sends[p]:
+                b.send(name, ep_peer_role(p), int(sends[p]) * per_copy, tag, dim="ep")
+        for p in peers:
+            if recvs[p]:
+                b.recv(name, ep_peer_role(p), int(recvs[p]) * per_copy, tag, dim="ep")
+
+    def _all_to_all(self, b: ProgramBuilder, name: str, probs: bool, into_experts: bool, kind: int = 0) -> None:
+        """One token (or probability) exchange between the ranks and their experts: flat in the EP
+        group, or across nodes then inside them (toward the experts; the reverse away from them),
+        or as Send/Recv pairs when routing is imbalanced."""
+        if self._counts is not None:
+            self._exchange(b, name, FP32 if probs else self.token_bytes, into_experts, kind)
+            return
+        size = self.probs if probs else self.routed
+        if not self.node_limited:
+            b.collective(name, Coll.ALL_TO_ALL, size, "ep")
+            return
+        inter = self.probs if probs else self.routed_inter
+        steps = [(EP_INTER, inter), (EP_INTRA, size)]
+        for role, nbytes in steps if into_experts else reversed(steps):
+            b.collective(name, Coll.ALL_TO_ALL, nbytes, role)
+
+    def _tp_sizes(self) -> tuple[int, int]:
+        """(tokens, probabilities) bytes this rank's experts received: what the TP group gathers."""
+        received = self._received()
+        return received * self.token_bytes, received * FP32
+
+    def forward(self, b: ProgramBuilder, cost: CostModel, recompute: bool = False) -> None:
+        self._begin(b)
+        again = RECOMPUTE if recompute else 0
         b.compute("router", cost.router)
         b.collective("routing_counts", Coll.ALL_GATHER, self.counts, self.counts_group)
-        b.collective("dispatch", Coll.ALL_TO_ALL, self.routed, "ep")
-        b.collective("dispatch_probs", Coll.ALL_TO_ALL, self.probs, "ep")
-        b.collective("expert_in", Coll.ALL_GATHER, self.routed, "tp")
-        b.collective("expert_in_probs", Coll.ALL_GATHER, self.probs, "tp")
-        b.compute("experts", cost.experts)
-        b.collective("expert_out", Coll.REDUCE_SCATTER, self.routed * self.t, "tp")
-        b.collective("combine", Coll.ALL_TO_ALL, self.routed, "ep")
+        self._all_to_all(b, "dispatch", probs=False, into_experts=True, kind=DISPATCH + again)
+        self._all_to_all(b, "dispatch_probs", probs=True, into_experts=True, kind=PROBS + again)
+        tokens, probs = self._tp_sizes()
+        b.collective("expert_in", Coll.ALL_GATHER, tokens, "tp")
+        b.collective("expert_in_probs", Coll.ALL_GATHER, probs, "tp")
+        b.compute("experts", self._expert_cost(cost))
+        b.collective("expert_out", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
+        if self.shared:
+            self.tp.column_fwd(b, "shared_fc1")
+            b.compute("shared_experts", cost.shared)
+            self.tp.row_fwd(b, "shared_fc2")
+        self._all_to_all(b, "combine", probs=False, into_experts=False, kind=COMBINE + again)
+
+    def _expert_cost(self, cost: CostModel):
+        """The routed experts' compute, scaled by the copies this rank actually received."""
+        received = self._received()
+        return cost.experts if received == self.copies else cost.experts.scaled(received / self.copies)
 
     def backward(self, b: ProgramBuilder, cost: CostModel) -> None:
-        b.collective("combine_grad", Coll.ALL_TO_ALL, self.routed, "ep")
-        b.collective("expert_out_grad", Coll.ALL_GATHER, self.routed, "tp")
-        b.compute("experts_dgrad", cost.experts)
-        b.wgrad("experts_wgrad", cost.experts)  # weight-gradient GEMMs cost what the forward ones do
-        b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, self.probs * self.t, "tp")
-        b.collective("expert_in_grad", Coll.REDUCE_SCATTER, self.routed * self.t, "tp")
+        self._begin(b)
+        tokens, probs = self._tp_sizes()
+        self._all_to_all(b, "combine_grad", probs=False, into_experts=True, kind=COMBINE_GRAD)
+        if self.shared:
+            self.tp.row_bwd(b, "shared_fc2")
+            self.tp.column_bwd(b, "shared_fc1", ("shared_dgrad", cost.shared), ("shared_wgrad", cost.shared))
+        b.collective("expert_out_grad", Coll.ALL_GATHER, tokens, "tp")
+        b.compute("experts_dgrad", self._expert_cost(cost))
+        b.wgrad("experts_wgrad", self._expert_cost(cost))  # weight-gradient GEMMs cost what the forward ones do
+        b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, probs * self.t, "tp")
+        b.collective("expert_in_grad", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
         # Megatron launches the probabilities' AllToAll backward before the tokens'.
-        b.collective("dispatch_probs_grad", Coll.ALL_TO_ALL, self.probs, "ep")
-        b.collective("dispatch_grad", Coll.ALL_TO_ALL, self.routed, "ep")
+        self._all_to_all(b, "dispatch_probs_grad", probs=True, into_experts=False, kind=PROBS_GRAD)
+        self._all_to_all(b, "dispatch_grad", probs=False, into_experts=False, kind=DISPATCH_GRAD)
         b.compute("router_bwd", cost.router.scaled(2))

@@ -3,7 +3,7 @@ and an MLP, or a mixture of experts, with the collectives each parallel dimensio
 
 from __future__ import annotations
 
-from traceforge.model import is_moe_layer
+from traceforge.model import is_moe_layer, local_tokens, mla_latent_channels
 from traceforge.plan.compute import CostModel
 from traceforge.plan.context import context_parallel
 from traceforge.plan.expert import MixtureOfExperts
@@ -13,15 +13,21 @@ from traceforge.spec import Spec
 
 
 class LayerTemplate:
-    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel):
+    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel, ep_rank: int = 0):
         self.spec, self.tp, self.cost = spec, tp, cost
         self.cp = context_parallel(spec)
-        self.moe = MixtureOfExperts(spec)
+        self.moe = MixtureOfExperts(spec, tp, ep_rank)
+        # Attention's column-parallel entry: MLA gathers (and reduces the gradient of) its
+        # compressed latent rather than the hidden state.
+        self.qkv_tp = tp
+        if spec.mla:
+            latent = local_tokens(spec) * mla_latent_channels(spec) * spec.act_bytes
+            self.qkv_tp = TensorParallel(latent, spec.tp, spec.sequence_parallel)
 
     def forward(self, b: ProgramBuilder, layer: int, recompute: bool = False) -> None:
         tp, cost = self.tp, self.cost
         suffix = "_recompute" if recompute else ""
-        tp.column_fwd(b, "qkv")
+        self.qkv_tp.column_fwd(b, "qkv")
         if self.cp is None:
             b.compute(f"attn{suffix}", cost.attn_fwd)
         else:
@@ -30,7 +36,7 @@ class LayerTemplate:
             b.compute(f"attn_proj{suffix}", cost.proj)
         tp.row_fwd(b, "proj")
         if is_moe_layer(self.spec, layer):
-            self.moe.forward(b, cost)
+            self.moe.forward(b, cost, recompute)
         else:
             tp.column_fwd(b, "fc1")
             b.compute(f"mlp{suffix}", cost.mlp_fwd)
@@ -48,10 +54,10 @@ class LayerTemplate:
         tp.row_bwd(b, "proj")
         if self.cp is None:
             dgrad = cost.attn_dgrad + cost.core if recompute_core else cost.attn_dgrad
-            tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
+            self.qkv_tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
             return
         b.compute("attn_proj_dgrad", cost.proj)
         if recompute_core:
             self.cp.forward(b, cost.core, recompute=True)
         self.cp.backward(b, cost.attn_core_bwd)
-        tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))
+        self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))

@@ -89,6 +89,7 @@ class Program:
 
     stage: int
     ops: list[Op] = field(default_factory=list)
+    variant: int = 0  # the EP rank it serves when expert traffic differs per EP rank (else 0)
 
     @property
     def group_roles(self) -> set[str]:

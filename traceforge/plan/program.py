@@ -15,6 +15,7 @@ from traceforge.plan.embedding import (
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
 from traceforge.plan.sync import SyncCollectives
+from traceforge.plan.routing import BALANCED
 from traceforge.plan.tensor import TensorParallel
 from traceforge.errors import SpecError
 from traceforge.spec import Spec
@@ -28,20 +29,28 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     first, last = embedding_stages(spec)
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
              "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
-             "tpep": spec.tp * spec.ep}
+             "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
+             "epn": spec.ep // spec.moe_router_num_groups}
     if spec.dp_mode == "hsdp":
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes
 
 
+def program_variants(spec: Spec) -> int:
+    """Programs per stage: one, or one per EP rank when routing is imbalanced (each EP rank
+    then sends and receives its own token counts)."""
+    return spec.ep if spec.moe_routing != BALANCED else 1
+
+
 class StagePlanner:
-    def __init__(self, spec: Spec, stage: int):
+    def __init__(self, spec: Spec, stage: int, variant: int = 0):
         self.spec, self.stage = spec, stage
         self.b = b = ProgramBuilder(stage, group_sizes(spec))
+        b.program.variant = variant
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
         self.params = stage_params(spec, stage)
-        self.layer = LayerTemplate(spec, self.tp, self.cost)
+        self.layer = LayerTemplate(spec, self.tp, self.cost, variant)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
         self.sync = SyncCollectives(b, spec, stage)
@@ -243,8 +252,8 @@ class StagePlanner:
 INT64_MAX = 2**63 - 1
 
 
-def build_program(spec: Spec, stage: int) -> Program:
-    program = StagePlanner(spec, stage).build()
+def build_program(spec: Spec, stage: int, variant: int = 0) -> Program:
+    program = StagePlanner(spec, stage, variant).build()
     biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros) for op in program.ops)
     if biggest > INT64_MAX:
         raise SpecError(f"this spec makes a node value of {biggest:.3g} (FLOPs, bytes or microseconds), beyond "
@@ -253,10 +262,12 @@ def build_program(spec: Spec, stage: int) -> Program:
 
 
 @lru_cache(maxsize=None)
-def _cached(spec: Spec, stage: int) -> Program:
-    return build_program(spec, stage)
+def _cached(spec: Spec, stage: int, variant: int) -> Program:
+    return build_program(spec, stage, variant)
 
 
-def stage_program(spec: Spec, stage: int) -> Program:
-    """The (cached) program of one stage; all ranks of the stage share it."""
-    return _cached(spec, stage)
+def stage_program(spec: Spec, stage: int, variant: int = 0) -> Program:
+    """The (cached) program of one stage; all ranks of the stage share it (all of the stage at
+    one EP rank, with imbalanced routing: see program_variants)."""
+    return _cached(spec, stage, variant)
+

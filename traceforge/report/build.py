@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from traceforge.report.experts import ExpertGroup, expert_groups
 from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.report.matrix import (
     MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
@@ -61,6 +62,31 @@ class Report:
     @property
     def nodes(self) -> int:
         return -(-self.world // self.gpus_per_node)
+
+    @property
+    def expert_groups(self) -> list[ExpertGroup]:
+        """Per EP group: hottest link and imbalance factor (empty without expert traffic)."""
+        return expert_groups(self.edges)
+
+    def job_traffic(self) -> list[dict]:
+        """A combined set (traceforge combine): each job's wire bytes per step, by dimension and
+        split into scale-up and scale-out. Empty for a single job."""
+        from traceforge.emit.combine import job_of_rank
+
+        manifest = self.traces.manifest
+        owner = job_of_rank(manifest)
+        if not owner or manifest is None:
+            return []
+        jobs = [{"job": j, "source": job.get("source"), "ranks": len(job.get("ranks", [])), "wire_bytes_per_step": 0.0,
+                 "scale_up": 0.0, "scale_out": 0.0, "by_dim": {}} for j, job in enumerate(manifest["jobs"])]
+        for d in self.dims:
+            for rank, row in d.rows.items():
+                job = jobs[owner[rank]]
+                job["wire_bytes_per_step"] += row.wire
+                job["scale_up"] += row.wire_intra
+                job["scale_out"] += row.wire_inter
+                job["by_dim"][d.dim] = job["by_dim"].get(d.dim, 0.0) + row.wire
+        return jobs
 
     def dim(self, name: str) -> DimTraffic | None:
         return next((d for d in self.dims if d.dim == name), None)
@@ -128,6 +154,8 @@ class Report:
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
             "test_matrix": [asdict(r) for r in self.tests],
+            "expert_parallel": [g.to_json() for g in self.expert_groups],
+            "jobs": self.job_traffic(),
             "timeline": None if self.estimate is None else {
                 **self.estimate.to_json(), "link_model": self.link_json(),
                 **({"estimate": "analytical replay with ASTRA-sim's network arithmetic, not a simulation"}

@@ -157,6 +157,38 @@ def _span_text(ranks: list[int]) -> str:
     from traceforge.report.sim_view import _span
 
     return _span(ranks)
+def job_table(report) -> Table | None:
+    """A combined set: each job's wire bytes per step (all its ranks), by dimension."""
+    jobs = report.job_traffic()
+    if not jobs:
+        return None
+    dims = sorted({d for j in jobs for d in j["by_dim"]}, key=lambda d: [x.dim for x in report.dims].index(d))
+    t = Table(title="Traffic per job, per step (wire bytes, all its ranks)", title_justify="left")
+    for col in ("job", "source", "ranks", *dims, "scale-up", "scale-out"):
+        t.add_column(col, justify="left" if col in ("job", "source") else "right")
+    for j in jobs:
+        t.add_row(str(j["job"]), str(j["source"]), str(j["ranks"]), *(fmt_bytes(j["by_dim"].get(d, 0.0)) for d in dims),
+                  fmt_bytes(j["scale_up"]), fmt_bytes(j["scale_out"]))
+    return t
+
+
+EXPERT_GROUPS_SHOWN = 8
+
+
+def expert_table(report) -> Table | None:
+    """EP groups, hottest first: the link that carries the most and how uneven receiving is."""
+    groups = sorted(report.expert_groups, key=lambda g: (-g.hottest[2], g.ranks))
+    if not groups:
+        return None
+    t = Table(title=f"Expert-parallel groups, per step ({len(groups)}; the {min(len(groups), EXPERT_GROUPS_SHOWN)} "
+                    "with the hottest links)", title_justify="left")
+    for col in ("ranks", "hottest link", "bytes", "x mean link", "imbalance (max/mean received)"):
+        t.add_column(col, justify="left" if col in ("ranks", "hottest link") else "right")
+    for g in groups[:EXPERT_GROUPS_SHOWN]:
+        src, dst, value = g.hottest
+        ranks = ",".join(map(str, g.ranks)) if len(g.ranks) <= 8 else f"{g.ranks[0]}..{g.ranks[-1]} ({len(g.ranks)})"
+        t.add_row(ranks, f"{src} -> {dst}", fmt_bytes(value), f"{value / g.mean_link:.2f}", f"{g.imbalance:.2f}")
+    return t
 
 
 def render_report(report, console) -> None:
@@ -168,6 +200,12 @@ def render_report(report, console) -> None:
     if nodes is not None:
         console.print(nodes)
     console.print(test_table(report))
+    experts = expert_table(report)
+    if experts is not None:
+        console.print(experts)
+    jobs = job_table(report)
+    if jobs is not None:
+        console.print(jobs)
     for line in estimate_lines(report):
         console.print(line, markup=False)
     for line in simulation_lines(report):
