@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+
+from _command import run  # benchmarks/_command.py (the scripts run from benchmarks/)
 
 # (name, generate flags). Every set gets --astra-sim; the network comes from the flags.
 MATRIX = [
@@ -77,13 +78,6 @@ MATRIX = [
     ("llama3-70b", ["-p", "llama3-70b"]),
 ]
 QUICK = 10  # --quick: the first sets only
-
-
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    return proc.stdout
 
 
 def main() -> int:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+from _command import run  # benchmarks/_command.py (the scripts run from benchmarks/)
 
 SELENE = [
     "--gpu",
@@ -141,13 +142,6 @@ RUNS = [
     llama3_405b(128, 400),
     llama3_405b(128, 400, virtual=2),
 ]
-
-
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    return proc.stdout
 
 
 def main() -> int:
