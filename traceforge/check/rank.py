@@ -2,9 +2,10 @@
 
 Everything per rank happens here (it runs in worker processes): framing, the GlobalMetadata,
 node decoding (cached by payload bytes), unique ids, dependencies, cycles, the attribute
-contract. What leaves is a RankSummary of compact arrays over the rank's communication nodes
-only: the replay never needs compute nodes, because a compute node always finishes once its
-dependencies have; each communication node keeps just its nearest communication ancestors.
+contract. What leaves is a RankSummary: the findings, the digest of the rank's communication
+Program (check/program.py; the Program itself only the first time this process meets it) and
+the group id and peer rank of each of its roles. The replay never needs compute nodes, because
+a compute node always finishes once its dependencies have.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
-from traceforge.check.nodes import (
-    COLL, COMM_TYPES, SEND, WORLD, CorruptNode, CheckRecord, decode_node,
-)
+from traceforge.check.nodes import COLL, SEND, WORLD, CorruptNode, CheckRecord, decode_node
+from traceforge.check.program import Program, Structure, analyse, build
+from traceforge.check.templates import decode_with_templates
 from traceforge.read.decode import PayloadCache
 from traceforge.read.frame import FrameError, frames, payload_at, read_file
 from traceforge.wire import read_varint
@@ -30,27 +31,6 @@ _cache: PayloadCache[CheckRecord] = PayloadCache(CACHE_LIMIT)
 
 
 @dataclass
-class CommGraph:
-    """A rank's communication nodes in file order, as flat arrays (no Python object per node)."""
-
-    node_id: array  # node ids
-    offset: array  # byte offset of each node's length prefix (to fetch names for reports)
-    kind: bytes  # node type per comm node (COLL, SEND, RECV)
-    group: array  # 'q', COLL: group id (-1 when unusable); SEND/RECV: -1
-    seq: array  # 'i', COLL: its index among this rank's collectives on its group (file order); else -1
-    prev: array  # 'i', COLL: comm index of the previous collective on its group, else -1
-    p2p: array  # 'q', SEND/RECV only, in order: src, dst, tag, size (-1 when unusable)
-    # Nearest communication ancestors as successor lists (CSR); empty when the rank's graph is
-    # unusable (then the replay does not run).
-    succ_ptr: array = field(default_factory=lambda: array("i"))
-    succ: array = field(default_factory=lambda: array("i"))
-    pid: array = field(default_factory=lambda: array("i"))  # set by CrossRank: transfer key index per node
-
-    def __len__(self) -> int:
-        return len(self.kind)
-
-
-@dataclass
 class RankSummary:
     rank: int
     path: str
@@ -58,8 +38,10 @@ class RankSummary:
     findings: list[Finding] = field(default_factory=list)
     fatal: bool = False  # the file could not be read
     blocking: bool = False  # ASTRA-sim would abort on this rank's graph or attributes
-    comm: CommGraph | None = None
-    seqs: dict[int, bytes] = field(default_factory=dict)  # group -> packed (comm_type, size) pairs
+    digest: bytes = b""  # its Program's
+    program: Program | None = None  # sent only the first time this process sends its digest
+    groups: tuple[int, ...] = ()  # group id of each group role
+    peers: tuple[int, ...] = ()  # peer rank of each peer role
 
 
 def summarize_rank(rank: int, path: Path | str, world: int) -> RankSummary:
@@ -76,7 +58,7 @@ def summarize_rank(rank: int, path: Path | str, world: int) -> RankSummary:
 def _fail(summary: RankSummary, kind: str, message: str) -> None:
     summary.fatal = summary.blocking = True
     summary.findings = [Finding(kind, summary.rank, None, None, f"{summary.path}: {message}")]
-    summary.comm, summary.seqs = None, {}
+    summary.program, summary.digest, summary.groups, summary.peers = None, b"", (), ()
 
 
 class _Fatal(Exception):
@@ -111,7 +93,7 @@ def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
         record = cache.get(payload)
         if record is None:
             try:
-                record = cache.remember(payload, decode_node(payload))
+                record = cache.remember(payload, decode_with_templates(payload))
             except CorruptNode:
                 raise _Fatal("corrupt", f"the message at byte {start:,} does not parse as a Node; "
                                         "the file is corrupt") from None
@@ -144,14 +126,56 @@ def _check_metadata(payload: bytes) -> None:
 
 def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> None:
     rank, tally = s.rank, Tally(s.rank)
-    n = len(records)
-    index = {r[0]: i for i, r in enumerate(records)}
-    if len(index) != n:
-        _duplicates(records, tally)
+    # The structure (ids, types, dependencies) repeats across the ranks of a stage: analyse it once.
+    key = tuple([(r[0], r[1], r[2]) for r in records])
+    structure = _structures.get(key)
+    graph_findings: list[Finding] = []
+    if structure is None:
+        probe = Tally(rank)
+        structure = _structure(records, probe)
+        graph_findings = probe.findings()
+        if not graph_findings:
+            _structures.remember(key, structure)
     for r in records:
         if r[4]:
             for severity, kind, message in r[4]:
                 tally.add(severity, kind, message, r[0], r[5])
+    rows, groups, peers = _comm_rows(records, structure.comm_at, rank, world, tally)
+    s.findings = graph_findings + tally.findings()
+    s.blocking = any(f.severity == ERROR for f in s.findings)
+    usable = not s.blocking and structure.anc is not None
+    regular = usable and not any(-1 in row for row in rows)
+    pkey = (id(structure), rows, usable, regular) if not graph_findings else None
+    program = _programs.get(pkey) if pkey is not None else None
+    if program is None or program[0] is not structure:
+        ids = _compact([records[i][0] for i in structure.comm_at])
+        program = (structure, build(rows, ids, structure, usable, regular))
+        if pkey is not None:
+            _programs.remember(pkey, program)
+    p = program[1]
+    s.digest, s.groups, s.peers = p.digest, groups, peers
+    if p.digest not in _sent:
+        _sent.add(p.digest)
+        s.program = p
+
+
+# Structures by (id, type, dependencies) of every node; Programs by structure and canonical rows.
+_structures: PayloadCache[Structure] = PayloadCache(256)
+_programs: PayloadCache[tuple[Structure, Program]] = PayloadCache(1024)
+_sent: set[bytes] = set()  # digests whose Program this process has handed out in this check
+
+
+def new_check() -> None:
+    """Forget which Programs were handed out (each check's parent starts with none)."""
+    _sent.clear()
+
+
+def _structure(records: list[CheckRecord], tally: Tally) -> Structure:
+    """Ids, dependencies and cycles (findings into tally), then the structure when usable."""
+    n = len(records)
+    index = {r[0]: i for i, r in enumerate(records)}
+    if len(index) != n:
+        _duplicates(records, tally)
     # Dependencies; file order is a topological order when every dependency points backwards.
     ordered, missing = True, 0
     for i, r in enumerate(records):
@@ -164,12 +188,9 @@ def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int],
             elif j >= i:
                 ordered = False
     order = range(n) if ordered else _topological_order(records, index, tally)
-    comm_at = [i for i, r in enumerate(records) if r[1] in COMM_TYPES]
-    s.comm = _comm_nodes(records, offsets, comm_at, rank, world, tally, s.seqs)
-    s.findings = tally.findings()
-    s.blocking = any(f.severity == ERROR for f in s.findings)
-    if not s.blocking and order is not None:
-        _reduce(s.comm, records, index, order, comm_at)
+    if missing or len(index) != n:
+        order = None
+    return analyse(records, index, order)
 
 
 def _duplicates(records: list[CheckRecord], tally: Tally) -> None:
@@ -219,98 +240,56 @@ def _topological_order(records: list[CheckRecord], index: dict[int, int], tally:
     return None
 
 
-def _comm_nodes(records, offsets, comm_at, rank, world, tally: Tally, seqs: dict[int, bytes]) -> CommGraph:
-    group, seq, prev, p2p = array("q"), array("i"), array("i"), array("q")
-    kind = bytearray()
-    counts: dict[int, int] = {}
-    last: dict[int, int] = {}
-    packed: dict[int, array] = {}
+def _comm_rows(records, comm_at, rank, world, tally: Tally) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
+    """Canonical rows of the rank's communication nodes (groups and peers as roles, -1 for
+    unusable values), the group id and peer rank of each role, and the per-rank findings."""
+    groups: dict[int, int] = {}
+    peers: dict[int, int] = {}
+    rows = []
+    append = rows.append
     for i in comm_at:
         r = records[i]
         t, comm = r[1], r[3]
-        kind.append(t)
         if t == COLL:
             c_type, c_size, g = comm if comm else (None, None, None)
             if g is None:
-                group.append(-1)
-                seq.append(-1)
-                prev.append(-1)
+                append((COLL, -1, -1, -1))
                 continue
-            k = counts.get(g, 0)
-            counts[g] = k + 1
-            group.append(g)
-            seq.append(k)
-            prev.append(last.get(g, -1))
-            last[g] = len(kind) - 1
-            packed.setdefault(g, array("q")).extend((-1 if c_type is None else c_type, -1 if c_size is None else c_size))
+            role = groups.get(g)
+            if role is None:
+                role = groups[g] = len(groups)
+            append((COLL, role, -1 if c_type is None else c_type, -1 if c_size is None else c_size))
             continue
-        group.append(-1)
-        seq.append(-1)
-        prev.append(-1)
         src, dst, tag, c_size = comm if comm else (None, None, None, None)
         if t == SEND:
             if src is not None and src != rank:
                 tally.add(ERROR, "attribute", f"Send has comm_src {src} in rank {rank}'s file; ASTRA-sim requires "
                                               "a Send's comm_src to be its own rank", r[0], r[5])
-            src = rank
-            peer, role = dst, "comm_dst"
+            peer, role_name = dst, "comm_dst"
         else:
             if dst is not None and dst != rank:
                 tally.add(ERROR, "attribute", f"Recv has comm_dst {dst} in rank {rank}'s file; ASTRA-sim requires "
                                               "a Recv's comm_dst to be its own rank", r[0], r[5])
-            dst = rank
-            peer, role = src, "comm_src"
+            peer, role_name = src, "comm_src"
         if peer is not None and peer >= world:
-            tally.add(ERROR, "attribute", f"{role} {peer} is not a rank of this set of {world:,} ranks", r[0], r[5])
-        p2p.extend(-1 if v is None else v for v in (src, dst, tag, c_size))
-    if WORLD in counts and len(counts) > 1:
+            tally.add(ERROR, "attribute", f"{role_name} {peer} is not a rank of this set of {world:,} ranks", r[0], r[5])
+        if peer is None or peer < 0:
+            role = -1
+        else:
+            role = peers.get(peer)
+            if role is None:
+                role = peers[peer] = len(peers)
+        append((t, role, -1 if tag is None else tag, -1 if c_size is None else c_size))
+    if WORLD in groups and len(groups) > 1:
         tally.add(WARNING, "group", "posts collectives on all ranks (no pg_name) and on named groups; ASTRA-sim numbers "
                                     "all-rank collectives with a counter that sub-group streams also advance, so mixing "
                                     "them can deadlock: name an explicit group")
-    seqs.update((g, a.tobytes()) for g, a in packed.items())
-    ids = [records[i][0] for i in comm_at]
-    offs = [offsets[i] for i in comm_at]
-    return CommGraph(_compact(ids), _compact(offs), bytes(kind), group, seq, prev, p2p)
+    return tuple(rows), tuple(groups), tuple(peers)
 
 
 def _compact(values: list[int]) -> array:
     """Unsigned values in 4 bytes each when they fit, else 8."""
     return array("I" if not values or max(values) < 1 << 32 else "Q", values)
-
-
-def _reduce(comm: CommGraph, records, index, order, comm_at) -> None:
-    """For each communication node, its nearest communication ancestors (as successor lists)."""
-    n = len(records)
-    cpos = dict(zip(comm_at, range(len(comm_at))))
-    reach: list[tuple[int, ...]] = [()] * n  # nearest comm ancestors-or-self, as seen by a child
-    preds: list[tuple[int, ...]] = [()] * len(comm_at)
-    for i in order:
-        deps = records[i][2]
-        if not deps:
-            inner: tuple[int, ...] = ()
-        elif len(deps) == 1:
-            inner = reach[index[deps[0]]]
-        else:
-            merged: set[int] = set()
-            for d in deps:
-                merged.update(reach[index[d]])
-            inner = tuple(sorted(merged))
-        c = cpos.get(i)
-        if c is None:
-            reach[i] = inner
-        else:
-            preds[c] = inner
-            reach[i] = (c,)
-    children: list[list[int]] = [[] for _ in comm_at]
-    for c, ps in enumerate(preds):
-        for p in ps:
-            children[p].append(c)
-    ptr = array("i", [0])
-    succ = array("i")
-    for kids in children:
-        succ.extend(kids)
-        ptr.append(len(succ))
-    comm.succ_ptr, comm.succ = ptr, succ
 
 
 def read_record(path: str, offset: int) -> CheckRecord | None:
