@@ -6,21 +6,23 @@
 - point-to-point: every Send has exactly one Recv with the same (src, dst, tag, size), and
   vice versa (ASTRA-sim matches on that key; an unmatched Send passes silently).
 
-Memory: per group only its distinct sequences (identical ones are one bytes object) with the
-ranks posting each; per transfer key two counts and where the first of each side was seen.
+Memory: one Program per class of ranks (check/program.py) and per rank its class and the group
+id and peer rank of each role; per group its distinct sequences (one bytes object per class
+and role) with the ranks posting each. Point-to-point is first proven balanced per pair of
+ranks from the classes' per-peer signatures (linear in ranks); only when that proof fails are
+per-transfer counts built, which is what names the unmatched transfers.
 """
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from collections import Counter
+from dataclasses import dataclass
 
 from traceforge.check.findings import Finding
-from traceforge.check.nodes import COLL, SEND, WORLD, coll_label, p2p_label
-from traceforge.check.rank import CommGraph, RankSummary
-
-PAIR = 16  # bytes per packed (comm_type, size) entry
+from traceforge.check.nodes import COLL, RECV, SEND, WORLD, coll_label, p2p_label
+from traceforge.check.program import PAIR, Program
+from traceforge.check.rank import RankSummary
 
 
 def unpack(seq: bytes) -> array:
@@ -29,70 +31,63 @@ def unpack(seq: bytes) -> array:
     return a
 
 
+@dataclass
+class Symmetry:
+    """Proof that the ranks of each class behave alike (see Replay): for each (class, group
+    role) the collective instance it joins (the same for every rank of the class) and each
+    instance's number of distinct (class, role) members; for each (class, peer role) the
+    peer's (class, the rank's role there)."""
+
+    gmap: dict[tuple[int, int], int]
+    instance_size: list[int]
+    target: dict[tuple[int, int], tuple[int, int]]
+
+
 class CrossRank:
     def __init__(self, world: int, groups: dict[int, list[int]] | None, group_file: str):
         self.world, self.groups, self.group_file = world, groups, group_file
         self.group_sets = {g: frozenset(m) for g, m in groups.items()} if groups is not None else {}
-        self.graphs: dict[int, CommGraph] = {}  # readable ranks
+        self.programs: list[Program] = []  # one per class
+        self._class_of: dict[bytes, int] = {}
+        self.rank_class: dict[int, int] = {}  # readable ranks
+        self.bind_groups: dict[int, tuple[int, ...]] = {}
+        self.bind_peers: dict[int, tuple[int, ...]] = {}
         self.paths: dict[int, str] = {}
         self.seqs: dict[int, dict[bytes, list[int]]] = {}  # group -> sequence -> ranks posting it
-        self.posted: dict[int, dict[int, bytes]] = {}  # rank -> group -> its sequence (shared object)
+        # Per-transfer tables, built only when the balance proof fails (or for the full replay).
         self.p2p_index: dict[tuple, int] = {}  # (src, dst, tag, size) -> key id
         self.p2p_keys: list[tuple] = []
         self.p2p_count = array("i")  # per key id: sends, recvs
         self.p2p_first = array("q")  # per key id: first send, first recv, as rank << 32 | comm index
-        self._interned: dict[tuple[str, int, bytes], array] = {}
-        self._interned_seqs: dict[bytes, bytes] = {}
+        self.pid: dict[int, array] = {}  # rank -> key id of each of its Send/Recvs (-1 unusable)
+        self._transfers_built = False
 
     # -- ingestion --------------------------------------------------------------------------
     def add(self, s: RankSummary) -> None:
-        if s.fatal or s.comm is None:
+        if s.fatal or not s.digest:
             return
-        rank, comm = s.rank, s.comm
+        cls = self._class_of.get(s.digest)
+        if cls is None:
+            if s.program is None:
+                raise RuntimeError("a rank's Program arrived after its digest")
+            cls = self._class_of[s.digest] = len(self.programs)
+            self.programs.append(s.program)
+        rank = s.rank
+        self.rank_class[rank] = cls
         self.paths[rank] = s.path
-        posted = self.posted[rank] = {}
-        for group, seq in s.seqs.items():
-            seq = self._interned_seqs.setdefault(seq, seq)  # one copy of each distinct sequence
-            self.seqs.setdefault(group, {}).setdefault(seq, []).append(rank)
-            posted[group] = seq
-        s.seqs = {}
-        comm.pid = self._transfers(rank, comm)
-        comm.p2p = array("q")
-        # Ranks of one stage share structure: keep one copy of each distinct array.
-        for name in ("node_id", "offset", "seq", "prev", "succ_ptr", "succ"):
-            setattr(comm, name, self._intern(getattr(comm, name)))
-        self.graphs[rank] = comm
-
-    def _intern(self, values: array) -> array:
-        raw = values.tobytes()
-        key = (values.typecode, len(raw), hashlib.blake2b(raw, digest_size=16).digest())
-        return self._interned.setdefault(key, values)
-
-    def _transfers(self, rank: int, comm: CommGraph) -> array:
-        pid = array("i", [-1]) * len(comm)
-        index, keys, count, first, flat = self.p2p_index, self.p2p_keys, self.p2p_count, self.p2p_first, comm.p2p
-        j = 0
-        for c, t in enumerate(comm.kind):
-            if t == COLL:
-                continue
-            key = tuple(flat[j:j + 4])
-            j += 4
-            if -1 in key:
-                continue
-            k = index.get(key)
-            if k is None:
-                k = index[key] = len(keys)
-                keys.append(key)
-                count.extend((0, 0))
-                first.extend((-1, -1))
-            side = 2 * k + (0 if t == SEND else 1)
-            count[side] += 1
-            if first[side] < 0:
-                first[side] = rank << 32 | c
-            pid[c] = k
-        return pid
+        self.bind_groups[rank] = s.groups
+        self.bind_peers[rank] = s.peers
+        program = self.programs[cls]
+        for role, group in enumerate(s.groups):
+            self.seqs.setdefault(group, {}).setdefault(program.seqs[role], []).append(rank)
 
     # -- helpers ----------------------------------------------------------------------------
+    def readable(self, rank: int) -> bool:
+        return rank in self.rank_class
+
+    def program(self, rank: int) -> Program:
+        return self.programs[self.rank_class[rank]]
+
     def members(self, group: int) -> list[int] | None:
         if group == WORLD:
             return list(range(self.world))
@@ -100,19 +95,33 @@ class CrossRank:
             return sorted({r for ranks in self.seqs.get(group, {}).values() for r in ranks})
         return self.groups.get(group)
 
+    def _role(self, rank: int, group: int) -> int | None:
+        roles = self.bind_groups.get(rank, ())
+        return roles.index(group) if group in roles else None
+
     def sequence(self, rank: int, group: int) -> bytes:
-        return self.posted.get(rank, {}).get(group, b"")
+        role = self._role(rank, group)
+        return b"" if role is None else self.program(rank).seqs[role]
 
     def count(self, rank: int, group: int) -> int:
         return len(self.sequence(rank, group)) // PAIR
 
     def coll_at(self, rank: int, group: int, k: int) -> int | None:
         """Comm index of rank's k-th collective on group."""
-        comm = self.graphs[rank]
-        for c, t in enumerate(comm.kind):
-            if t == COLL and comm.group[c] == group and comm.seq[c] == k:
-                return c
-        return None
+        role = self._role(rank, group)
+        return None if role is None else self.program(rank).coll_row(role, k)
+
+    def group_of(self, rank: int, c: int) -> int:
+        role = self.program(rank).grole[c]
+        return -1 if role < 0 else self.bind_groups[rank][role]
+
+    def p2p_key(self, rank: int, c: int) -> tuple[int, int, int, int]:
+        """(src, dst, tag, size) of rank's Send/Recv c, -1 where unusable."""
+        p = self.program(rank)
+        j = 3 * p.p2p_row[c]
+        role, tag, size = p.p2p[j], p.p2p[j + 1], p.p2p[j + 2]
+        peer = self.bind_peers[rank][role] if role >= 0 else -1
+        return (rank, peer, tag, size) if p.kind[c] == SEND else (peer, rank, tag, size)
 
     def coll_text(self, rank: int, group: int, k: int) -> str:
         a = unpack(self.sequence(rank, group))
@@ -122,14 +131,17 @@ class CrossRank:
         return coll_label(ctype if ctype >= 0 else None, size if size >= 0 else None)
 
     def p2p_text(self, rank: int, c: int) -> str:
-        comm = self.graphs[rank]
-        k = comm.pid[c]
-        if k < 0:
-            return "Send" if comm.kind[c] == SEND else "Recv"
-        return p2p_label(comm.kind[c], *self.p2p_keys[k])
+        kind = self.program(rank).kind[c]
+        key = self.p2p_key(rank, c)
+        if -1 in key:
+            return "Send" if kind == SEND else "Recv"
+        return p2p_label(kind, *key)
+
+    def node_id(self, rank: int, c: int) -> int:
+        return self.program(rank).node_id[c]
 
     def _node(self, rank: int, c: int | None) -> int | None:
-        return None if c is None else self.graphs[rank].node_id[c]
+        return None if c is None else self.node_id(rank, c)
 
     # -- groups -----------------------------------------------------------------------------
     def check_groups(self) -> list[Finding]:
@@ -141,8 +153,8 @@ class CrossRank:
                                f"no comm-group file: collectives name groups {shown} (pg_name) but ASTRA-sim needs each "
                                "in the file it is given; put comm_group.json beside the traces or pass --comm-groups"))
             return out
-        for rank in sorted(self.posted):
-            for group in sorted(self.posted[rank]):
+        for rank in sorted(self.bind_groups):
+            for group in sorted(self.bind_groups[rank]):
                 if group == WORLD:
                     continue
                 members = self.groups.get(group) if self.groups is not None else None
@@ -164,7 +176,12 @@ class CrossRank:
         poisoned: set[tuple[int, int]] = set()
         for group in sorted(self.seqs):
             members = self.members(group) or []
-            readable = [r for r in members if r in self.graphs]
+            readable = [r for r in members if r in self.rank_class]
+            posted = self.seqs[group]
+            if len(posted) == 1:  # one sequence: equal for all unless a readable member posts none
+                (posting,) = posted.values()
+                if len(posting) == len(readable) and set(posting) == set(readable):
+                    continue
             seq_of = {r: self.sequence(r, group) for r in readable}
             counts = Counter(seq_of.values())
             if len(counts) <= 1:
@@ -207,6 +224,9 @@ class CrossRank:
 
     # -- point-to-point ---------------------------------------------------------------------
     def check_p2p(self) -> list[Finding]:
+        if self.p2p_balanced():
+            return []
+        self.build_transfers()
         out: list[Finding] = []
         count, first = self.p2p_count, self.p2p_first
         lonely: dict[tuple[int, int], list[tuple[int, tuple, int]]] = {}  # (src, dst) -> [(side, key id, surplus)]
@@ -221,7 +241,7 @@ class CrossRank:
                 where = first[2 * k + side]
                 rank, c = where >> 32, where & 0xFFFFFFFF
                 partner = dst if side == 0 else src
-                if partner not in self.graphs:  # its file is unreadable or missing: reported already
+                if partner not in self.rank_class:  # its file is unreadable or missing: reported already
                     continue
                 have, want = ("Send", "Recv") if side == 0 else ("Recv", "Send")
                 if count[2 * k] and count[2 * k + 1]:
@@ -233,8 +253,99 @@ class CrossRank:
                 message = f"{self.p2p_text(rank, c)} is unmatched: {detail}{hint}; {consequence}"
                 if surplus > 1:
                     message += f" ({surplus} unmatched)"
-                out.append(Finding("p2p", rank, self.graphs[rank].node_id[c], None, message, peer=partner))
+                out.append(Finding("p2p", rank, self.node_id(rank, c), None, message, peer=partner))
         return out
+
+    def p2p_balanced(self) -> bool:
+        """True when every ordered pair of ranks has, for each (tag, size), as many Sends one way as
+        Recvs the other: then every (src, dst, tag, size) key is matched and there is nothing to
+        report. Compared per (class, peer role) signature, so linear in ranks."""
+        if not all(p.regular for p in self.programs):
+            return False
+        mirrors: dict[tuple[int, int], tuple] = {}
+        for rank, peers in self.bind_peers.items():
+            cls = self.rank_class[rank]
+            for role, q in enumerate(peers):
+                back_peers = self.bind_peers.get(q)
+                if back_peers is None or rank not in back_peers:
+                    return False
+                mine = mirrors.get((cls, role))
+                if mine is None:
+                    mine = mirrors[(cls, role)] = _mirror(self.programs[cls].p2p_sig[role])
+                if self.programs[self.rank_class[q]].p2p_sig[back_peers.index(rank)] != mine:
+                    return False
+        return True
+
+    def build_transfers(self) -> None:
+        """Per (src, dst, tag, size): how many Sends and Recvs, where the first of each is; per
+        rank the key id of each Send/Recv (ranks in order, so "first" is the lowest rank)."""
+        if self._transfers_built:
+            return
+        self._transfers_built = True
+        index, keys, count, first = self.p2p_index, self.p2p_keys, self.p2p_count, self.p2p_first
+        for rank in sorted(self.rank_class):
+            p = self.program(rank)
+            pid = self.pid[rank] = array("i", [-1]) * (len(p.p2p) // 3)
+            for c, t in enumerate(p.kind):
+                if t == COLL:
+                    continue
+                key = self.p2p_key(rank, c)
+                if -1 in key:
+                    continue
+                k = index.get(key)
+                if k is None:
+                    k = index[key] = len(keys)
+                    keys.append(key)
+                    count.extend((0, 0))
+                    first.extend((-1, -1))
+                side = 2 * k + (0 if t == SEND else 1)
+                count[side] += 1
+                if first[side] < 0:
+                    first[side] = rank << 32 | c
+                pid[p.p2p_row[c]] = k
+
+    def symmetry(self) -> Symmetry | None:
+        """The proof that ranks of a class behave alike, or None when it does not hold: every
+        rank readable; each group's members, as (class, role of the group there), are the same
+        set for every rank of a class and role; each peer's (class, role of the rank there)
+        likewise. Linear in the ranks and group memberships."""
+        if len(self.rank_class) != self.world:
+            return None
+        cls = self.rank_class
+        instance_of: dict[tuple, int] = {}
+        sizes: list[int] = []
+        group_instance: dict[int, int] = {}
+        for group in self.seqs:
+            members = self.members(group)
+            if not members:
+                return None
+            entries = set()
+            for q in members:
+                roles = self.bind_groups.get(q, ())
+                if group not in roles:
+                    return None
+                entries.add((cls[q], roles.index(group)))
+            key = tuple(sorted(entries))
+            i = instance_of.get(key)
+            if i is None:
+                i = instance_of[key] = len(sizes)
+                sizes.append(len(key))
+            group_instance[group] = i
+        gmap: dict[tuple[int, int], int] = {}
+        target: dict[tuple[int, int], tuple[int, int]] = {}
+        for rank, roles in self.bind_groups.items():
+            c = cls[rank]
+            for role, group in enumerate(roles):
+                if gmap.setdefault((c, role), group_instance[group]) != group_instance[group]:
+                    return None
+            for role, q in enumerate(self.bind_peers[rank]):
+                back = self.bind_peers.get(q)
+                if back is None or rank not in back:
+                    return None
+                where = (cls[q], back.index(rank))
+                if target.setdefault((c, role), where) != where:
+                    return None
+        return Symmetry(gmap, sizes, target)
 
     def _nearest(self, side: int, key: tuple, items: list) -> str:
         """A hint when the same pair has an unmatched transfer the other way round: which field differs."""
@@ -246,6 +357,12 @@ class CrossRank:
                 what, holder = ("Recv", other[1]) if side == 0 else ("Send", other[0])
                 return f" (rank {holder} has an unmatched {what} for this pair: " + ", ".join(diffs) + ")"
         return ""
+
+
+def _mirror(signature: tuple) -> tuple:
+    """The signature the peer must have: each Send seen as its Recv and the other way round."""
+    flip = {SEND: RECV, RECV: SEND}
+    return tuple(sorted(((flip[t], tag, size), n) for (t, tag, size), n in signature))
 
 
 def _disagreements(seqs: list[bytes]) -> list[int]:

@@ -304,3 +304,12 @@ def read_record(path: str, offset: int) -> CheckRecord | None:
 def node_name(path: str, offset: int) -> str | None:
     record = read_record(path, offset)
     return None if record is None else record.name
+
+
+def node_names(path: str, ids: set[int]) -> dict[int, str]:
+    """The names of the given node ids in a rank's file (for reports); {} when it cannot be read."""
+    try:
+        records, _ = _decode(read_file(path), path)
+    except (FrameError, _Fatal, ValueError, TypeError, KeyError, IndexError, OverflowError):
+        return {}
+    return {r[0]: r[5] for r in records if r[0] in ids}

@@ -17,10 +17,13 @@ it waits for, and a wait-for cycle among ranks when there is one.
 from __future__ import annotations
 
 import heapq
+from array import array
+from dataclasses import dataclass
 
-from traceforge.check.cross import CrossRank
+from traceforge.check.cross import CrossRank, Symmetry
 from traceforge.check.findings import WARNING, Finding
 from traceforge.check.nodes import COLL, RECV, SEND
+from traceforge.check.program import Program
 
 GENERAL, ASTRA = "general", "astra-sim"
 MODELS = (GENERAL, ASTRA)
@@ -28,145 +31,92 @@ SLOT_FREE = -1
 START = -1  # work item meaning "the rank's communication slot may have freed"
 
 
+@dataclass
+class _Unit:
+    """What the replay runs: a rank (full path) or a class representative (class path)."""
+
+    program: Program
+    gmap: tuple[int, ...]  # group role -> collective instance key (a group id, or a class-path instance)
+    pid: array  # per Send/Recv: transfer key id (-1 unusable)
+
+
 class Replay:
-    def __init__(self, cross: CrossRank, poisoned: set[tuple[int, int]], model: str = GENERAL):
+    """The abstract replay. In the general model, when the cross-rank checks found no error and
+    CrossRank.symmetry() proves every rank of a class sees the same classes in the same roles
+    (its groups' members and its peers), one representative per class is replayed instead of
+    every rank: the general model is a monotone system (a node completes once its reduced
+    predecessors and its partners have issued; the Programs' `ordered` and `chained` proofs
+    remove the only schedule-dependent choices, the order warning and which Recv takes a Send),
+    so its final state is its least fixpoint, and by induction over the fixpoint iteration every
+    rank of a class is in its representative's state. The class path can only conclude "every
+    communication finishes, nothing to report"; anything else (a stuck class, a warning, a
+    proof that does not hold, the astra-sim model) runs the full per-rank replay, which is what
+    words the findings."""
+
+    def __init__(self, cross: CrossRank, poisoned: set[tuple[int, int]], model: str = GENERAL, classes: bool = True):
         self.cross, self.poisoned, self.astra = cross, poisoned, model == ASTRA
-        self.ranks = sorted(cross.graphs)
-        self.group_size = {g: len(cross.members(g) or ()) for g in cross.seqs}
+        self.ranks = sorted(cross.rank_class)
         self.findings: list[Finding] = []
+        self.use_classes = classes and not self.astra and not poisoned
+        self.path = "ranks"  # or "classes": which replay decided
 
     def run(self) -> list[Finding]:
-        cross, astra = self.cross, self.astra
-        graphs = cross.graphs
+        if self.use_classes and all(p.regular and p.ordered and p.chained for p in self.cross.programs):
+            symmetry = self.cross.symmetry()
+            if symmetry is not None and self._classes_finish(symmetry):
+                self.path = "classes"
+                return []
+        return self._run_ranks()
+
+    def _classes_finish(self, sym: Symmetry) -> bool:
+        """Replay one unit per class; True when every node of every class completes."""
+        programs = self.cross.programs
+        keys: dict[tuple, int] = {}
+        units = []
+        for cls, p in enumerate(programs):
+            gmap = tuple(sym.gmap[(cls, role)] for role in range(len(p.seqs)))
+            pid = array("i")
+            for c, t in enumerate(p.kind):
+                if t == COLL:
+                    continue
+                j = 3 * p.p2p_row[c]
+                role, tag, size = p.p2p[j], p.p2p[j + 1], p.p2p[j + 2]
+                # A transfer is keyed by its receiving side: (class, peer role there, tag, size).
+                key = (*sym.target[(cls, role)], tag, size) if t == SEND else (cls, role, tag, size)
+                pid.append(keys.setdefault(key, len(keys)))
+            units.append(_Unit(p, gmap, pid))
+        state = _engine(units, dict(enumerate(sym.instance_size)), set(), False)
+        return not state.warned and all(state.done[u] == len(unit.program) for u, unit in enumerate(units))
+
+    def _run_ranks(self) -> list[Finding]:
+        cross = self.cross
+        cross.build_transfers()
         top = (max(self.ranks) + 1) if self.ranks else 0
-        kind = [b""] * top
-        key: list = [None] * top  # group id per collective
-        seq: list = [None] * top
-        npred: list = [None] * top
-        ptr: list = [None] * top
-        succ: list = [None] * top
-        pid: list = [None] * top
-        nid: list = [None] * top
-        prev: list = [None] * top
-        finished: list = [None] * top  # per rank, per comm node: 1 once complete
-        done = [0] * top
-        slot = [SLOT_FREE] * top
-        heap: list[list] = [[] for _ in range(top)]
-        work: list[tuple[int, int]] = []
+        units: list[_Unit | None] = [None] * top
         for r in self.ranks:
-            g = graphs[r]
-            kind[r], key[r], seq[r], ptr[r], succ[r], pid[r], nid[r], prev[r] = \
-                g.kind, g.group, g.seq, g.succ_ptr, g.succ, g.pid, g.node_id, g.prev
-            finished[r] = bytearray(len(g))
-            counts = npred[r] = [0] * len(g)
-            for s in g.succ:
-                counts[s] += 1
-            work.extend((r, c) for c in range(len(g) - 1, -1, -1) if npred[r][c] == 0)
-        arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        sent: dict[int, int] = {}
-        waiting: dict[int, list[tuple[int, int]]] = {}
-        warned: set[tuple[int, int]] = set()
-        group_size, poisoned = self.group_size, self.poisoned
-
-        def unordered(r: int, c: int) -> None:
-            """A collective is ready while the previous one on its group is not complete: no
-            dependency orders them (warn once per rank and group)."""
-            if (r, key[r][c]) not in warned:
-                warned.add((r, key[r][c]))
-                self._order_warning(r, c, key[r][c], seq[r][c])
-
-        for r, c in work:
-            p = prev[r][c]
-            if p >= 0 and not finished[r][p]:
-                unordered(r, c)
-
-        def complete(r: int, c: int) -> None:
-            done[r] += 1
-            finished[r][c] = 1
-            if astra and slot[r] == c:
-                slot[r] = SLOT_FREE
-                work.append((r, START))
-            counts, s_ptr, s_list, before, fin = npred[r], ptr[r], succ[r], prev[r], finished[r]
-            for i in range(s_ptr[c], s_ptr[c + 1]):
-                s = s_list[i]
-                counts[s] -= 1
-                if counts[s] == 0:
-                    p = before[s]
-                    if p >= 0 and not fin[p]:
-                        unordered(r, s)
-                    work.append((r, s))
-
-        def issue(r: int, c: int) -> None:
-            t = kind[r][c]
-            if t == COLL:
-                g, k = key[r][c], seq[r][c]
-                if astra:
-                    slot[r] = c
-                inst = (g, k)
-                members = arrivals.get(inst)
-                if members is None:
-                    members = arrivals[inst] = []
-                members.append((r, c))
-                if len(members) == group_size[g] and inst not in poisoned:
-                    del arrivals[inst]
-                    for r2, c2 in members:
-                        complete(r2, c2)
-            elif t == SEND:
-                complete(r, c)
-                k = pid[r][c]
-                queue = waiting.get(k)
-                if queue:
-                    r2, c2 = queue.pop(0)
-                    complete(r2, c2)
-                else:
-                    sent[k] = sent.get(k, 0) + 1
-            else:
-                k = pid[r][c]
-                if sent.get(k, 0):
-                    sent[k] -= 1
-                    complete(r, c)
-                else:
-                    waiting.setdefault(k, []).append((r, c))
-
-        # In the astra-sim model a rank picks from everything that became ready together: drain
-        # the zero-time cascade first, then let each rank with a free slot issue its lowest id.
-        starting: set[int] = set()
-        while work or starting:
-            while work:
-                r, c = work.pop()
-                if not astra:
-                    issue(r, c)
-                elif c == START:
-                    starting.add(r)
-                elif kind[r][c] == RECV:
-                    issue(r, c)
-                else:
-                    heapq.heappush(heap[r], (nid[r][c], c))
-                    starting.add(r)
-            for r in sorted(starting):
-                if slot[r] == SLOT_FREE and heap[r]:
-                    issue(r, heapq.heappop(heap[r])[1])
-                    if slot[r] == SLOT_FREE:  # a Send: done at once, the slot is free again
-                        work.append((r, START))
-            starting.clear()
-
-        stuck = [r for r in self.ranks if done[r] < len(kind[r])]
+            units[r] = _Unit(cross.program(r), cross.bind_groups[r], cross.pid[r])
+        group_size = {g: len(cross.members(g) or ()) for g in cross.seqs}
+        state = _engine(units, group_size, self.poisoned, self.astra)
+        for r, c in state.warned:
+            u = units[r]
+            assert u is not None
+            self._order_warning(r, c, u.gmap[u.program.grole[c]], u.program.seq[c])
+        stuck = [r for r in self.ranks if state.done[r] < len(cross.program(r))]
         if stuck:
-            self._report(stuck, arrivals, waiting, heap, slot)
+            self._report(stuck, state.arrivals, state.waiting, state.heap, state.slot)
         return self.findings
 
     # -- reporting --------------------------------------------------------------------------
     def _label(self, r: int, c: int) -> str:
-        g = self.cross.graphs[r]
+        g = self.cross.program(r)
         if g.kind[c] == COLL:
-            group, k = g.group[c], g.seq[c]
+            group, k = self.cross.group_of(r, c), g.seq[c]
             return f"{self.cross.coll_text(r, group, k)} on group {group} (its collective #{k} there)"
         return self.cross.p2p_text(r, c)
 
     def _order_warning(self, r: int, c: int, group: int, k: int) -> None:
-        g = self.cross.graphs[r]
         self.findings.append(Finding(
-            "order", r, g.node_id[c], None,
+            "order", r, self.cross.node_id(r, c), None,
             f"collective #{k} on group {group} can issue before #{k - 1} on that group completes: no "
             "dependency orders them, and ASTRA-sim matches a group's collectives by issue order, so the result "
             "depends on timing; make each collective depend on the previous one on its group",
@@ -183,19 +133,18 @@ class Replay:
                     waits = [(-1, "all members posted it but disagree on its type or size (see the collective findings)")]
                 else:
                     waits = [(q, self._why_coll(q, g, k)) for q in missing]
-                blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, waits))
+                blocked.setdefault(r, []).append((cross.node_id(r, c), c, waits))
         for k, queue in waiting.items():
             src = cross.p2p_keys[k][0]
             sends = cross.p2p_count[2 * k]
             for r, c in queue:
                 why = ("never posts the matching Send" if not sends else
                        "has the matching Send but never issues it")
-                blocked.setdefault(r, []).append((cross.graphs[r].node_id[c], c, [(src, why)]))
+                blocked.setdefault(r, []).append((cross.node_id(r, c), c, [(src, why)]))
         edges = {r: sorted({q for _, _, waits in items for q, _ in waits if q >= 0}) for r, items in blocked.items()}
         stuck_set = set(stuck)
         for r in stuck:
             items = sorted(blocked.get(r, []))
-            g = cross.graphs[r]
             if not items:  # only possible in the astra-sim model: everything waits for the slot
                 continue
             node, c, waits = items[0]
@@ -208,7 +157,7 @@ class Replay:
             queued = heap[r] if self.astra else []
             if queued:
                 extra += (f"; {len(queued)} ready communication(s) wait for the rank's single communication slot, "
-                          f"held by node {g.node_id[slot[r]]}")
+                          f"held by node {cross.node_id(r, slot[r])}")
             # Rows first where the wait has a cause of its own (a partner that never posts the
             # counterpart, a disagreeing collective), then the ranks merely waiting on stuck ones.
             root = any(q < 0 or "never posts" in why for q, why in waits)
@@ -257,3 +206,132 @@ def _find_cycle(edges: dict[int, list[int]]) -> list[int] | None:
                 stack.append((nxt, iter(edges[nxt])))
                 path.append(nxt)
     return None
+
+
+@dataclass
+class _State:
+    done: list[int]  # per unit: completed nodes
+    arrivals: dict[tuple[int, int], list[tuple[int, int]]]  # (instance key, k) -> (unit, node) issued
+    waiting: dict[int, list[tuple[int, int]]]  # transfer key -> Recvs waiting for a Send
+    heap: list[list]  # astra-sim model: per unit, ready nodes waiting for the slot
+    slot: list[int]
+    warned: list[tuple[int, int]]  # (unit, node) of each order warning
+
+
+def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, int]], astra: bool) -> _State:
+    """Run every unit's communication nodes (see the module docstring); units[u] None: not run."""
+    top = len(units)
+    kind: list = [b""] * top
+    grole: list = [None] * top
+    gmap: list = [None] * top
+    seq: list = [None] * top
+    npred: list = [None] * top
+    ptr: list = [None] * top
+    succ: list = [None] * top
+    prow: list = [None] * top
+    pid: list = [None] * top
+    nid: list = [None] * top
+    prev: list = [None] * top
+    finished: list = [None] * top  # per unit, per comm node: 1 once complete
+    done = [0] * top
+    slot = [SLOT_FREE] * top
+    heap: list[list] = [[] for _ in range(top)]
+    work: list[tuple[int, int]] = []
+    for r, u in enumerate(units):
+        if u is None:
+            continue
+        p = u.program
+        kind[r], grole[r], seq[r], ptr[r], succ[r], nid[r], prev[r], prow[r] = \
+            p.kind, p.grole, p.seq, p.succ_ptr, p.succ, p.node_id, p.prev, p.p2p_row
+        gmap[r], pid[r] = u.gmap, u.pid
+        finished[r] = bytearray(len(p))
+        npred[r] = array("i", p.indegree)
+        work.extend((r, c) for c in range(len(p) - 1, -1, -1) if p.indegree[c] == 0)
+    arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    sent: dict[int, int] = {}
+    waiting: dict[int, list[tuple[int, int]]] = {}
+    warned_keys: set[tuple[int, int]] = set()
+    warned: list[tuple[int, int]] = []
+
+    def unordered(r: int, c: int) -> None:
+        """A collective is ready while the previous one on its group is not complete: no
+        dependency orders them (warn once per unit and group)."""
+        if (r, grole[r][c]) not in warned_keys:
+            warned_keys.add((r, grole[r][c]))
+            warned.append((r, c))
+
+    for r, c in work:
+        p = prev[r][c]
+        if p >= 0 and not finished[r][p]:
+            unordered(r, c)
+
+    def complete(r: int, c: int) -> None:
+        done[r] += 1
+        finished[r][c] = 1
+        if astra and slot[r] == c:
+            slot[r] = SLOT_FREE
+            work.append((r, START))
+        counts, s_ptr, s_list, before, fin = npred[r], ptr[r], succ[r], prev[r], finished[r]
+        for i in range(s_ptr[c], s_ptr[c + 1]):
+            s = s_list[i]
+            counts[s] -= 1
+            if counts[s] == 0:
+                p = before[s]
+                if p >= 0 and not fin[p]:
+                    unordered(r, s)
+                work.append((r, s))
+
+    def issue(r: int, c: int) -> None:
+        t = kind[r][c]
+        if t == COLL:
+            g, k = gmap[r][grole[r][c]], seq[r][c]
+            if astra:
+                slot[r] = c
+            inst = (g, k)
+            members = arrivals.get(inst)
+            if members is None:
+                members = arrivals[inst] = []
+            members.append((r, c))
+            if len(members) == group_size[g] and inst not in poisoned:
+                del arrivals[inst]
+                for r2, c2 in members:
+                    complete(r2, c2)
+        elif t == SEND:
+            complete(r, c)
+            k = pid[r][prow[r][c]]
+            queue = waiting.get(k)
+            if queue:
+                r2, c2 = queue.pop(0)
+                complete(r2, c2)
+            else:
+                sent[k] = sent.get(k, 0) + 1
+        else:
+            k = pid[r][prow[r][c]]
+            if sent.get(k, 0):
+                sent[k] -= 1
+                complete(r, c)
+            else:
+                waiting.setdefault(k, []).append((r, c))
+
+    # In the astra-sim model a rank picks from everything that became ready together: drain
+    # the zero-time cascade first, then let each rank with a free slot issue its lowest id.
+    starting: set[int] = set()
+    while work or starting:
+        while work:
+            r, c = work.pop()
+            if not astra:
+                issue(r, c)
+            elif c == START:
+                starting.add(r)
+            elif kind[r][c] == RECV:
+                issue(r, c)
+            else:
+                heapq.heappush(heap[r], (nid[r][c], c))
+                starting.add(r)
+        for r in sorted(starting):
+            if slot[r] == SLOT_FREE and heap[r]:
+                issue(r, heapq.heappop(heap[r])[1])
+                if slot[r] == SLOT_FREE:  # a Send: done at once, the slot is free again
+                    work.append((r, START))
+        starting.clear()
+    return _State(done, arrivals, waiting, heap, slot, warned)

@@ -26,7 +26,7 @@ from typing import Iterator, Mapping
 
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
-from traceforge.check.rank import RankSummary, node_name, summarize_rank
+from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
 from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups
@@ -167,7 +167,8 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
         result.notes.append("deadlock replay skipped: ASTRA-sim would abort on the " + ", ".join(blockers)
                             + " errors before any communication could stall; fix those first")
     else:
-        findings += Replay(cross, poisoned, model).run()
+        clean = not any(f.severity == ERROR for f in findings)
+        findings += Replay(cross, poisoned, model, classes=clean).run()
     findings.sort(key=Finding.sort_key)
     _fill_names(findings, cross)
     result.seconds = time.perf_counter() - started
@@ -246,26 +247,28 @@ def _scan_chunk(world: int, chunk: list[tuple[int, Path]]) -> list[RankSummary]:
 
 
 def _scan_all(items: list[tuple[int, Path]], world: int, jobs: int) -> Iterator[RankSummary]:
+    new_check()
     if jobs <= 1 or len(items) < PARALLEL_MIN_RANKS:
         for r, p in items:
             yield summarize_rank(r, p, world)
         return
     chunks = [items[i:i + CHUNK_RANKS] for i in range(0, len(items), CHUNK_RANKS)]
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=new_check) as pool:
         for batch in pool.imap(partial(_scan_chunk, world), chunks):
             yield from batch
 
 
 def _fill_names(findings: list[Finding], cross: CrossRank) -> None:
-    """Cross-rank findings know a node id; fetch its name back from the file."""
+    """Cross-rank findings know a node id; fetch its name back from the file (each file read
+    once, up to NAME_LOOKUPS findings)."""
+    wanted: dict[int, list[Finding]] = {}
     budget = NAME_LOOKUPS
     for f in findings:
-        if f.node_name is not None or f.node_id is None or f.rank not in cross.graphs or budget <= 0:
-            continue
-        graph = cross.graphs[f.rank]
-        try:
-            c = graph.node_id.index(f.node_id)
-        except ValueError:
+        if f.node_name is not None or f.node_id is None or f.rank is None or not cross.readable(f.rank) or budget <= 0:
             continue
         budget -= 1
-        f.node_name = node_name(cross.paths[f.rank], graph.offset[c])
+        wanted.setdefault(f.rank, []).append(f)
+    for rank, items in wanted.items():
+        names = node_names(cross.paths[rank], {f.node_id for f in items if f.node_id is not None})
+        for f in items:
+            f.node_name = names.get(f.node_id) if f.node_id is not None else None
