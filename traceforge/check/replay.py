@@ -58,14 +58,16 @@ class Replay:
         self.ranks = sorted(cross.rank_class)
         self.findings: list[Finding] = []
         self.use_classes = classes and not self.astra and not poisoned
-        self.path = "ranks"  # or "classes": which replay decided
+        self.path = "ranks"  # which replay decided: "classes", "ranks", or "ranks after classes"
 
     def run(self) -> list[Finding]:
         if self.use_classes and all(p.regular and p.ordered and p.chained for p in self.cross.programs):
             symmetry = self.cross.symmetry()
-            if symmetry is not None and self._classes_finish(symmetry):
-                self.path = "classes"
-                return []
+            if symmetry is not None:
+                if self._classes_finish(symmetry):
+                    self.path = "classes"
+                    return []
+                self.path = "ranks after classes"
         return self._run_ranks()
 
     def _classes_finish(self, sym: Symmetry) -> bool:
