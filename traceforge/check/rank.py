@@ -11,6 +11,7 @@ a compute node always finishes once its dependencies have.
 from __future__ import annotations
 
 from array import array
+from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def _check_metadata(payload: bytes) -> None:
 def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> None:
     rank, tally = s.rank, Tally(s.rank)
     # The structure (ids, types, dependencies) repeats across the ranks of a stage: analyse it once.
-    key = tuple([(r[0], r[1], r[2]) for r in records])
+    key = tuple(map(_SHAPE, records))
     structure = _structures.get(key)
     graph_findings: list[Finding] = []
     if structure is None:
@@ -159,6 +160,7 @@ def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int],
         s.program = p
 
 
+_SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
 # Structures by (id, type, dependencies) of every node; Programs by structure and canonical rows.
 _structures: PayloadCache[Structure] = PayloadCache(256)
 _programs: PayloadCache[tuple[Structure, Program]] = PayloadCache(1024)

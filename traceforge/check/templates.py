@@ -62,7 +62,7 @@ def _with_values(record: CheckRecord, values: dict[str, int]) -> CheckRecord:
     else:
         src, dst, tag, size = comm
         comm = (values.get(S.COMM_SRC, src), values.get(S.COMM_DST, dst), tag, size)
-    return record._replace(comm=comm)
+    return CheckRecord(record.id, record.type, record.deps, comm, record.problems, record.name)
 
 
 def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template | None:
