@@ -9,9 +9,9 @@ Expected ranks, groups and peers come from the damage and comm_group.json.
 from __future__ import annotations
 
 import pytest
-
 from mutate import attr, coll, drop, edit, groups, of_type, read_nodes, set_int, write_set
 from oracle import load_set
+
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check import replay as replay_module
@@ -79,7 +79,8 @@ def test_changed_size_on_one_rank(make_set, paths, monkeypatch):
     _, out, _ = make_set("demo", **WIDE)
     rank = 37
     sizes = {g: len(m) for g, m in groups(out).items()}
-    target = next(n for n in coll_nodes(read_nodes(out, rank)) if sizes[int(attr(n, S.PG_NAME))] > 2)  # a clear minority
+    # On a group of more than two members the damaged rank is a clear minority.
+    target = next(n for n in coll_nodes(read_nodes(out, rank)) if sizes[int(attr(n, S.PG_NAME))] > 2)
     group, size = int(attr(target, S.PG_NAME)), attr(target, S.COMM_SIZE)
     edit(out, rank, lambda ns: set_int(next(n for n in ns if n.id == target.id), S.COMM_SIZE, size + 8))
     result = both(out, monkeypatch)

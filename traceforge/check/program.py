@@ -48,7 +48,7 @@ def analyse(records: list[CheckRecord], index: dict[int, int], order) -> Structu
     comm_at = [i for i, r in enumerate(records) if r[1] in COMM_TYPES]
     if order is None:
         return Structure(comm_at, None, None, None)
-    cpos = dict(zip(comm_at, range(len(comm_at))))
+    cpos = dict(zip(comm_at, range(len(comm_at)), strict=True))
     n = len(records)
     # a[i]: communication ancestors of node i; d[i]: those dominated by another one of them. The
     # nearest ancestors that no other ancestor dominates are the transitive reduction.
@@ -153,7 +153,7 @@ def build(rows: tuple, node_ids: array, structure: Structure, usable: bool, regu
     n_peers = max(sig, default=-1) + 1
     p2p_sig = [tuple(sorted(sig.get(p, {}).items())) for p in range(n_peers)]
     anc = structure.anc
-    if usable and anc is not None and structure.succ is not None:
+    if usable and anc is not None and structure.succ_ptr is not None and structure.succ is not None:
         succ_ptr, succ = structure.succ_ptr, structure.succ
         ordered = all(prev[c] < 0 or (anc[c] >> prev[c]) & 1 for c in range(len(rows)))
         chained = _chained(rows, anc)

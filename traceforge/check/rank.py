@@ -247,7 +247,7 @@ def _comm_rows(records, comm_at, rank, world, tally: Tally) -> tuple[tuple, tupl
     unusable values), the group id and peer rank of each role, and the per-rank findings."""
     groups: dict[int, int] = {}
     peers: dict[int, int] = {}
-    rows = []
+    rows: list[tuple[int, int, int, int]] = []
     append = rows.append
     for i in comm_at:
         r = records[i]

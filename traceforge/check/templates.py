@@ -75,7 +75,7 @@ def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template |
     if len(ranges) != len(node.attr):
         return None
     found = {name: (at, stop) for at, name, _, stop in spans}
-    for (first, last), attr in zip(ranges, node.attr):
+    for (first, last), attr in zip(ranges, node.attr, strict=True):
         if attr.name in (S.PG_NAME, S.COMM_SRC, S.COMM_DST) and found.pop(attr.name, None) != (first, last):
             return None
     if found:
