@@ -36,9 +36,11 @@ def _child(directory: str, model: str) -> None:
     started = time.perf_counter()
     result = check_trace_set(directory, model=model)
     wall = time.perf_counter() - started
-    peak_kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"wall": wall, "peak_mb": peak_kb / 1024, "findings": len(result.findings),
-                      "ranks": result.ranks_read, "nodes": result.nodes}))
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_kb = max(own.ru_maxrss, children.ru_maxrss)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_mb": peak_kb / 1024, "findings": len(result.findings),
+                      "ranks": result.ranks_read, "nodes": result.nodes, "replay": result.replay}))
 
 
 def run_check(directory: Path, model: str) -> dict:
@@ -76,17 +78,22 @@ def main() -> None:
     try:
         manifest = json.loads((directory / "manifest.json").read_text())
         size = sum(r["bytes"] for r in manifest["ranks"])
+        load_before = os.getloadavg()[0]
         rows = [run_check(directory, model) for model in (opts.model or MODELS)]
     finally:
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
     print(f"cores: {len(os.sched_getaffinity(0))}; set: {manifest['world_size']:,} ranks, "
           f"{sum(r['nodes'] for r in manifest['ranks']) / manifest['world_size']:,.0f} nodes/rank, {size / 1e6:,.0f} MB")
-    print(f"{'model':10} {'ranks':>6} {'nodes':>11} {'findings':>8} {'wall s':>7} {'cmd s':>6} {'RSS MB':>7} {'Mnodes/s':>9}")
+    print(f"load average before: {load_before:.2f}")
+    print(f"{'model':10} {'ranks':>7} {'nodes':>11} {'findings':>8} {'wall s':>7} {'cpu s':>7} {'cmd s':>6} {'RSS MB':>7} "
+          f"{'Mnodes/s':>9}  replay")
     for r in rows:
-        print(f"{r['model']:10} {r['ranks']:>6,} {r['nodes']:>11,} {r['findings']:>8} {r['wall']:>7.2f} {r['command_s']:>6.2f} "
-              f"{r['peak_mb']:>7.0f} {r['nodes_per_s'] / 1e6:>9.2f}")
-    print("wall s: check_trace_set inside the child process; cmd s: the whole child with interpreter start.")
+        print(f"{r['model']:10} {r['ranks']:>7,} {r['nodes']:>11,} {r['findings']:>8} {r['wall']:>7.2f} {r['cpu']:>7.1f} "
+              f"{r['command_s']:>6.2f} {r['peak_mb']:>7.0f} {r['nodes_per_s'] / 1e6:>9.2f}  {r['replay']}")
+    print("wall s: check_trace_set inside the child process; cpu s: its user + system time with its workers; "
+          "cmd s: the whole child with interpreter start; RSS: the largest single process. "
+          f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

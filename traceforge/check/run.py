@@ -52,6 +52,7 @@ class CheckResult:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    replay: str = ""  # how the replay ran: "N classes for M ranks", "every rank", ... (not exported)
 
     @property
     def errors(self) -> list[Finding]:
@@ -168,7 +169,10 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
                             + " errors before any communication could stall; fix those first")
     else:
         clean = not any(f.severity == ERROR for f in findings)
-        findings += Replay(cross, poisoned, model, classes=clean).run()
+        replay = Replay(cross, poisoned, model, classes=clean)
+        findings += replay.run()
+        result.replay = (f"{len(cross.programs):,} classes for {len(cross.rank_class):,} ranks" if replay.path == "classes"
+                         else f"every rank ({replay.path})")
     findings.sort(key=Finding.sort_key)
     _fill_names(findings, cross)
     result.seconds = time.perf_counter() - started
