@@ -15,9 +15,11 @@ per-transfer counts built, which is what names the unmatched transfers.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from traceforge.check.findings import Finding
 from traceforge.check.nodes import COLL, RECV, SEND, WORLD, coll_label, p2p_label
@@ -61,6 +63,7 @@ class CrossRank:
         self.p2p_first = array("q")  # per key id: first send, first recv, as rank << 32 | comm index
         self.pid: dict[int, array] = {}  # rank -> key id of each of its Send/Recvs (-1 unusable)
         self._transfers_built = False
+        self._arrays: dict[tuple, Any] = {}
 
     # -- ingestion --------------------------------------------------------------------------
     def add(self, s: RankSummary) -> None:
@@ -71,7 +74,7 @@ class CrossRank:
             if s.program is None:
                 raise RuntimeError("a rank's Program arrived after its digest")
             cls = self._class_of[s.digest] = len(self.programs)
-            self.programs.append(s.program)
+            self.programs.append(self._interned(s.program))
         rank = s.rank
         self.rank_class[rank] = cls
         self.paths[rank] = s.path
@@ -80,6 +83,17 @@ class CrossRank:
         program = self.programs[cls]
         for role, group in enumerate(s.groups):
             self.seqs.setdefault(group, {}).setdefault(program.seqs[role], []).append(rank)
+
+    def _interned(self, p: Program) -> Program:
+        """Programs that differ only in some values (a foreign set with rank-specific tags: a
+        class per rank) share their other arrays: one copy of each distinct one."""
+        for name in ("node_id", "kind", "grole", "seq", "prev", "p2p_row", "succ_ptr", "succ", "indegree"):
+            value = getattr(p, name)
+            raw = value if isinstance(value, bytes) else value.tobytes()
+            key = (name, getattr(value, "typecode", ""), hashlib.blake2b(raw, digest_size=16).digest())
+            setattr(p, name, self._arrays.setdefault(key, value))
+        p.seqs = [self._arrays.setdefault(("seq", "", seq), seq) for seq in p.seqs]
+        return p
 
     # -- helpers ----------------------------------------------------------------------------
     def readable(self, rank: int) -> bool:
