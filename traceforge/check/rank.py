@@ -26,9 +26,13 @@ from traceforge.read.decode import PayloadCache
 from traceforge.read.frame import FrameError, frames, payload_at, read_file
 from traceforge.wire import read_varint
 
-# Records by payload bytes; cleared when full. ~50k entries is a few dozen ranks' distinct nodes.
+# Records by payload bytes; cleared when full. Payloads without rank-specific values (compute
+# nodes: ~1,100 per stage, 16 stages interleaved in rank order) have their own cache, which the
+# far more numerous payloads with a new group or peer cannot flush.
 CACHE_LIMIT = 50_000
+VOLATILE_LIMIT = 16_384
 _cache: PayloadCache[CheckRecord] = PayloadCache(CACHE_LIMIT)
+_volatile: PayloadCache[CheckRecord] = PayloadCache(VOLATILE_LIMIT)
 
 
 @dataclass
@@ -80,7 +84,7 @@ def _scan(s: RankSummary, world: int) -> None:
 
 def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
     """Frame the file, check its GlobalMetadata, decode every node (through the cache)."""
-    cache = _cache
+    stable, volatile = _cache.get, _volatile.get
     records: list[CheckRecord] = []
     offsets: list[int] = []
     payloads = frames(data, name)
@@ -91,13 +95,14 @@ def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
         if not payload and not any(data[start:]):
             raise _Fatal("corrupt", f"{len(data) - start:,} zero bytes at byte {start:,} after the last node: "
                                     "trailing garbage")
-        record = cache.get(payload)
+        record = stable(payload) or volatile(payload)
         if record is None:
             try:
-                record = cache.remember(payload, decode_with_templates(payload))
+                record, rank_specific = decode_with_templates(payload)
             except CorruptNode:
                 raise _Fatal("corrupt", f"the message at byte {start:,} does not parse as a Node; "
                                         "the file is corrupt") from None
+            (_volatile if rank_specific else _cache).remember(payload, record)
         records.append(record)
         offsets.append(start)
     return records, offsets

@@ -83,19 +83,22 @@ def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template |
     return _Template(record, tuple(name for _, name, _, _ in spans))
 
 
-def decode_with_templates(payload: bytes) -> CheckRecord:
-    """decode_node(payload), through a template when one fits (raises CorruptNode like it)."""
+def decode_with_templates(payload: bytes) -> tuple[CheckRecord, bool]:
+    """decode_node(payload), through a template when one fits (raises CorruptNode like it), and
+    whether the payload holds rank-specific values (then it rarely recurs beyond a few ranks)."""
     spans = _find_spans(payload)
-    if not spans:
-        return decode_node(payload)
+    if spans == []:
+        return decode_node(payload), False
+    if spans is None:
+        return decode_node(payload), True
     values = _values(payload, spans)
     if values is None:
-        return decode_node(payload)
+        return decode_node(payload), True
     key = _template_key(payload, spans)
     template = _templates.get(key)
     if template is not None:
-        return _with_values(template.record, values)
+        return _with_values(template.record, values), True
     record = decode_node(payload)
     if key not in _templates:
         _templates.remember(key, _make(payload, spans, record))
-    return record
+    return record, True
