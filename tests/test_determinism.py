@@ -117,9 +117,9 @@ def test_non_empty_out_is_refused_without_force(tmp_path):
 
 def test_force_replaces_out(tmp_path):
     out = tmp_path / "traces"
-    out.mkdir()
-    (out / "stale.et").write_text("old")
     spec = build_spec("demo")
+    write_trace_set(build_spec("demo", overrides={"dp": 1}), out, jobs=1)  # a set of ours to replace
+    (out / "stale.et").write_text("old")
     write_trace_set(spec, out, force=True, jobs=1)
     names = set(tree(out))
     assert "stale.et" not in names

@@ -72,6 +72,10 @@ def report(
     if not 0 <= latency < math.inf:
         raise UserError(f"--latency must be a finite number of microseconds >= 0, got {latency}")
     link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
+    if out_dir is not None:  # refuse a bad --out before the (long) read
+        from traceforge.output import check_output_dir
+
+        check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
     def build(path: Path):
         return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs,
@@ -93,7 +97,7 @@ def report(
     if sim is not None:
         main.attach_simulation(sim)
     other = build(compare) if compare is not None else None
-    notes = main.write(out_dir, force=force) if out_dir is not None else []
+    notes = main.write(out_dir, force=force, inputs=[compare] if compare else []) if out_dir is not None else []
     if as_json:
         doc = main.to_json() if other is None else {"a": main.to_json(), "b": other.to_json()}
         # Plain JSON: rich's pretty-printer costs seconds and hundreds of MB on 16k-rank sets.

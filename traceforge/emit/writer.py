@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -23,6 +20,7 @@ from traceforge.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
+from traceforge.parallel import cores, fan_out
 from traceforge.plan.ops import Program
 from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
@@ -154,9 +152,8 @@ def write_ranks(
     # work of encoding stages spreads over the workers instead of running here serially.
     _worker = writer
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for done in pool.map(_write_chunk, chunks):
-                collect(done)
+        for done in fan_out(_write_chunk, chunks, jobs):
+            collect(done)
     finally:
         _worker = None
     return table
@@ -228,10 +225,22 @@ def write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+# Bytes per node, measured on the presets (153-156): a bound for the free-space check.
+BYTES_PER_NODE = 160
+
+
+def estimate_bytes(spec: Spec, layout: Layout, ranks: range) -> int:
+    """About what writing these ranks takes on disk (planned programs are cached)."""
+    per_stage = [len(stage_program(spec, s).ops) for s in range(spec.pp)]
+    stages = layout.coords["pp"][ranks.start:ranks.stop]
+    counts = np.bincount(stages, minlength=spec.pp)
+    return int(sum(int(c) * n for c, n in zip(counts, per_stage, strict=True))) * BYTES_PER_NODE
+
+
 def write_trace_set(
     spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
     on_chunk: Callable[[list[RankRecord]], None] | None = None,
-    finish: Callable[[Path, dict], object] | None = None,
+    finish: Callable[[Path, dict], object] | None = None, inputs: Iterable[Path] = (),
 ) -> dict:
     """Plan and write the whole trace set into OUT atomically; return the manifest header
     (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
@@ -240,7 +249,8 @@ def write_trace_set(
     if program_variants(spec) == 1:
         for stage in range(spec.pp):
             stage_program(spec, stage)  # planned once here; forked workers inherit the cache
-    with atomic_output_dir(Path(out), force) as tmp:
+    need = estimate_bytes(spec, layout, range(layout.world_size))
+    with atomic_output_dir(Path(out), force, inputs, need_bytes=need) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
         header = finish_trace_set(spec, layout, tmp, prefix, table)
@@ -250,4 +260,4 @@ def write_trace_set(
 
 
 def default_jobs() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return cores()
