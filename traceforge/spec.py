@@ -12,12 +12,12 @@ import dataclasses
 import difflib
 import json
 import math
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from traceforge.errors import SpecError
+from traceforge.files import MAX_SPEC_FILE_BYTES, input_file_problem, read_regular_file
 
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
 ORDER_ALIASES = {"megatron": MEGATRON_ORDER}
@@ -269,39 +269,6 @@ class Spec:
         return tuple(self.order.split("-"))
 
 
-# A spec file is a few dozen flat keys; anything larger is not one (and would be slow to parse).
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def input_file_problem(path: Path) -> str | None:
-    """Why a path the user gave cannot be read as a regular file, or None. Refuses FIFOs, devices
-    (/dev/zero) and directories, which would hang a reader or feed it without end."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return "is a broken symbolic link" if path.is_symlink() else "does not exist"
-    except OSError as exc:  # ELOOP (a symbolic-link loop), EACCES, ENAMETOOLONG, ...
-        return f"cannot be opened ({exc.strerror})"
-    if stat.S_ISDIR(st.st_mode):
-        return "is a directory"
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-        return f"is {kind}, not a regular file"
-    return None
-
-
-def read_input_file(path: Path, what: str, limit: int, fix: str) -> bytes:
-    """A regular file's bytes, refused (one line naming it) when it is not one or exceeds limit."""
-    problem = input_file_problem(path)
-    if problem:
-        raise SpecError(f"{what} {path} {problem}: {fix}")
-    size = path.stat().st_size
-    if size > limit:
-        raise SpecError(f"{what} {path} is {size:,} bytes, more than the {limit:,} one can be: {fix}")
-    with open(path, "rb") as f:
-        return f.read(limit + 1)
-
-
 class _DuplicateKey(ValueError):
     pass
 
@@ -354,7 +321,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if problem:
             raise SpecError(f"config file {path} {problem}: {fix}")
         raise SpecError(f"config file {path}: unknown extension {suffix!r}; use .yaml, .yml, .toml or .json")
-    data_bytes = read_input_file(path, "config file", MAX_CONFIG_BYTES, fix)
+    data_bytes = read_regular_file(path, "config file", MAX_SPEC_FILE_BYTES, fix, SpecError)
     try:
         text = data_bytes.decode("utf-8")
     except UnicodeDecodeError:
