@@ -28,3 +28,13 @@ def one_line_error(result: Result, *words: str, code: int = 2) -> str:
     for word in words:
         assert word in lines[0] or word.replace("_", "-") in lines[0], (word, lines[0])
     return lines[0]
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (what a kill -9 leaves in a temporary name)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

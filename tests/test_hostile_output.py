@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke, one_line_error
+from cli_runner import dead_pid, invoke, one_line_error
 
 from traceforge import output
 from traceforge.output import _temp_stem, atomic_output_dir
@@ -24,12 +24,6 @@ SMALL = ("--layers", "2", "--dp", "1", "-q")
 
 def _set_names(out: Path) -> set[str]:
     return {p.name for p in out.iterdir()}
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def _hidden(directory: Path) -> list[str]:
@@ -114,7 +108,7 @@ def test_force_without_rename_exchange_survives_a_kill_between_renames(tmp_path,
     out = tmp_path / "out"
     write_trace_set(build_spec("demo", overrides={"dp": 1}), out, jobs=1)
     before = (out / "manifest.json").read_bytes()
-    aside = tmp_path / f"{_temp_stem(out.resolve())}.old-{_dead_pid()}"
+    aside = tmp_path / f"{_temp_stem(out.resolve())}.old-{dead_pid()}"
     out.rename(aside)  # the state a kill -9 between the two renames leaves
     with pytest.raises(UserError, match="not empty"):
         with atomic_output_dir(out, force=False):
@@ -127,7 +121,7 @@ def test_force_without_rename_exchange_survives_a_kill_between_renames(tmp_path,
 
 def test_next_run_removes_what_a_killed_run_left(tmp_path):
     out = tmp_path / "out"
-    partial = tmp_path / f"{_temp_stem(out.resolve())}.partial-{_dead_pid()}"
+    partial = tmp_path / f"{_temp_stem(out.resolve())}.partial-{dead_pid()}"
     partial.mkdir()
     (partial / "workload.0.et").write_bytes(b"\0" * 100)
     write_trace_set(build_spec("demo"), out, jobs=1)

@@ -32,13 +32,11 @@ def diff(
     counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
     """
     from traceforge.browse.diff import byte_differences, diff_sets, open_set
-    from traceforge.emit.writer import default_jobs
+    from traceforge.parallel import resolve_jobs
 
     if limit < 1:
         raise UserError(f"--limit must be at least 1, got {limit}")
-    jobs = default_jobs() if jobs is None else jobs
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    jobs = resolve_jobs(jobs)
     set_a, set_b = open_set(a, prefix), open_set(b, prefix)
     if exact:
         differing = list(byte_differences(set_a, set_b))

@@ -104,11 +104,14 @@ class RankWriter:
                 self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
         return self._encoders[key]
 
-    def write(self, rank: int) -> RankRecord:
-        key = program_key(self.spec, self.layout, rank)
-        encoder = self.encoder(key)
+    def encode(self, rank: int) -> tuple[memoryview, int]:
+        """(file bytes, node count) of one rank."""
+        encoder = self.encoder(program_key(self.spec, self.layout, rank))
         scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
-        data, nodes = encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+        return encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+
+    def write(self, rank: int) -> RankRecord:
+        data, nodes = self.encode(rank)
         with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
             f.write(data)
         return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
