@@ -60,9 +60,11 @@ def colls(nodes, dim=None, ctype=None, phase=None):
 def megatron_interleaved_order(p: int, v: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     """Narayanan et al. 2021 / Megatron-LM: virtual micro-batch k of a rank runs model chunk
     (k mod p*v) // p on micro-batch (k // (p*v))*p + k mod p; backward visits chunks in reverse.
-    Warm-up: (p - rank - 1)*2 + (v - 1)*p virtual micro-batches, then 1F1B, then cool-down."""
+    Warm-up: (p - rank - 1)*2 + (v - 1)*p virtual micro-batches, then 1F1B, then cool-down.
+    Current Megatron-LM (core/pipeline_parallel/schedules.py) has no m == p special case; older
+    releases ran every forward first when m == p."""
     total = m * v
-    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
     fwd = [((k % (p * v)) // p, (k // (p * v)) * p + k % p) for k in range(total)]
     bwd = [(v - 1 - c, mb) for c, mb in fwd]
     order = [("F", *fwd[k]) for k in range(warm)]
@@ -90,6 +92,35 @@ def test_interleaved_order_matches_megatron_schedule_p4_v2_m8():
         for c in range(2):
             for mb in range(8):
                 assert passes.index(("F", c, mb)) < passes.index(("B", c, mb))
+
+
+def _passes(text: str) -> list[tuple[str, int, int]]:
+    """'F0.1 B1.0' -> [("F", 0, 1), ("B", 1, 0)]: direction, chunk, micro-batch."""
+    return [(tok[0], int(tok[1:].split(".")[0]), int(tok.split(".")[1])) for tok in text.split()]
+
+
+# p = 3 stages, v = 2 chunks, worked by hand from Megatron's rules (warm-up (p-i-1)*2 + (v-1)*p,
+# capped at m*v; virtual micro-batch k runs chunk (k mod p*v) // p on micro-batch
+# (k // (p*v))*p + k mod p). With m == p current Megatron keeps the 1F1B steady state on the last
+# stage; older releases, which ran all forwards first when m == p, would give stage 2 the order of
+# stage 0.
+INTERLEAVED_P3_V2 = {
+    3: ["F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 B0.0 B0.1 B0.2",  # warm-up min(7, 6): all
+        "F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 B0.0 B0.1 B0.2",  # warm-up 5, one steady pair
+        "F0.0 F0.1 F0.2 F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 B0.0 B0.1 B0.2"],  # warm-up 3
+    6: ["F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 F0.3 F0.4 B1.0 F0.5 B1.1 F1.3 B1.2 F1.4 B0.0 F1.5 B0.1 "
+        "B0.2 B1.3 B1.4 B1.5 B0.3 B0.4 B0.5",
+        "F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 F0.3 B1.1 F0.4 B1.2 F0.5 B0.0 F1.3 B0.1 F1.4 B0.2 F1.5 "
+        "B1.3 B1.4 B1.5 B0.3 B0.4 B0.5",
+        "F0.0 F0.1 F0.2 F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 F1.3 B1.3 F1.4 "
+        "B1.4 F1.5 B1.5 B0.3 B0.4 B0.5"],
+}
+
+
+@pytest.mark.parametrize("m", sorted(INTERLEAVED_P3_V2))
+def test_interleaved_literal_orders_m_equal_p_and_2p(m):
+    for stage, text in enumerate(INTERLEAVED_P3_V2[m]):
+        assert interleaved(stage, 3, m, 2) == _passes(text), (m, stage)
 
 
 def test_interleaved_traces_wrap_from_last_stage_to_first(make_set):
