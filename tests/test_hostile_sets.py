@@ -261,3 +261,22 @@ def test_a_killed_shard_leaves_nothing_through_rerun_and_merge(tmp_path):
     (partial / "workload.0.et").write_bytes(b"\0" * 10)
     assert invoke("merge", out).exit_code == 0
     assert not partial.exists()
+
+
+def test_fifo_shard_manifest_does_not_hang(tmp_path):
+    out, _ = _shards(tmp_path)
+    path = out / shard_manifest_name(1, 2)
+    path.unlink()
+    os.mkfifo(path)
+    one_line_error(invoke("merge", out), "FIFO")
+
+
+def test_huge_sparse_rank_file_is_not_read(base, tmp_path):
+    d = _copy(base, tmp_path)
+    with open(d / "workload.0.et", "r+b") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GiB that would be read whole
+    for command in ("report", "diff", "show", "export"):
+        line = one_line_error(invoke(*READERS[command](d)), "workload.0.et")
+        assert "bytes" in line, (command, line)
+    result = invoke("check", d, "--json")
+    assert result.exit_code == 2 and "bytes" in result.stdout

@@ -25,6 +25,10 @@ COMM_DST = "comm_dst"
 COMM_TAG = "comm_tag"
 PG_NAME = "pg_name"
 
+# ASTRA-sim's NATIVE send/recv tags live in [0, TAG_LIMIT) and are folded modulo it, so every
+# p2p tag we write stays below it (unique per (src, dst) pair).
+TAG_LIMIT = 500_000_000
+
 # traceforge annotations.
 PHASE = "phase"
 DIM = "dim"

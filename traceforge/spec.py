@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from traceforge.errors import SpecError
 from traceforge.files import MAX_SPEC_FILE_BYTES, input_file_problem, read_regular_file
+from traceforge.schema import TAG_LIMIT
 
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
 ORDER_ALIASES = {"megatron": MEGATRON_ORDER}
@@ -29,7 +30,7 @@ DP_MODE_ALIASES = {"fsdp": "zero3"}
 SHARDED_OPTIMIZER_MODES = ("zero1", "zero2", "dist-opt")
 
 # ASTRA-sim keeps p2p tags below this; our tags grow with steps x micro-batches.
-MAX_TAG = 500_000_000
+MAX_TAG = TAG_LIMIT
 # Stated limits, checked before any planning: ranks in a set, and nodes in one rank's program
 # (planning holds about 1 kB per node; the presets need at most about 7,000).
 MAX_WORLD_SIZE = 1 << 22

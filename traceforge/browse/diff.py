@@ -24,7 +24,7 @@ from traceforge.read.reader import attr_value, find_rank_files
 from traceforge.read.reader import load_groups, open_trace, parse_node, read_json_file
 from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
-from traceforge.files import input_file_problem
+from traceforge.files import MAX_RANK_FILE_BYTES, input_file_problem
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -162,6 +162,9 @@ def _compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> 
         problem = input_file_problem(Path(path))
         if problem:  # a FIFO would hang the read
             raise TraceReadError(f"trace file {path} {problem}: give a Chakra ET file")
+        if Path(path).stat().st_size > MAX_RANK_FILE_BYTES:  # a huge (sparse) file would be read whole
+            raise TraceReadError(f"trace file {path} is {Path(path).stat().st_size:,} bytes, more than the "
+                                 f"{MAX_RANK_FILE_BYTES:,} a rank file can be")
     if same_groups and Path(path_a).read_bytes() == Path(path_b).read_bytes():
         return _same_file_stats(rank, path_a)
     meta_a, payloads_a = open_trace(path_a)
