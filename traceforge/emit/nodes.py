@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Union
 
 from traceforge import schema as S
-from traceforge.plan.ops import NodeType, Op
+from traceforge.plan.ops import NodeType, Op, Peer
 
-SELF = "self"
+SELF = Peer.SELF
 
 
 @dataclass(frozen=True, slots=True)

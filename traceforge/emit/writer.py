@@ -21,7 +21,7 @@ from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
 from traceforge.parallel import cores, fan_out
-from traceforge.plan.ops import Program
+from traceforge.plan.ops import Peer, Program
 from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import Spec
@@ -67,8 +67,8 @@ def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, 
     by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
     nxt, prv = layout.pipeline_peers
     cp_next, cp_prev = layout.context_peers
-    values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank]),
-              "cp_next": int(cp_next[rank]), "cp_prev": int(cp_prev[rank])}
+    values: dict[str, int] = {Peer.SELF: rank, Peer.NEXT: int(nxt[rank]), Peer.PREV: int(prv[rank]),
+                              Peer.CP_NEXT: int(cp_next[rank]), Peer.CP_PREV: int(cp_prev[rank])}
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
     if ep_peers:
