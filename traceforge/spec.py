@@ -410,7 +410,7 @@ def _stragglers(value: Any) -> tuple[tuple[int, float], ...]:
             raise SpecError(f"straggler {item!r} must be RANK:FACTOR, "
                             "e.g. 5:1.3 (rank 5 computes 1.3x slower)") from None
         if rank < 0 or not 0 < factor <= MAX_STRAGGLER_FACTOR:
-            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a number above 0 and at most {MAX_STRAGGLER_FACTOR:g}, e.g. 5:1.3")
+            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a positive number up to {MAX_STRAGGLER_FACTOR:g}, e.g. 5:1.3")
         if rank in out:
             raise SpecError(f"straggler names rank {rank} twice: give one factor per rank")
         out[rank] = factor
