@@ -254,7 +254,7 @@ def collective_problems(ts: TraceSet) -> list[str]:
         for member in members:
             seq = by_rank.get(member, [])
             if seq != reference:
-                diverge = next((i for i, (a, b) in enumerate(zip(seq, reference)) if a != b), min(len(seq), len(reference)))
+                diverge = next((i for i, (a, b) in enumerate(zip(seq, reference, strict=False)) if a != b), min(len(seq), len(reference)))
                 problems.append(
                     f"group {g}: rank {member} posts {len(seq)} collectives, rank {members[0]} {len(reference)}; "
                     f"first difference at #{diverge}"

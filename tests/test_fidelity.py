@@ -166,7 +166,8 @@ def test_full_recompute_replays_forward_tp_collectives_in_backward(make_set):
         f_bwd = len(colls(full.nodes[rank], "tp", AR, "bwd"))
         assert f_bwd - b_bwd == 2 * layers_per_stage * m  # the forward pair of every layer, again
         assert len(colls(sel.nodes[rank], "tp")) == len(colls(base.nodes[rank], "tp"))
-        flops = lambda ts: sum(n.attrs["num_ops"] for n in ts.nodes[rank] if n.type == COMP and n.phase == "bwd")
+        def flops(ts, rank=rank):
+            return sum(n.attrs["num_ops"] for n in ts.nodes[rank] if n.type == COMP and n.phase == "bwd")
         assert flops(base) < flops(sel) < flops(full)
 
 
@@ -231,7 +232,7 @@ def test_hsdp_shards_within_k_and_reduces_across_replicas(make_set):
         assert total_rs >= stage_params(t, 2, 2, c["pp"]) * G
         assert sum(n.size for n in allreduces) * k == sum(n.size for n in reduces)
         # each replica AllReduce reduces the shard its unit's ReduceScatter produced
-        for rs, ar in zip(reduces, allreduces):
+        for rs, ar in zip(reduces, allreduces, strict=True):
             assert rs.id in ar.deps
     del spec, d
 
@@ -263,7 +264,7 @@ def test_overlap_grad_reduce_issues_buckets_inside_the_last_backward(make_set):
         buckets = colls(nodes, "dp", AR)
         assert len(buckets) > 1
         # a bucket issued early does not wait for the last backward compute
-        def ancestors(node, seen=None):
+        def ancestors(node, seen=None, ids=ids):
             seen = set() if seen is None else seen
             for d in node.deps:
                 if d not in seen:
@@ -294,7 +295,8 @@ def test_selective_recompute_replays_the_ring(make_set):
     _, sel, _ = make_set("demo", cp=2, order="megatron", num_microbatches=2, recompute="selective")
     layers, m, cp = 2, 2, 2
     for rank in range(16):
-        count = lambda out: len([n for n in load_set(out).nodes[rank] if n.type == SEND and n.dim == "cp"])
+        def count(out, rank=rank):
+            return len([n for n in load_set(out).nodes[rank] if n.type == SEND and n.dim == "cp"])
         assert count(sel) - count(base) == layers * m * (cp - 1)
 
 
@@ -374,7 +376,7 @@ def test_moe_expert_gradients_use_their_own_group(make_set):
     ts = load_set(out)
     groups = {int(k): tuple(v) for k, v in json.loads((out / "comm_group.json").read_text()).items()}
     h, f, t = 256, 512, 2
-    for rank, nodes in ts.nodes.items():
+    for nodes in ts.nodes.values():
         edp = [n for n in nodes if n.type == COLL and n.dim == "edp"]
         assert len(edp) == 1
         (grad,) = edp

@@ -664,7 +664,7 @@ def test_dependencies_follow_the_streams(sets, name):
                 assert depends_on(anc, following[0].id, s), (rank, s)
         assert not any(set(n.deps) & sends for n in nodes if n.type == RECV), rank
         # Compute is one chain.
-        for a, b in zip(comps, comps[1:]):
+        for a, b in zip(comps, comps[1:], strict=False):
             assert depends_on(anc, b.id, a.id), (rank, a.name, b.name)
         # A forward TP collective gates the next compute; every TP collective gates some later
         # compute of its step (backward reductions may overlap the weight-gradient GEMM).

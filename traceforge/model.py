@@ -97,7 +97,7 @@ def _even_with_outer_shortfall(layers: int, p: int) -> list[int]:
     base = -(-layers // p)
     counts = [base] * p
     # outer stages first: last, first, second-last, second, ... (each once; linear in p)
-    order = dict.fromkeys(s for pair in zip(range(p - 1, -1, -1), range(p)) for s in pair)
+    order = dict.fromkeys(s for pair in zip(range(p - 1, -1, -1), range(p), strict=True) for s in pair)
     for stage in list(order)[:base * p - layers]:
         counts[stage] -= 1
     return counts

@@ -139,7 +139,8 @@ def _tally(node: pb.Node, traffic: Counter) -> None:
 
 def _same_file_stats(rank: int, path: Path) -> RankDiff:
     _, payloads = open_trace(path)
-    traffic, n = Counter(), 0
+    traffic: Counter[tuple] = Counter()
+    n = 0
     for offset, payload in payloads:
         _tally(parse_node(payload, offset, str(path)), traffic)
         n += 1
@@ -169,7 +170,8 @@ def _compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> 
         return _same_file_stats(rank, path_a)
     meta_a, payloads_a = open_trace(path_a)
     meta_b, payloads_b = open_trace(path_b)
-    traffic_a, traffic_b = Counter(), Counter()
+    traffic_a: Counter[tuple] = Counter()
+    traffic_b: Counter[tuple] = Counter()
     nodes_a = nodes_b = 0
     first: NodeDifference | None = None
     for index, (pa, pb_) in enumerate(zip_longest(payloads_a, payloads_b)):

@@ -23,8 +23,9 @@ parameter AllGathers) comes first, as lines whose backward parts run last; then 
 micro-batch: the forward cut after each forward collective and the backward after each backward
 collective, a collective per line, the two paired bottom-up. What it cannot carry, refused:
 context parallelism (ring attention's Send/Recv), DP collectives in the forward (ZeRO-3, FSDP,
-HSDP parameter gathers). What it cannot carry, dropped with a note: the tied-embedding AllReduce and the small synchronising collectives (grad-norm, found-inf, routing counts)
-between the first and last stage; the per-rank pipeline schedule and which communication
+HSDP parameter gathers). What it cannot carry, dropped with a note: the tied-embedding AllReduce
+and the small synchronising collectives (grad-norm, found-inf, routing counts) between the first
+and last stage; the per-rank pipeline schedule and which communication
 overlaps which compute (SimAI's own model replaces both).
 """
 

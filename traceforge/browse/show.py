@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
@@ -54,7 +54,7 @@ class Row:
 
 
 def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) -> Row:
-    a = attrs(node)
+    a: dict[str, Any] = attrs(node)  # values as a file holds them: damaged ones are shown as they are
     type_name = S.NODE_TYPE_NAMES.get(node.type, str(node.type))
     row = Row(
         id=node.id, type=TYPE_SHORT.get(type_name, type_name), name=node.name,
@@ -178,7 +178,7 @@ COLUMNS = (
 
 def _line(cells: Iterable[str]) -> str:
     parts = []
-    for (_, width, right, _), cell in zip(COLUMNS, cells):
+    for (_, width, right, _), cell in zip(COLUMNS, cells, strict=True):
         parts.append(cell.rjust(width) if right else cell.ljust(width) if width else cell)
     return "  ".join(parts).rstrip()
 

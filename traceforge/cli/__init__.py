@@ -95,7 +95,7 @@ def main() -> None:
     try:  # recent typer vendors click; older releases use the click package
         from typer._click import exceptions as click
     except ImportError:
-        from click import exceptions as click
+        from click import exceptions as click  # type: ignore[no-redef]
 
     load_commands()
     signal.signal(signal.SIGTERM, _on_sigterm)

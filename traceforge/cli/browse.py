@@ -222,7 +222,8 @@ def _coordinates(directory: Path, rank: int) -> str:
     ranks = doc.get("ranks")
     entry = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) and isinstance(ranks[rank], dict) else {}
     dims = str(doc.get("order") or "").split("-") if entry.get("rank") == rank else []
-    sizes = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    spec = doc.get("spec")
+    sizes = spec if isinstance(spec, dict) else {}
     shown = [f"{d} {entry[d]}" for d in dims if d in entry and sizes.get(d, 1) > 1]  # dims in use only
     return f" ({', '.join(shown)})" if shown else ""
 
