@@ -38,9 +38,10 @@ from typing import Any
 from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file
 from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
+from traceforge import schema as S
 from traceforge.schema import MANIFEST_FILE
 
-COMP, SEND, RECV, COLL = 4, 5, 6, 7
+COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 TYPES = {0: "ALLREDUCE", 2: "ALLGATHER", 6: "ALLTOALL", 7: "REDUCESCATTER"}
 NONE = "NONE"
 
