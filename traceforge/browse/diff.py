@@ -10,9 +10,7 @@ memory at a time.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -25,6 +23,7 @@ from traceforge.read.reader import load_groups, open_trace, parse_node, read_jso
 from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
 from traceforge.files import MAX_RANK_FILE_BYTES, input_file_problem
+from traceforge.parallel import fan_out
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -274,9 +273,8 @@ def _rank_diffs(a: TraceFiles, b: TraceFiles, ranks: list[int], jobs: int) -> It
             for chunk in chunks:
                 yield from _compare_chunk(chunk)
             return
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for done in pool.map(_compare_chunk, chunks):
-                yield from done
+        for done in fan_out(_compare_chunk, chunks, jobs):
+            yield from done
     finally:
         _pair = None
 
