@@ -118,7 +118,7 @@ class Node:
 
 
 @dataclass
-class TraceSet:
+class DecodedSet:
     directory: Path
     manifest: dict
     groups: dict[int, tuple[int, ...]]  # comm_group.json
@@ -148,12 +148,12 @@ def read_nodes(path: Path) -> list[Node]:
     ]
 
 
-def load_set(directory: Path) -> TraceSet:
+def load_set(directory: Path) -> DecodedSet:
     directory = Path(directory)
     manifest = json.loads((directory / "manifest.json").read_text())
     groups = {int(k): tuple(v) for k, v in json.loads((directory / "comm_group.json").read_text()).items()}
     _, files = find_rank_files(directory)
-    return TraceSet(directory, manifest, groups, {rank: read_nodes(path) for rank, path in files.items()})
+    return DecodedSet(directory, manifest, groups, {rank: read_nodes(path) for rank, path in files.items()})
 
 
 # -- summaries ---------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def node_problems(rank: int, nodes: list[Node]) -> list[str]:
     return problems
 
 
-def collective_problems(ts: TraceSet) -> list[str]:
+def collective_problems(ts: DecodedSet) -> list[str]:
     """Every collective names a known group the rank belongs to, and every member of a group
     posts the same ordered sequence of (type, size) on it (ASTRA-sim matches by issue order)."""
     problems = []
@@ -254,7 +254,7 @@ def collective_problems(ts: TraceSet) -> list[str]:
         for member in members:
             seq = by_rank.get(member, [])
             if seq != reference:
-                diverge = next((i for i, (a, b) in enumerate(zip(seq, reference)) if a != b), min(len(seq), len(reference)))
+                diverge = next((i for i, (a, b) in enumerate(zip(seq, reference, strict=False)) if a != b), min(len(seq), len(reference)))
                 problems.append(
                     f"group {g}: rank {member} posts {len(seq)} collectives, rank {members[0]} {len(reference)}; "
                     f"first difference at #{diverge}"
@@ -262,7 +262,7 @@ def collective_problems(ts: TraceSet) -> list[str]:
     return problems
 
 
-def p2p_problems(ts: TraceSet) -> list[str]:
+def p2p_problems(ts: DecodedSet) -> list[str]:
     """Every Send has exactly one Recv with equal (src, dst, tag, size) and vice versa."""
     problems = []
     sends, recvs = Counter(), Counter()
@@ -286,7 +286,7 @@ def p2p_problems(ts: TraceSet) -> list[str]:
     return problems
 
 
-def group_order_problems(ts: TraceSet, ranks=None) -> list[str]:
+def group_order_problems(ts: DecodedSet, ranks=None) -> list[str]:
     """Collectives on one group must be ordered by dependencies (one communicator, one stream),
     or the issue order that ASTRA-sim matches on would depend on timing."""
     problems = []
@@ -303,14 +303,14 @@ def group_order_problems(ts: TraceSet, ranks=None) -> list[str]:
     return problems
 
 
-def consistency_problems(ts: TraceSet) -> list[str]:
+def consistency_problems(ts: DecodedSet) -> list[str]:
     problems = []
     for rank, nodes in ts.nodes.items():
         problems += node_problems(rank, nodes)
     return problems + collective_problems(ts) + p2p_problems(ts)
 
 
-def unfinished(ts: TraceSet) -> list[tuple[int, int]]:
+def unfinished(ts: DecodedSet) -> list[tuple[int, int]]:
     """Run the set as ASTRA-sim would match it: a node issues when its deps are done; sends are
     eager; a recv completes once its send issued; the k-th collective on a group completes when
     every member issued its k-th one there. Return the (rank, node) pairs that never finish."""

@@ -1,4 +1,5 @@
-"""The command line, run as a user runs it: `python -m traceforge ...` in a fresh directory."""
+"""The command line as a user runs it: one real `python -m traceforge` process (the smoke test),
+the rest in process through typer's CliRunner (tests/cli_runner.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 
 from traceforge.presets import PRESETS
 from traceforge.spec import FIELDS
@@ -32,9 +34,9 @@ def test_quick_start_writes_demo_to_traces(tmp_path):
     assert "8 ranks" in done.stdout and "Traceback" not in done.stderr
 
 
-def test_generate_help_mentions_every_flag(tmp_path):
-    done = run(["generate", "--help"], tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_generate_help_mentions_every_flag():
+    done = invoke("generate", "--help")
+    assert done.exit_code == 0, done.stderr
     for field in FIELDS:
         flags = field.bool_flags or ("--" + field.name.replace("_", "-"),)
         for flag in flags:
@@ -43,14 +45,14 @@ def test_generate_help_mentions_every_flag(tmp_path):
         assert flag in done.stdout
 
 
-def test_presets_lists_every_preset(tmp_path):
-    done = run(["presets"], tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_presets_lists_every_preset():
+    done = invoke("presets")
+    assert done.exit_code == 0, done.stderr
     for name in PRESETS:
         assert name in done.stdout, name
-    for name in ("demo", "gpt3-175b", "llama3-70b"):  # the ones README and DESIGN name
+    for name in ("demo", "gpt3-175b", "llama3-70b"):  # the ones README and docs/design.md name
         assert name in done.stdout
-    # DESIGN section 3: GPT-3 175B has 174.6 B parameters.
+    # docs/design.md, "Parameters": GPT-3 175B has 174.6 B parameters.
     row = next(line for line in done.stdout.splitlines() if "gpt3-175b" in line)
     assert "174.6B" in row
 
@@ -83,34 +85,19 @@ BAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory):
-    """Every bad case at once (each is a separate process; running them together keeps this fast)."""
-    procs = {}
-    for case, (args, _) in BAD.items():
-        cwd = tmp_path_factory.mktemp("bad")
-        for name, text in BAD_CONFIGS.items():
-            (cwd / name).write_text(text)
-        procs[case] = (cwd, subprocess.Popen([sys.executable, "-m", "traceforge", "generate", "-o", "out", *args],
-                                             cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    out = {}
-    for case, (cwd, proc) in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        out[case] = (cwd, proc.returncode, stdout, stderr)
-    return out
-
-
 @pytest.mark.parametrize("case", BAD)
-def test_bad_input_is_one_line(bad_runs, case):
-    cwd, code, stdout, stderr = bad_runs[case]
-    words = BAD[case][1]
-    assert code != 0, (case, stdout)
-    assert "Traceback" not in stderr and "Traceback" not in stdout
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
+def test_bad_input_is_one_line(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    for name, text in BAD_CONFIGS.items():
+        Path(name).write_text(text)
+    args, words = BAD[case]
+    done = invoke("generate", "-o", "out", *args)
+    assert done.exit_code != 0, (case, done.stdout)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
     for word in words:
         assert word in lines[0] or word.replace("_", "-") in lines[0], (word, lines[0])
-    assert not (cwd / "out").exists() and not any(p.name.startswith(".") for p in cwd.iterdir())
+    assert not Path("out").exists() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
 # -- config files ------------------------------------------------------------------------------
@@ -123,20 +110,22 @@ CONFIG_TEXT = {
 
 
 @pytest.mark.parametrize("name", CONFIG_TEXT)
-def test_config_file_and_flag_override(tmp_path, name):
+def test_config_file_and_flag_override(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / name).write_text(CONFIG_TEXT[name])
-    done = run(["generate", "-q", "-c", name, "--dp", "2", "-o", "out"], tmp_path)
-    assert done.returncode == 0, done.stderr
+    done = invoke("generate", "-q", "-c", name, "--dp", "2", "-o", "out")
+    assert done.exit_code == 0, done.stderr
     spec = json.loads((tmp_path / "out" / "manifest.json").read_text())["spec"]
     assert (spec["tp"], spec["pp"], spec["dp"], spec["layers"]) == (2, 1, 2, 2)  # --dp 2 beats the file's 4
     assert spec["dp_mode"] == "zero1" and spec["sequence_parallel"] is True and spec["num_microbatches"] == 2
     assert len(list((tmp_path / "out").glob("workload.*.et"))) == 4
 
 
-def test_config_file_may_name_a_preset(tmp_path):
+def test_config_file_may_name_a_preset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "spec.yaml").write_text("preset: llama3-8b\nlayers: 4\ntp: 2\npp: 2\ndp: 1\nglobal_batch: 4\n")
-    done = run(["generate", "-q", "-c", "spec.yaml", "-o", "out"], tmp_path)
-    assert done.returncode == 0, done.stderr
+    done = invoke("generate", "-q", "-c", "spec.yaml", "-o", "out")
+    assert done.exit_code == 0, done.stderr
     spec = json.loads((tmp_path / "out" / "manifest.json").read_text())["spec"]
     assert spec["preset"] == "llama3-8b" and spec["arch"] == "llama" and spec["hidden"] == 4096
     assert (spec["layers"], spec["tp"], spec["pp"], spec["dp"], spec["num_microbatches"]) == (4, 2, 2, 1, 4)

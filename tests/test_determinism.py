@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke, one_line_error
 
 from traceforge.emit import writer as writer_module
 from traceforge.emit.writer import RankWriter, write_trace_set
@@ -117,9 +118,9 @@ def test_non_empty_out_is_refused_without_force(tmp_path):
 
 def test_force_replaces_out(tmp_path):
     out = tmp_path / "traces"
-    out.mkdir()
-    (out / "stale.et").write_text("old")
     spec = build_spec("demo")
+    write_trace_set(build_spec("demo", overrides={"dp": 1}), out, jobs=1)  # a set of ours to replace
+    (out / "stale.et").write_text("old")
     write_trace_set(spec, out, force=True, jobs=1)
     names = set(tree(out))
     assert "stale.et" not in names
@@ -135,17 +136,16 @@ def test_empty_existing_out_is_fine(tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_cli_refuses_non_empty_out(tmp_path):
+def test_cli_refuses_non_empty_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "traces").mkdir()
     (tmp_path / "traces" / "keep.txt").write_text("mine")
-    done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-q"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--force" in lines[0] and "Traceback" not in done.stderr
+    one_line_error(invoke("generate", "-q"), "--force")
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["keep.txt"]
-    done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-q", "--force"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert not (tmp_path / "traces" / "keep.txt").exists()
+    # --force replaces only what traceforge wrote: a folder of the user's stays untouched
+    one_line_error(invoke("generate", "-q", "--force"), "did not write")
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["keep.txt"]
+    (tmp_path / "traces" / "keep.txt").unlink()
+    assert invoke("generate", "-q").exit_code == 0
+    assert invoke("generate", "-q", "--force").exit_code == 0
     assert len(list((tmp_path / "traces").glob("workload.*.et"))) == 8

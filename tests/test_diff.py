@@ -6,13 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from mutate import encode
 from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.browse.diff import diff_sets, open_set
 from traceforge.read.reader import attrs, read_trace
 from traceforge.cli import app, load_commands
-from traceforge.wire import varint
 
 load_commands()
 runner = CliRunner()
@@ -20,10 +20,7 @@ runner = CliRunner()
 
 def write_trace(path: Path, meta: pb.GlobalMetadata, nodes: list[pb.Node]) -> None:
     """Length-delimited GlobalMetadata then Nodes, as Chakra's protolib writes them."""
-    with open(path, "wb") as f:
-        for message in [meta, *nodes]:
-            data = message.SerializeToString()
-            f.write(varint(len(data)) + data)
+    path.write_bytes(encode(nodes, meta))
 
 
 def edit_rank(directory: Path, rank: int, edit) -> None:

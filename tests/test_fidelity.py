@@ -60,9 +60,11 @@ def colls(nodes, dim=None, ctype=None, phase=None):
 def megatron_interleaved_order(p: int, v: int, m: int, rank: int) -> list[tuple[str, int, int]]:
     """Narayanan et al. 2021 / Megatron-LM: virtual micro-batch k of a rank runs model chunk
     (k mod p*v) // p on micro-batch (k // (p*v))*p + k mod p; backward visits chunks in reverse.
-    Warm-up: (p - rank - 1)*2 + (v - 1)*p virtual micro-batches, then 1F1B, then cool-down."""
+    Warm-up: (p - rank - 1)*2 + (v - 1)*p virtual micro-batches, then 1F1B, then cool-down.
+    Current Megatron-LM (core/pipeline_parallel/schedules.py) has no m == p special case; older
+    releases ran every forward first when m == p."""
     total = m * v
-    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
     fwd = [((k % (p * v)) // p, (k // (p * v)) * p + k % p) for k in range(total)]
     bwd = [(v - 1 - c, mb) for c, mb in fwd]
     order = [("F", *fwd[k]) for k in range(warm)]
@@ -90,6 +92,35 @@ def test_interleaved_order_matches_megatron_schedule_p4_v2_m8():
         for c in range(2):
             for mb in range(8):
                 assert passes.index(("F", c, mb)) < passes.index(("B", c, mb))
+
+
+def _passes(text: str) -> list[tuple[str, int, int]]:
+    """'F0.1 B1.0' -> [("F", 0, 1), ("B", 1, 0)]: direction, chunk, micro-batch."""
+    return [(tok[0], int(tok[1:].split(".")[0]), int(tok.split(".")[1])) for tok in text.split()]
+
+
+# p = 3 stages, v = 2 chunks, worked by hand from Megatron's rules (warm-up (p-i-1)*2 + (v-1)*p,
+# capped at m*v; virtual micro-batch k runs chunk (k mod p*v) // p on micro-batch
+# (k // (p*v))*p + k mod p). With m == p current Megatron keeps the 1F1B steady state on the last
+# stage; older releases, which ran all forwards first when m == p, would give stage 2 the order of
+# stage 0.
+INTERLEAVED_P3_V2 = {
+    3: ["F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 B0.0 B0.1 B0.2",  # warm-up min(7, 6): all
+        "F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 B1.1 B1.2 B0.0 B0.1 B0.2",  # warm-up 5, one steady pair
+        "F0.0 F0.1 F0.2 F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 B0.0 B0.1 B0.2"],  # warm-up 3
+    6: ["F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 F0.3 F0.4 B1.0 F0.5 B1.1 F1.3 B1.2 F1.4 B0.0 F1.5 B0.1 "
+        "B0.2 B1.3 B1.4 B1.5 B0.3 B0.4 B0.5",
+        "F0.0 F0.1 F0.2 F1.0 F1.1 F1.2 B1.0 F0.3 B1.1 F0.4 B1.2 F0.5 B0.0 F1.3 B0.1 F1.4 B0.2 F1.5 "
+        "B1.3 B1.4 B1.5 B0.3 B0.4 B0.5",
+        "F0.0 F0.1 F0.2 F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F0.3 B0.0 F0.4 B0.1 F0.5 B0.2 F1.3 B1.3 F1.4 "
+        "B1.4 F1.5 B1.5 B0.3 B0.4 B0.5"],
+}
+
+
+@pytest.mark.parametrize("m", sorted(INTERLEAVED_P3_V2))
+def test_interleaved_literal_orders_m_equal_p_and_2p(m):
+    for stage, text in enumerate(INTERLEAVED_P3_V2[m]):
+        assert interleaved(stage, 3, m, 2) == _passes(text), (m, stage)
 
 
 def test_interleaved_traces_wrap_from_last_stage_to_first(make_set):
@@ -135,7 +166,8 @@ def test_full_recompute_replays_forward_tp_collectives_in_backward(make_set):
         f_bwd = len(colls(full.nodes[rank], "tp", AR, "bwd"))
         assert f_bwd - b_bwd == 2 * layers_per_stage * m  # the forward pair of every layer, again
         assert len(colls(sel.nodes[rank], "tp")) == len(colls(base.nodes[rank], "tp"))
-        flops = lambda ts: sum(n.attrs["num_ops"] for n in ts.nodes[rank] if n.type == COMP and n.phase == "bwd")
+        def flops(ts, rank=rank):
+            return sum(n.attrs["num_ops"] for n in ts.nodes[rank] if n.type == COMP and n.phase == "bwd")
         assert flops(base) < flops(sel) < flops(full)
 
 
@@ -200,7 +232,7 @@ def test_hsdp_shards_within_k_and_reduces_across_replicas(make_set):
         assert total_rs >= stage_params(t, 2, 2, c["pp"]) * G
         assert sum(n.size for n in allreduces) * k == sum(n.size for n in reduces)
         # each replica AllReduce reduces the shard its unit's ReduceScatter produced
-        for rs, ar in zip(reduces, allreduces):
+        for rs, ar in zip(reduces, allreduces, strict=True):
             assert rs.id in ar.deps
     del spec, d
 
@@ -232,7 +264,7 @@ def test_overlap_grad_reduce_issues_buckets_inside_the_last_backward(make_set):
         buckets = colls(nodes, "dp", AR)
         assert len(buckets) > 1
         # a bucket issued early does not wait for the last backward compute
-        def ancestors(node, seen=None):
+        def ancestors(node, seen=None, ids=ids):
             seen = set() if seen is None else seen
             for d in node.deps:
                 if d not in seen:
@@ -263,7 +295,8 @@ def test_selective_recompute_replays_the_ring(make_set):
     _, sel, _ = make_set("demo", cp=2, order="megatron", num_microbatches=2, recompute="selective")
     layers, m, cp = 2, 2, 2
     for rank in range(16):
-        count = lambda out: len([n for n in load_set(out).nodes[rank] if n.type == SEND and n.dim == "cp"])
+        def count(out, rank=rank):
+            return len([n for n in load_set(out).nodes[rank] if n.type == SEND and n.dim == "cp"])
         assert count(sel) - count(base) == layers * m * (cp - 1)
 
 
@@ -343,7 +376,7 @@ def test_moe_expert_gradients_use_their_own_group(make_set):
     ts = load_set(out)
     groups = {int(k): tuple(v) for k, v in json.loads((out / "comm_group.json").read_text()).items()}
     h, f, t = 256, 512, 2
-    for rank, nodes in ts.nodes.items():
+    for nodes in ts.nodes.values():
         edp = [n for n in nodes if n.type == COLL and n.dim == "edp"]
         assert len(edp) == 1
         (grad,) = edp

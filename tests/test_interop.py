@@ -102,7 +102,7 @@ def test_chakra_reader_decodes_every_file_identically(tmp_path, name):
         meta, nodes = chakra_read(path)
         assert as_dict(meta) == as_dict(ours.metadata), rank
         assert len(nodes) == len(ours.nodes) > 0, rank
-        for theirs, mine in zip(nodes, ours.nodes):
+        for theirs, mine in zip(nodes, ours.nodes, strict=True):
             assert as_dict(theirs) == as_dict(mine), (rank, mine.id)
             # Chakra sees the same kinds and collective types, by its own enum names
             assert chakra_pb.NodeType.Name(theirs.type) in allowed

@@ -231,22 +231,22 @@ def test_noncubic_test_matrix_rows(noncubic):
 
 def strip_annotations(directory):
     """Rewrite a set as a foreign tool might: no dim/step/phase/... attributes, no group file."""
+    from mutate import encode
+
     from traceforge._proto import traceforge_et_pb2 as pb
     from traceforge.read.frame import frames
-    from traceforge.wire import varint
 
     for path in directory.glob("*.et"):
-        out = bytearray()
+        meta, nodes = pb.GlobalMetadata(), []
         for k, (_, payload) in enumerate(frames(path.read_bytes())):
-            msg = pb.GlobalMetadata() if k == 0 else pb.Node()
+            msg = meta if k == 0 else pb.Node()
             msg.ParseFromString(payload)
             if k:
                 keep = [a for a in msg.attr if a.name not in ("dim", "step", "phase", "microbatch", "layer")]
                 del msg.attr[:]
                 msg.attr.extend(keep)
-            data = msg.SerializeToString()
-            out += varint(len(data)) + data
-        path.write_bytes(bytes(out))
+                nodes.append(msg)
+        path.write_bytes(encode(nodes, meta))
     (directory / "comm_group.json").unlink()
     (directory / "manifest.json").unlink()
 

@@ -68,7 +68,7 @@ def test_show_json_rows_agree_with_the_trace(demo):
     rows = json.loads(result.stdout)
     nodes = read_trace(out / f"workload.{rank}.et").nodes
     assert [r["id"] for r in rows] == [n.id for n in nodes]
-    for row, node in zip(rows, nodes):
+    for row, node in zip(rows, nodes, strict=True):
         a = attrs(node)
         assert row["deps"] == sorted(set(node.data_deps) | set(node.ctrl_deps))
         if row["type"] == "COLL":
@@ -118,7 +118,7 @@ def test_export_round_trips_every_node(demo, tmp_path):
         trace = read_trace(out / f"workload.{rank}.et")
         assert doc["rank"] == rank and len(doc["nodes"]) == manifest_nodes(out, rank)
         assert ParseDict(doc["global_metadata"], pb.GlobalMetadata()) == trace.metadata
-        for obj, node in zip(doc["nodes"], trace.nodes):
+        for obj, node in zip(doc["nodes"], trace.nodes, strict=True):
             assert obj["id"] == node.id  # present even for node 0
             assert ParseDict(obj, pb.Node()) == node
 
@@ -141,7 +141,7 @@ def test_export_matches_chakras_jsonizer(demo, tmp_path, monkeypatch):
     ours = json.loads(buffer.getvalue())
     assert ParseDict(objects[0], pb.GlobalMetadata()) == ParseDict(ours["global_metadata"], pb.GlobalMetadata())
     assert len(objects) - 1 == len(ours["nodes"])
-    for their_obj, our_obj in zip(objects[1:], ours["nodes"]):
+    for their_obj, our_obj in zip(objects[1:], ours["nodes"], strict=True):
         assert ParseDict(their_obj, pb.Node()) == ParseDict(our_obj, pb.Node())
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from mutate import encode
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.report.build import build_report
 from traceforge.report.timeline import sample_ranks
 from traceforge.report.timing_replay import LinkModel, rank_classes
-from traceforge.wire import varint
 
 COMP, SEND, RECV, COLL = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
 
@@ -31,11 +31,7 @@ def node(nid, ntype, deps=(), dur=0, **attrs):
 def write_set(directory, ranks, groups):
     directory.mkdir()
     for rank, nodes in enumerate(ranks):
-        data = bytearray()
-        for msg in [pb.GlobalMetadata(version="0.0.4")] + nodes:
-            body = msg.SerializeToString()
-            data += varint(len(body)) + body
-        (directory / f"et.{rank}.et").write_bytes(bytes(data))
+        (directory / f"et.{rank}.et").write_bytes(encode(nodes, pb.GlobalMetadata(version="0.0.4")))
     (directory / "comm_group.json").write_text(json.dumps(groups))
     return directory
 

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from oracle import (
-    AR, COLL, COLL_TYPES, COMP, RECV, SEND, TraceSet, ancestors, by_step, collective_counter, collective_problems,
+    AR, COLL, COLL_TYPES, COMP, RECV, SEND, DecodedSet, ancestors, by_step, collective_counter, collective_problems,
     collective_totals, consistency_problems, depends_on, group_order_problems, load_set, node_problems,
     p2p_counter, p2p_problems, peer, unfinished,
 )
@@ -439,7 +439,7 @@ def sets(tmp_path_factory):
     return out
 
 
-def model(ts: TraceSet) -> M:
+def model(ts: DecodedSet) -> M:
     mm = M.of(ts.spec)
     assert ts.spec["num_microbatches"] == mm.m
     return mm
@@ -643,7 +643,7 @@ def test_every_node_carries_step(sets):
         assert not missing, f"rank {rank}: {len(missing)} nodes lack the step attribute, e.g. node {missing[0]}"
 
 
-def first_rank_per_stage(ts: TraceSet) -> list[int]:
+def first_rank_per_stage(ts: DecodedSet) -> list[int]:
     return [min(r for r in ts.nodes if ts.stage(r) == s) for s in range(ts.sizes["pp"])]
 
 
@@ -664,7 +664,7 @@ def test_dependencies_follow_the_streams(sets, name):
                 assert depends_on(anc, following[0].id, s), (rank, s)
         assert not any(set(n.deps) & sends for n in nodes if n.type == RECV), rank
         # Compute is one chain.
-        for a, b in zip(comps, comps[1:]):
+        for a, b in zip(comps, comps[1:], strict=False):
             assert depends_on(anc, b.id, a.id), (rank, a.name, b.name)
         # A forward TP collective gates the next compute; every TP collective gates some later
         # compute of its step (backward reductions may overlap the weight-gradient GEMM).
@@ -709,7 +709,7 @@ def test_dependencies_follow_the_streams(sets, name):
 
 # -- the oracle itself can fail ------------------------------------------------------------------
 
-def _mutate(ts: TraceSet, rank: int, pick, **changes) -> TraceSet:
+def _mutate(ts: DecodedSet, rank: int, pick, **changes) -> DecodedSet:
     nodes = list(ts.nodes[rank])
     i = next(i for i, n in enumerate(nodes) if pick(n))
     n = nodes[i]

@@ -1,56 +1,188 @@
-"""All-or-nothing output directories: write into a hidden sibling, rename into place at the end.
+"""All-or-nothing output directories: write into a hidden sibling, move it into place at the end.
 
-A run that fails (bad input found late, disk full, Ctrl-C) leaves no OUT behind, and never a
-half-written one; a failed --force run keeps the old OUT.
+A run that fails (bad input found late, disk full, Ctrl-C, SIGTERM) leaves no OUT behind and
+never a half-written one; a failed --force run keeps the old OUT. The rules (docs/output-contract.md):
+
+- ``--force`` replaces only what traceforge wrote (a trace set holding our manifest.json, a
+  report's or an export's artifacts), never the home directory, ``/``, the current directory
+  or a parent of it, nor a directory holding an input of the command.
+- The final move cannot replace a set another run put there meanwhile: without --force it is a
+  no-replace rename (renameat2 RENAME_NOREPLACE, else rename(2), which refuses a non-empty
+  target); with --force the old and new sets are swapped in one step (RENAME_EXCHANGE), so no
+  instant exists without an OUT.
+- Temporary names are short (``.tf-<hash>.partial-<pid>``), so any valid OUT name works, and
+  the next run on the same OUT removes what a killed run (kill -9) left, or restores an OUT
+  that a kill between the two renames of the fallback path left only under its old name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
 import os
+import re
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from traceforge.errors import UserError
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+# What a report or an export writes (report.json marks a report; <prefix>.<rank>.json an export).
+_REPORT_MARK = "report.json"
+_EXPORT_FILE = re.compile(r"^.+\.[0-9]+\.json$", re.ASCII)
+_SHARD_FILE = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 
 
 def _within(path: Path, ancestor: Path) -> bool:
     return path == ancestor or ancestor in path.parents
 
 
-def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = ()) -> None:
-    """Refuse an OUT that exists as a file, is not empty (unless force), or whose replacement
-    would remove the current directory or an input the run reads."""
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """rename with flags; False when the system or file system does not support it."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(dst))
+
+
+def is_traceforge_output(directory: Path) -> bool:
+    """True when a directory holds what traceforge writes: a trace set (our manifest, or shards
+    of one), a report's artifacts or an export."""
+    manifest = directory / MANIFEST_FILE
+    if manifest.is_file():
+        with open(manifest, "rb") as f:
+            head = f.read(4096)
+        if re.search(rb'"tool"\s*:\s*"traceforge"', head):
+            return True
+    names = [p.name for p in directory.iterdir()]
+    if any(_SHARD_FILE.match(n) for n in names):
+        return True
+    if _REPORT_MARK in names and (directory / "traffic_by_dimension.csv").is_file():
+        return True
+    return bool(names) and all(n == COMM_GROUP_FILE or _EXPORT_FILE.match(n) for n in names)
+
+
+def _protected(target: Path) -> str | None:
+    cwd = Path.cwd().resolve()
+    home = Path.home().resolve()
+    if target == Path(target.anchor):
+        return "the file system root"
+    if _within(home, target):
+        return "the home directory" if target == home else "a parent of the home directory"
+    if _within(cwd, target):
+        return "the current directory" if target == cwd else "a parent of the current directory"
+    return None
+
+
+def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = ()) -> Path:
+    """Refuse an OUT we must not write or replace; return the real directory to write (a
+    symlink to a directory is written through)."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"output path {out} exists and is not a directory: choose another -o/--out")
     target = out.resolve()
-    if _within(Path.cwd().resolve(), target):
-        raise UserError(f"output directory {out} is the current directory or holds it: choose a new directory for -o/--out")
+    why = _protected(target)
+    if why:
+        raise UserError(f"output directory {out} is {why}: choose a new directory for -o/--out")
     for source in inputs:
         if _within(Path(source).resolve(), target):
             raise UserError(f"output directory {out} would replace the input {source}: choose another -o/--out")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"output directory {out} is not empty: choose another -o/--out, or pass --force to replace it")
+    if target.is_dir() and any(target.iterdir()):
+        if not force:
+            raise UserError(f"output directory {out} is not empty: choose another -o/--out, or pass --force to replace it")
+        if not is_traceforge_output(target):
+            raise UserError(f"output directory {out} holds files traceforge did not write; --force only replaces a "
+                            "trace set, report or export of ours: choose another -o/--out")
+    return target
+
+
+def _temp_stem(target: Path) -> str:
+    return ".tf-" + hashlib.sha1(target.name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(directory: Path, pattern: re.Pattern[str], restore: Path | None = None) -> None:
+    """Remove temporary entries (named by ``pattern``, whose group 'pid' is the writer) whose
+    writer is gone; an 'old' entry is moved back to ``restore`` when that is missing."""
+    if not directory.is_dir():
+        return
+    for entry in sorted(directory.iterdir()):
+        match = pattern.match(entry.name)
+        if not match or pid_alive(int(match["pid"])):
+            continue
+        if restore is not None and match["kind"] == "old" and not restore.exists():
+            entry.rename(restore)  # a kill between the two renames of a --force run
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _commit(tmp: Path, target: Path, force: bool, out: Path, trash: Path) -> None:
+    if force and target.exists():
+        if _renameat2(tmp, target, _RENAME_EXCHANGE):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old set
+            return
+        target.rename(trash)  # fallback: a kill here is repaired by the next run (remove_stale)
+        tmp.rename(target)
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    try:
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()  # an empty OUT may be replaced; a filled one never
+        if not _renameat2(tmp, target, _RENAME_NOREPLACE):
+            tmp.rename(target)  # rename(2) refuses a non-empty directory
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise UserError(f"output directory {out} was written by another run meanwhile; nothing was replaced: "
+                            "choose another -o/--out") from None
+        raise
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = ()) -> Iterator[Path]:
+def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_bytes: int = 0) -> Iterator[Path]:
+    """Yield a hidden directory to write; move it to OUT when the block completes."""
     out = Path(out)
-    check_output_dir(out, force, inputs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    trash = out.parent / f".{out.name}.old-{os.getpid()}"
+    real = out.resolve()
+    stem = _temp_stem(real)
+    # First what a killed run left beside OUT: its partial output goes, an old set comes back.
+    remove_stale(real.parent, re.compile(rf"^{re.escape(stem)}\.(?P<kind>partial|old)-(?P<pid>[0-9]+)$"), real)
+    target = check_output_dir(out, force, inputs)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if need_bytes:
+        free = shutil.disk_usage(target.parent).free
+        if need_bytes > free:
+            raise UserError(f"the output would take about {need_bytes / 1e9:,.2f} GB but {target.parent} has "
+                            f"{free / 1e9:,.2f} GB free: free space, or choose another -o/--out")
+    tmp = target.parent / f"{stem}.partial-{os.getpid()}"
+    trash = target.parent / f"{stem}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        if out.exists():
-            out.rename(trash)
-        tmp.rename(out)
+        _commit(tmp, target, force, out, trash)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if trash.exists() and not out.exists():
-            trash.rename(out)  # a failed --force run keeps the old OUT
+        if trash.exists() and not target.exists():
+            trash.rename(target)  # a failed --force run keeps the old OUT
         raise
-    shutil.rmtree(trash, ignore_errors=True)
+

@@ -25,6 +25,10 @@ COMM_DST = "comm_dst"
 COMM_TAG = "comm_tag"
 PG_NAME = "pg_name"
 
+# ASTRA-sim's NATIVE send/recv tags live in [0, TAG_LIMIT) and are folded modulo it, so every
+# p2p tag we write stays below it (unique per (src, dst) pair).
+TAG_LIMIT = 500_000_000
+
 # traceforge annotations.
 PHASE = "phase"
 DIM = "dim"
@@ -60,6 +64,14 @@ ATTR_MEMBER: dict[str, str] = {
 V1_READ = frozenset((IS_CPU_OP, NUM_OPS, TENSOR_SIZE, COMM_TYPE, COMM_SIZE, COMM_SRC, COMM_DST, COMM_TAG, PG_NAME))
 # AttributeProto field number of each member, e.g. "int32_val" -> 7.
 MEMBER_FIELD: dict[str, int] = {f.name: f.number for f in pb.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields}
+
+# Field numbers of Node and of AttributeProto's name, from the generated descriptors (what the
+# splicing encoder writes and the readers' byte-level fast paths match).
+NODE_FIELD: dict[str, int] = {f.name: f.number for f in pb.Node.DESCRIPTOR.fields}
+ATTR_NAME_FIELD: int = pb.AttributeProto.DESCRIPTOR.fields_by_name["name"].number
+
+# Node types every reader tells apart (the enum's values, not literals).
+COMP_NODE, SEND_NODE, RECV_NODE, COLL_NODE = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
 
 NODE_TYPE_NAMES = {v.number: v.name for v in pb.NodeType.DESCRIPTOR.values}
 COLL_TYPE_NAMES = {v.number: v.name for v in pb.CollectiveCommType.DESCRIPTOR.values}

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from traceforge.errors import SpecError
+from traceforge.files import MAX_SPEC_FILE_BYTES, input_file_problem, read_regular_file
+from traceforge.schema import TAG_LIMIT
 
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
 ORDER_ALIASES = {"megatron": MEGATRON_ORDER}
@@ -28,7 +30,25 @@ DP_MODE_ALIASES = {"fsdp": "zero3"}
 SHARDED_OPTIMIZER_MODES = ("zero1", "zero2", "dist-opt")
 
 # ASTRA-sim keeps p2p tags below this; our tags grow with steps x micro-batches.
-MAX_TAG = 500_000_000
+MAX_TAG = TAG_LIMIT
+# Stated limits, checked before any planning: ranks in a set, and nodes in one rank's program
+# (planning holds about 1 kB per node; the presets need at most about 7,000).
+MAX_WORLD_SIZE = 1 << 22
+MAX_NODES_PER_RANK = 1_000_000
+# A straggler this many times slower than the rest is a typo, not a slow GPU.
+MAX_STRAGGLER_FACTOR = 1000.0
+# Upper bounds on nodes per layer and micro-batch (forward + backward, SP, CP ring, MoE), and per
+# step outside the layers; measured on the planner, kept loose.
+_NODES_PER_LAYER, _NODES_PER_CP_HOP, _NODES_PER_MOE_LAYER, _NODES_PER_STEP_LAYER = 40, 8, 40, 8
+
+
+def estimated_nodes_per_rank(v: Mapping[str, Any], stage_layers: int, vs: int, steps: int, recompute: str) -> int:
+    """A cheap upper estimate of one rank's node count, so huge specs are refused before planning."""
+    per_layer = _NODES_PER_LAYER + _NODES_PER_CP_HOP * (v["cp"] - 1) + (_NODES_PER_MOE_LAYER if v["experts"] else 0)
+    if recompute != "none":
+        per_layer *= 2
+    per_microbatch = stage_layers * per_layer + 16 * vs
+    return steps * (v["num_microbatches"] * per_microbatch + stage_layers * _NODES_PER_STEP_LAYER + 64)
 
 
 @dataclass(frozen=True)
@@ -41,9 +61,10 @@ class Field:
     choices: tuple[str, ...] = ()
     # Flag spelling for booleans: (on, off).
     bool_flags: tuple[str, str] | None = None
-    minimum: int = 1  # smallest allowed whole number
     keep_case: bool = False  # strings that hold paths are not lowercased
     repeatable: bool = False  # a flag given once per item (lists only)
+    minimum: float = 1  # smallest allowed value
+    maximum: float = 2**31 - 1  # largest allowed value (bounds every product the planner forms)
 
 
 FIELDS: tuple[Field, ...] = (
@@ -118,7 +139,8 @@ FIELDS: tuple[Field, ...] = (
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
           ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
-    Field("bucket_mb", float, "Gradient bucket size in MiB (default: Megatron's max(4e7, 1e6*dp) elements; 0 = one bucket)."),
+    Field("bucket_mb", float, "Gradient bucket size in MiB (default: Megatron's max(4e7, 1e6*dp) elements; 0 = one bucket).",
+          minimum=0, maximum=1e9),
     Field("overlap_grad_reduce", bool, "Issue each gradient bucket as soon as the last micro-batch's backward has produced it.",
           bool_flags=("--overlap-grad-reduce", "--no-overlap-grad-reduce")),
     Field("overlap_param_gather", bool, "Sharded optimizers: overlap the parameter AllGather with the next forward.",
@@ -132,14 +154,16 @@ FIELDS: tuple[Field, ...] = (
     Field("steps", int, "Training steps to emit."),
     Field("straggler", list, "A slow GPU: RANK:FACTOR multiplies every compute duration of that rank (repeatable, e.g. --straggler 5:1.3).",
           repeatable=True),
-    Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0)."),
+    Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0).",
+          minimum=0, maximum=10),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
           ("h100", "h200", "a100", "b200", "custom")),
-    Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure)."),
-    Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure)."),
+    Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
+    Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("attention", str, "Attention kernel: flash (FlashAttention; default) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
           ("flash", "unfused")),
-    Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom)."),
+    Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom).",
+          minimum=1e-3, maximum=1),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -246,37 +270,76 @@ class Spec:
         return tuple(self.order.split("-"))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """json object_pairs_hook: a key given twice is an error, not a silent last-wins."""
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def _yaml_load(text: str) -> Any:
+    """yaml.safe_load without aliases (a flat spec needs none; an alias bomb would expand without
+    end) and without duplicate keys."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise _DuplicateKey(f"line {mark.line + 1}: YAML aliases (*name) are not allowed in a spec file")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+            keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+            seen: set[Any] = set()
+            for key, (knode, _) in zip(keys, node.value, strict=True):
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: let the base class report it
+                    continue
+                if dup:
+                    raise _DuplicateKey(f"line {knode.start_mark.line + 1}: key {key!r} is given twice")
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a flat spec mapping from YAML, TOML or JSON, chosen by the file's extension."""
     path = Path(path)
-    if path.is_dir():
-        raise SpecError(f"config file {path} is a directory: give the path of a .yaml, .toml or .json spec")
-    if not path.is_file():
-        raise SpecError(f"config file {path} does not exist: give the path of a .yaml, .toml or .json spec")
+    fix = "give the path of a .yaml, .toml or .json spec"
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml", ".json"):
+        problem = input_file_problem(path)
+        if problem:
+            raise SpecError(f"config file {path} {problem}: {fix}")
+        raise SpecError(f"config file {path}: unknown extension {suffix!r}; use .yaml, .yml, .toml or .json")
+    data_bytes = read_regular_file(path, "config file", MAX_SPEC_FILE_BYTES, fix, SpecError)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data_bytes.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"config file {path} is not UTF-8 text: save it as a UTF-8 .yaml, .toml or .json file") from None
-    suffix = path.suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = _yaml_load(text)
         elif suffix == ".toml":
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
                 import tomli as tomllib
             data = tomllib.loads(text)
-        elif suffix == ".json":
-            data = json.loads(text)
         else:
-            raise SpecError(f"config file {path}: unknown extension {suffix!r}; use .yaml, .yml, .toml or .json")
-    except SpecError:
-        raise
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
     except Exception as exc:  # the parsers' own error types differ; all mean malformed input
-        detail = " ".join(str(exc).split())
+        detail = " ".join(str(exc).split())[:300]  # bounded: a message may quote the input
         raise SpecError(f"config file {path} is not valid {suffix.lstrip('.').upper()}: {detail}") from None
     if data is None:
         data = {}
@@ -301,8 +364,10 @@ def _coerce(name: str, value: Any) -> Any:
             else:
                 raise SpecError(f"{name} must be a whole number, got {value!r}")
         if value < field.minimum:
-            kind = "a positive whole number" if field.minimum == 1 else f"a whole number >= {field.minimum}"
+            kind = "a positive whole number" if field.minimum == 1 else f"a whole number >= {field.minimum:g}"
             raise SpecError(f"{name} must be {kind}, got {value}")
+        if value > field.maximum:
+            raise SpecError(f"{name} must be at most {int(field.maximum):,}, got {value:,}")
         return value
     if name == "straggler":
         return _stragglers(value)
@@ -314,14 +379,14 @@ def _coerce(name: str, value: Any) -> Any:
             out = tuple(int(str(v).strip()) for v in items)
         except ValueError:
             raise SpecError(f"{name} must be a list of whole numbers, e.g. 7,8,8,7; got {value!r}") from None
-        if any(v <= 0 for v in out):
+        if any(not 0 < v <= field.maximum for v in out):
             raise SpecError(f"{name}: every entry must be at least 1, got {value!r}")
         return out
     if field.kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{name} must be a number, got {value!r}")
-        if value < 0 or not math.isfinite(value):
-            raise SpecError(f"{name} must be a finite number >= 0, got {value}")
+        if not math.isfinite(value) or not field.minimum <= value <= field.maximum:
+            raise SpecError(f"{name} must be a number from {field.minimum:g} to {field.maximum:g}, got {value:g}")
         return float(value)
     value = str(value).strip() if field.keep_case else str(value).strip().lower()
     if field.choices and value not in field.choices:
@@ -344,8 +409,8 @@ def _stragglers(value: Any) -> tuple[tuple[int, float], ...]:
         except (ValueError, IndexError):
             raise SpecError(f"straggler {item!r} must be RANK:FACTOR, "
                             "e.g. 5:1.3 (rank 5 computes 1.3x slower)") from None
-        if rank < 0 or not (factor > 0 and math.isfinite(factor)):
-            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a positive number, e.g. 5:1.3")
+        if rank < 0 or not 0 < factor <= MAX_STRAGGLER_FACTOR:
+            raise SpecError(f"straggler {item!r}: the rank must be >= 0 and the factor a positive number up to {MAX_STRAGGLER_FACTOR:g}, e.g. 5:1.3")
         if rank in out:
             raise SpecError(f"straggler names rank {rank} twice: give one factor per rank")
         out[rank] = factor
@@ -386,10 +451,12 @@ def build_spec(
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     _check_keys("config file", config)
     _check_keys("flags", overrides)
-    preset_name = preset or config.pop("preset", None) or "demo"
+    preset_name = preset if preset is not None else config.pop("preset", None)
     config.pop("preset", None)
-    if not isinstance(preset_name, str):
-        raise SpecError(f"preset must be a preset's name such as llama3-8b, got {preset_name!r}")
+    if preset_name is None:
+        preset_name = "demo"
+    if not isinstance(preset_name, str) or not preset_name.strip():
+        raise SpecError(f"preset must be a preset's name such as llama3-8b (see 'traceforge presets'), got {preset_name!r}")
     base = get_preset(preset_name)
 
     explicit: dict[str, Any] = {}
@@ -397,8 +464,28 @@ def build_spec(
         for key, value in layer.items():
             explicit[key] = _coerce(key, value)
     raw = {k: _coerce(k, v) for k, v in base.items()}
+    # A value the preset derived from another (ffn_hidden = 4h, kv_heads = heads) follows that
+    # other value when it is given and the derived one is not, as --help promises.
+    for derived, source in DERIVED_DEFAULTS.items():
+        if source in explicit and derived not in explicit:
+            raw[derived] = None
     raw.update(explicit)
     return _normalize(raw, explicit, preset_name)
+
+
+# Defaults computed from another field (see _model): derived -> the field it follows.
+DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads"}
+
+
+def preset_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec values that came from its preset: the preset's keys not given explicitly and
+    not derived from an explicit value."""
+    from traceforge.presets import get_preset
+
+    given = {k for k, v in explicit.items() if v is not None}
+    followed = {d for d, src in DERIVED_DEFAULTS.items() if src in given}
+    doc = spec.to_dict()
+    return {k: doc[k] for k in get_preset(spec.preset) if k in doc and k not in given and k not in followed}
 
 
 class _Raw:
@@ -471,6 +558,8 @@ def _parallel(r: _Raw, v: dict) -> dict:
         world = model_parallel * dp
     if world != model_parallel * dp:
         raise SpecError(f"world_size {world} != tp*cp*pp*dp = {model_parallel * dp}: drop --dp to derive it, or fix one of them")
+    if world > MAX_WORLD_SIZE:
+        raise SpecError(f"world_size {world:,} (tp*cp*pp*dp) is above the {MAX_WORLD_SIZE:,} ranks traceforge plans: lower a size")
     heads, kv_heads = v["heads"], v["kv_heads"]
     if heads % tp:
         raise SpecError(f"heads ({heads}) must be divisible by tp ({tp}): choose tp from {_divisors(heads)}")
@@ -625,15 +714,31 @@ def _modes(r: _Raw, v: dict) -> dict:
     vs = _virtual_stages(r, schedule, pp, m)
     split = _layer_split(r, layers, pp, vs, schedule)
     steps = r.need("steps")
+    nodes = estimated_nodes_per_rank(v, _most_layers_per_stage(split, layers, pp, schedule), vs, steps,
+                                     r.get("recompute", "none"))
+    if nodes > MAX_NODES_PER_RANK:
+        raise SpecError(f"up to {nodes:,} nodes per rank (layers {layers}, pp {pp}, {m} micro-batches, {steps} steps) is above "
+                        f"the {MAX_NODES_PER_RANK:,} traceforge plans: lower --layers, --num-microbatches or --steps")
     # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
     if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
-        raise SpecError(f"steps ({steps}) x micro-batches ({m}) make too many p2p transfers for tags below {MAX_TAG}: emit fewer steps")
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers ({layers}) x cp ({v['cp']}) make too many p2p transfers "
+                        f"for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
     return dict(schedule=schedule, virtual_stages=vs, **split, overlap_p2p_comm=bool(r.get("overlap_p2p_comm")),
                 dp_mode=dp_mode,
                 shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,
                 overlap_param_gather=overlap_param, steps=steps,
                 sync_collectives=bool(r.get("sync_collectives", True)),
                 attention_mask_in_dataloader=bool(r.get("attention_mask_in_dataloader", True)))
+
+
+def _most_layers_per_stage(split: Mapping[str, Any], layers: int, pp: int, schedule: str) -> int:
+    """An upper bound on the layers one stage holds (all its model chunks), for the node estimate."""
+    if split["layers_per_stage"]:
+        return max(split["layers_per_stage"])
+    first, last = split["decoder_first_pipeline_num_layers"], split["decoder_last_pipeline_num_layers"]
+    even = -(-layers // pp) + 2  # the embedding/loss accounting moves at most one layer each
+    chunks = 2 if schedule in ("zbv", "dualpipev") else 1  # a V stage holds two virtual stages
+    return chunks * max(even, first or 0, last or 0)
 
 
 def _virtual_stages(r: _Raw, schedule: str, pp: int, m: int) -> int:

@@ -10,9 +10,7 @@ memory at a time.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -23,6 +21,9 @@ from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.reader import attr_value, find_rank_files
 from traceforge.read.reader import load_groups, open_trace, parse_node, read_json_file
 from traceforge.browse.show import Row, node_row
+from traceforge.errors import TraceReadError
+from traceforge.files import MAX_RANK_FILE_BYTES, input_file_problem
+from traceforge.parallel import fan_out
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -94,7 +95,13 @@ def traffic_key(node: pb.Node) -> str | None:
 def comm_size(node: pb.Node) -> int:
     for a in node.attr:
         if a.name == S.COMM_SIZE:
-            return int(attr_value(a) or 0)
+            value = attr_value(a)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63):
+                return int(value or 0)
+            shown = " ".join(repr(value).split())[:60]
+            raise TraceReadError(f"node {node.id}: comm_size is {shown}, not a byte count; 'traceforge check' lists every problem")
     return 0
 
 
@@ -131,7 +138,8 @@ def _tally(node: pb.Node, traffic: Counter) -> None:
 
 def _same_file_stats(rank: int, path: Path) -> RankDiff:
     _, payloads = open_trace(path)
-    traffic, n = Counter(), 0
+    traffic: Counter[tuple] = Counter()
+    n = 0
     for offset, payload in payloads:
         _tally(parse_node(payload, offset, str(path)), traffic)
         n += 1
@@ -139,13 +147,30 @@ def _same_file_stats(rank: int, path: Path) -> RankDiff:
 
 
 def compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> RankDiff:
+    try:
+        return _compare_rank(rank, path_a, path_b, groups_a, groups_b)
+    except TraceReadError as exc:
+        text = str(exc)
+        raise TraceReadError(text if text.startswith(("trace file", str(path_a), str(path_b)))
+                             else f"rank {rank} ({path_a} vs {path_b}): {text}") from None
+
+
+def _compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> RankDiff:
     # With identical group maps, identical node bytes mean identical nodes: skip canonicalizing.
     same_groups = groups_a == groups_b
+    for path in (path_a, path_b):
+        problem = input_file_problem(Path(path))
+        if problem:  # a FIFO would hang the read
+            raise TraceReadError(f"trace file {path} {problem}: give a Chakra ET file")
+        if Path(path).stat().st_size > MAX_RANK_FILE_BYTES:  # a huge (sparse) file would be read whole
+            raise TraceReadError(f"trace file {path} is {Path(path).stat().st_size:,} bytes, more than the "
+                                 f"{MAX_RANK_FILE_BYTES:,} a rank file can be")
     if same_groups and Path(path_a).read_bytes() == Path(path_b).read_bytes():
         return _same_file_stats(rank, path_a)
     meta_a, payloads_a = open_trace(path_a)
     meta_b, payloads_b = open_trace(path_b)
-    traffic_a, traffic_b = Counter(), Counter()
+    traffic_a: Counter[tuple] = Counter()
+    traffic_b: Counter[tuple] = Counter()
     nodes_a = nodes_b = 0
     first: NodeDifference | None = None
     for index, (pa, pb_) in enumerate(zip_longest(payloads_a, payloads_b)):
@@ -202,7 +227,8 @@ def _manifest_coords(manifest: dict | None) -> dict[int, dict]:
     if not manifest or not isinstance(manifest.get("ranks"), list):
         return {}
     keep = ("tp", "cp", "ep", "dp", "pp")
-    return {r["rank"]: {k: r.get(k) for k in keep} for r in manifest["ranks"] if isinstance(r, dict) and "rank" in r}
+    return {r["rank"]: {k: r.get(k) for k in keep} for r in manifest["ranks"]
+            if isinstance(r, dict) and isinstance(r.get("rank"), int)}
 
 
 def _compare_layout(diff: SetDiff) -> None:
@@ -212,7 +238,8 @@ def _compare_layout(diff: SetDiff) -> None:
     diff.order = (ma.get("order"), mb.get("order"))
     ca, cb = _manifest_coords(ma), _manifest_coords(mb)
     diff.coords_differ = [r for r in sorted(set(ca) & set(cb)) if ca[r] != cb[r]]
-    sa, sb = ma.get("spec") or {}, mb.get("spec") or {}
+    sa, sb = ma.get("spec"), mb.get("spec")
+    sa, sb = sa if isinstance(sa, dict) else {}, sb if isinstance(sb, dict) else {}  # a damaged manifest: no spec
     diff.spec = {k: (sa.get(k), sb.get(k)) for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)}
 
 
@@ -246,9 +273,8 @@ def _rank_diffs(a: TraceFiles, b: TraceFiles, ranks: list[int], jobs: int) -> It
             for chunk in chunks:
                 yield from _compare_chunk(chunk)
             return
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for done in pool.map(_compare_chunk, chunks):
-                yield from done
+        for done in fan_out(_compare_chunk, chunks, jobs):
+            yield from done
     finally:
         _pair = None
 
@@ -292,6 +318,10 @@ def set_files(ts: TraceFiles) -> dict[str, Path]:
     files = {f"rank {r}": p for r, p in ts.files.items()}
     for name in (COMM_GROUP_FILE, MANIFEST_FILE):
         files[name] = ts.directory / name
+    rank_files = set(ts.files.values())
+    for path in sorted(ts.directory.iterdir()):  # every other file too: --bytes means the whole folder
+        if path.name not in files and path not in rank_files and path.is_file():
+            files[path.name] = path
     return files
 
 
@@ -299,7 +329,8 @@ def byte_differences(a: TraceFiles, b: TraceFiles) -> Iterator[tuple[str, str]]:
     """(file role, 'differs' | 'only in A' | 'only in B') for each file that is not identical."""
     fa, fb = set_files(a), set_files(b)
     ranks = sorted(k for k in set(fa) | set(fb) if k.startswith("rank "))
-    for key in ranks + [COMM_GROUP_FILE, MANIFEST_FILE]:
+    others = sorted(k for k in set(fa) | set(fb) if not k.startswith("rank ") and k not in (COMM_GROUP_FILE, MANIFEST_FILE))
+    for key in ranks + [COMM_GROUP_FILE, MANIFEST_FILE] + others:
         da = _digest(fa[key]) if key in fa else None
         db = _digest(fb[key]) if key in fb else None
         if da != db:

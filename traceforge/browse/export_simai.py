@@ -23,8 +23,9 @@ parameter AllGathers) comes first, as lines whose backward parts run last; then 
 micro-batch: the forward cut after each forward collective and the backward after each backward
 collective, a collective per line, the two paired bottom-up. What it cannot carry, refused:
 context parallelism (ring attention's Send/Recv), DP collectives in the forward (ZeRO-3, FSDP,
-HSDP parameter gathers). What it cannot carry, dropped with a note: the tied-embedding AllReduce and the small synchronising collectives (grad-norm, found-inf, routing counts)
-between the first and last stage; the per-rank pipeline schedule and which communication
+HSDP parameter gathers). What it cannot carry, dropped with a note: the tied-embedding AllReduce
+and the small synchronising collectives (grad-norm, found-inf, routing counts) between the first
+and last stage; the per-rank pipeline schedule and which communication
 overlaps which compute (SimAI's own model replaces both).
 """
 
@@ -37,9 +38,10 @@ from typing import Any
 from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file
 from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
+from traceforge import schema as S
 from traceforge.schema import MANIFEST_FILE
 
-COMP, SEND, RECV, COLL = 4, 5, 6, 7
+COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 TYPES = {0: "ALLREDUCE", 2: "ALLGATHER", 6: "ALLTOALL", 7: "REDUCESCATTER"}
 NONE = "NONE"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
@@ -54,7 +54,7 @@ class Row:
 
 
 def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) -> Row:
-    a = attrs(node)
+    a: dict[str, Any] = attrs(node)  # values as a file holds them: damaged ones are shown as they are
     type_name = S.NODE_TYPE_NAMES.get(node.type, str(node.type))
     row = Row(
         id=node.id, type=TYPE_SHORT.get(type_name, type_name), name=node.name,
@@ -79,6 +79,13 @@ def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) ->
     return row
 
 
+def _bytes_text(value: object) -> str:
+    """A byte count as written; a damaged (non-integer) one shown as it is, never a crash."""
+    if value is None:
+        return ""
+    return f"{value:,}" if isinstance(value, int) else " ".join(repr(value).split())[:40]
+
+
 def parse_range(text: str | None) -> tuple[int, int | None]:
     """'A:B' (ids A..B-1, like a Python slice), 'A:', ':B' or one id 'A' -> (start, stop)."""
     if text is None or text.strip() in ("", ":"):
@@ -86,9 +93,10 @@ def parse_range(text: str | None) -> tuple[int, int | None]:
     try:
         if ":" not in text:
             start = int(text)
-            return start, start + 1
-        lo, hi = text.split(":", 1)
-        start, stop = int(lo) if lo.strip() else 0, int(hi) if hi.strip() else None
+            stop: int | None = start + 1
+        else:
+            lo, hi = text.split(":", 1)
+            start, stop = int(lo) if lo.strip() else 0, int(hi) if hi.strip() else None
     except ValueError:
         raise UserError(f"--range {text!r}: give node ids as START:END (END excluded), START:, :END or one id") from None
     if start < 0 or (stop is not None and stop < start):
@@ -108,9 +116,11 @@ def iter_rows(path: Path, groups: dict[str, tuple[int, ...]] | None = None,
 
 # -- formatting -----------------------------------------------------------------------------
 
-def _count(n: int | None) -> str:
+def _count(n: object) -> str:
     if n is None:
         return ""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return _bytes_text(n)  # a damaged value, shown as it is
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
@@ -153,7 +163,7 @@ COLUMNS = (
     ("id", 6, True, lambda r: str(r.id)),
     ("type", 4, False, lambda r: r.type),
     ("op", 13, False, _op),
-    ("bytes", 13, True, lambda r: f"{r.comm_size:,}" if r.comm_size is not None else ""),
+    ("bytes", 13, True, lambda r: _bytes_text(r.comm_size)),
     ("with", 22, False, _with),
     ("flops", 7, True, lambda r: _count(r.num_ops)),
     ("us", 7, True, lambda r: _opt(r.duration_micros)),
@@ -168,7 +178,7 @@ COLUMNS = (
 
 def _line(cells: Iterable[str]) -> str:
     parts = []
-    for (_, width, right, _), cell in zip(COLUMNS, cells):
+    for (_, width, right, _), cell in zip(COLUMNS, cells, strict=True):
         parts.append(cell.rjust(width) if right else cell.ljust(width) if width else cell)
     return "  ".join(parts).rstrip()
 

@@ -14,7 +14,10 @@ FILE_KINDS = ("missing-rank", "extra-rank", "empty", "truncated", "corrupt", "no
 RANK_KINDS = ("node-id", "dependency", "cycle", "node-type", "attribute", "group")
 # Across ranks.
 CROSS_KINDS = ("collective", "p2p", "order", "deadlock")
-KINDS = FILE_KINDS + RANK_KINDS + CROSS_KINDS
+# A file that frames and decodes but differs from what manifest.json recorded (cut at a node
+# boundary, edited): an error, yet the rest of the check still runs on what the file holds.
+MANIFEST_KINDS = ("manifest",)
+KINDS = FILE_KINDS + MANIFEST_KINDS + RANK_KINDS + CROSS_KINDS
 # Errors of these kinds make ASTRA-sim abort before communication could stall: no replay.
 REPLAY_BLOCKING = frozenset(FILE_KINDS + RANK_KINDS)
 

@@ -28,8 +28,9 @@ TYPE_NAMES = S.NODE_TYPE_NAMES
 COLL_NAMES = S.COLL_TYPE_NAMES
 SIMULATED_COLLS = frozenset((0, 2, 6, 7))  # ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 BROADCAST = 5
-TAG_LIMIT = 500_000_000  # ASTRA-sim's NATIVE send/recv tags live in [0, 5e8)
+TAG_LIMIT = S.TAG_LIMIT  # ASTRA-sim's NATIVE send/recv tags live in [0, 5e8)
 UINT32 = 1 << 32
+MAX_DURATION = 1 << 62  # µs; ASTRA-sim adds durations to a uint64 tick counter (in ns), so far less wraps
 WORLD = 0  # group id of "all ranks" (pg_name absent, empty or "0")
 
 INTEGER_FIELDS = frozenset((
@@ -61,6 +62,9 @@ def decode_node(payload: bytes) -> CheckRecord:
     deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
     attrs = node_attributes(node)
     problems: list[Problem] = []
+    if node.duration_micros >= MAX_DURATION:
+        problems.append((ERROR, "attribute", f"duration_micros {node.duration_micros:,} overflows ASTRA-sim's 64-bit tick "
+                                             "arithmetic (and is over 146,000 years): write the real duration"))
     comm = _validate(node.type, attrs, problems)
     return CheckRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
 

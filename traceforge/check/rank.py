@@ -10,6 +10,7 @@ a compute node always finishes once its dependencies have.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from operator import itemgetter
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class RankSummary:
     program: Program | None = None  # sent only the first time this process sends its digest
     groups: tuple[int, ...] = ()  # group id of each group role
     peers: tuple[int, ...] = ()  # peer rank of each peer role
+    size: int = 0  # bytes of the file as read, and their sha256 (compared with manifest.json)
+    sha256: str = ""
 
 
 def summarize_rank(rank: int, path: Path | str, world: int) -> RankSummary:
@@ -73,7 +76,9 @@ class _Fatal(Exception):
 
 def _scan(s: RankSummary, world: int) -> None:
     try:
-        records, offsets = _decode(read_file(s.path), s.path)
+        data = read_file(s.path)
+        s.size, s.sha256 = len(data), hashlib.sha256(data).hexdigest()  # compared with manifest.json
+        records, offsets = _decode(data, s.path)
     except FrameError as exc:
         raise _Fatal(exc.kind, exc.detail) from None
     if not records:
@@ -116,12 +121,19 @@ def _check_metadata(payload: bytes) -> None:
         while pos < end:
             key, pos = read_varint(payload, pos)
             number, wire_type = key >> 3, key & 7
-            if number not in (1, 2) or wire_type != 2:
+            # version (1) and attr (2) are length-delimited; a Node's id (1) is a varint. Other
+            # fields are unknown to this schema, which protobuf allows: skip them.
+            if number < 1 or wire_type not in (0, 1, 2, 5) or (number in (1, 2) and wire_type != 2):
                 raise _Fatal("no-metadata", f"the first message is not a GlobalMetadata (it has field {number}, wire type "
                                             f"{wire_type}, like a Node); ASTRA-sim reads the first message as metadata, "
                                             "so write a GlobalMetadata before the nodes")
-            length, pos = read_varint(payload, pos)
-            pos += length
+            if wire_type == 0:
+                _, pos = read_varint(payload, pos)
+            elif wire_type in (1, 5):
+                pos += 8 if wire_type == 1 else 4
+            else:
+                length, pos = read_varint(payload, pos)
+                pos += length
         if pos > end:
             raise ValueError("field overruns the message")
         pb.GlobalMetadata().ParseFromString(payload)

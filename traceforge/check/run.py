@@ -29,8 +29,8 @@ from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING,
 from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
 from traceforge.read.progress import Progress
-from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups
-from traceforge.schema import COMM_GROUP_FILE
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups, read_json_file
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.errors import TraceReadError, UserError
 
 __all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
@@ -149,11 +149,13 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
     cross = CrossRank(world, groups, group_file)
     jobs = jobs if jobs is not None else _cores()
     items = [(r, files[r]) for r in sorted(files) if r < world]
+    recorded = _manifest_rows(directory, prefix)
     progress = Progress("check: reading ranks", len(items))
     for summary in _scan_all(items, world, jobs):
         result.ranks_read += 0 if summary.fatal else 1
         result.nodes += summary.nodes
         findings += summary.findings
+        findings += _manifest_findings(summary, recorded.get(summary.rank))
         cross.add(summary)
         progress.advance()
     progress.close()
@@ -240,6 +242,31 @@ def _world_size(directory: Path, prefix: str, files: dict[int, Path], ranks: int
         raise UserError(f"{directory}: {files[max(files)].name} names rank {max(files):,}, beyond {MAX_RANKS:,}; "
                         "remove it, or give --ranks N")
     return max(files) + 1
+
+
+def _manifest_rows(directory: Path, prefix: str) -> dict[int, tuple[int, str]]:
+    """{rank: (bytes, sha256)} from our manifest.json, when it has them for this prefix."""
+    doc = read_json_file(directory / MANIFEST_FILE)
+    if not isinstance(doc, dict) or doc.get("prefix") != prefix or not isinstance(doc.get("ranks"), list):
+        return {}
+    rows = {}
+    for row in doc["ranks"]:
+        if isinstance(row, dict) and all(isinstance(row.get(k), t) for k, t in (("rank", int), ("bytes", int), ("sha256", str))):
+            rows[row["rank"]] = (row["bytes"], row["sha256"])
+    return rows
+
+
+def _manifest_findings(summary: RankSummary, row: tuple[int, str] | None) -> list[Finding]:
+    """A file whose bytes differ from what manifest.json recorded was cut or changed after it
+    was written, even where it still frames cleanly (e.g. cut at a node boundary)."""
+    if row is None or summary.fatal or (summary.size, summary.sha256) == row:
+        return []
+    size, _ = row
+    if summary.size < size:
+        return [Finding("manifest", summary.rank, None, None, f"{summary.size:,} bytes but manifest.json records {size:,}: "
+                        "the file was cut after it was written (ASTRA-sim would silently simulate less); regenerate it")]
+    return [Finding("manifest", summary.rank, None, None, f"its bytes differ from manifest.json's sha256 ({summary.size:,} "
+                    f"bytes, recorded {size:,}): the file changed after it was written; regenerate it")]
 
 
 def _cores() -> int:

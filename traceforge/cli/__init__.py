@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -24,9 +25,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Plan the communication of 3D-parallel LLM training and write per-GPU Chakra execution traces.",
 )
+if sys.stdout is None or sys.stderr is None:  # started with a stream closed (`>&-`): discard that output
+    sys.stdout = sys.stdout or open(os.devnull, "w")  # noqa: SIM115
+    sys.stderr = sys.stderr or open(os.devnull, "w")  # noqa: SIM115
 err = Console(stderr=True, highlight=False)
 # Wide enough for tables when piped (rich assumes 80 columns off a terminal).
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so output in progress is removed as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def fail(message: str, code: int) -> None:
@@ -49,9 +61,9 @@ def user_errors(func: Callable) -> Callable:
         except OSError as exc:  # the file system said no: a path the user gave, or a full disk
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             err.print("traceforge: interrupted; nothing was written", markup=False)
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
 
     return wrapper
 
@@ -69,8 +81,6 @@ def _root(
     pass
 
 
-
-
 def load_commands() -> None:
     """Import every module of this package: each registers its commands on ``app``."""
     import importlib
@@ -85,9 +95,10 @@ def main() -> None:
     try:  # recent typer vendors click; older releases use the click package
         from typer._click import exceptions as click
     except ImportError:
-        from click import exceptions as click
+        from click import exceptions as click  # type: ignore[no-redef]
 
     load_commands()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = app(prog_name="traceforge", standalone_mode=False)
     except click.NoArgsIsHelpError as exc:  # bare `traceforge`: the help text

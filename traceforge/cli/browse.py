@@ -32,13 +32,11 @@ def diff(
     counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
     """
     from traceforge.browse.diff import byte_differences, diff_sets, open_set
-    from traceforge.emit.writer import default_jobs
+    from traceforge.parallel import resolve_jobs
 
     if limit < 1:
         raise UserError(f"--limit must be at least 1, got {limit}")
-    jobs = default_jobs() if jobs is None else jobs
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    jobs = resolve_jobs(jobs)
     set_a, set_b = open_set(a, prefix), open_set(b, prefix)
     if exact:
         differing = list(byte_differences(set_a, set_b))
@@ -224,7 +222,8 @@ def _coordinates(directory: Path, rank: int) -> str:
     ranks = doc.get("ranks")
     entry = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) and isinstance(ranks[rank], dict) else {}
     dims = str(doc.get("order") or "").split("-") if entry.get("rank") == rank else []
-    sizes = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    spec = doc.get("spec")
+    sizes = spec if isinstance(spec, dict) else {}
     shown = [f"{d} {entry[d]}" for d in dims if d in entry and sizes.get(d, 1) > 1]  # dims in use only
     return f" ({', '.join(shown)})" if shown else ""
 

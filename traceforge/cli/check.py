@@ -9,6 +9,7 @@ import typer
 
 from traceforge.cli import app, out, user_errors
 from traceforge.errors import UserError
+from traceforge.parallel import resolve_jobs
 
 
 @app.command("check")
@@ -38,8 +39,7 @@ def check(
 
     if max_rows < 0:
         raise UserError(f"--max-rows must be at least 0, got {max_rows}")
-    if jobs is not None and jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    jobs = resolve_jobs(jobs)
     if expand is not None:
         result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs)
     else:

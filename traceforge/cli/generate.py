@@ -7,6 +7,7 @@ validation never drift apart.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,9 +18,20 @@ from rich.table import Table
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
-from traceforge.spec import FIELDS, build_spec, load_config_file, requested_order
+from traceforge.model import memory_notes
+from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
 
 # -- generate -------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$", re.ASCII)
+
+
+def check_prefix(prefix: str) -> None:
+    """A prefix every tool (ours, ASTRA-sim's, a shell) reads back: letters, digits, _ . + -."""
+    if not _PREFIX.match(prefix):
+        raise UserError(f"--prefix {prefix!r} must be 1-200 letters, digits, '_', '.', '+' or '-' "
+                        "(not starting with '.', '+' or '-')")
+
 
 def _spec_options() -> list[inspect.Parameter]:
     params = []
@@ -75,7 +87,9 @@ def _astra_options() -> list[inspect.Parameter]:
 def generate(**kwargs: Any) -> None:
     """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
-    from traceforge.emit.writer import default_jobs, write_trace_set
+    from traceforge.output import check_output_dir
+    from traceforge.emit.writer import write_trace_set
+    from traceforge.parallel import resolve_jobs
 
     from traceforge.emit.astra import (
         BACKEND_INFO, CLUSTER_HELP, backend, check_bundle, check_messages, cluster_from_options, write_astra_bundle,
@@ -88,6 +102,12 @@ def generate(**kwargs: Any) -> None:
     spec = build_spec(run["preset"], config, kwargs)
     given_order = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
     inserted = [d for d in spec.order_dims if d not in given_order]
+    explicit = {**(config or {}), **{k: v for k, v in kwargs.items() if v is not None}}
+    # Name what the preset decided when the user also gave values: a spec given by flags must not
+    # silently inherit a preset's model sizes.
+    preset_fields = preset_values(spec, explicit) if explicit else {}
+    for note in memory_notes(spec):
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
     cluster = None
     if run["astra_sim"]:
         if run["shard"] is not None:
@@ -100,11 +120,11 @@ def generate(**kwargs: Any) -> None:
     elif any(v is not None for v in cluster_opts.values()):
         given = next(k for k, v in cluster_opts.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
-    jobs = run["jobs"] if run["jobs"] is not None else default_jobs()
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if not run["prefix"] or "/" in run["prefix"]:
-        raise UserError(f"--prefix {run['prefix']!r} must be a plain, non-empty file-name prefix")
+    jobs = resolve_jobs(run["jobs"])
+    check_prefix(run["prefix"])
+    inputs = [run["config"]] if run["config"] else []
+    if run["shard"] is None:
+        check_output_dir(run["out_dir"], run["force"], inputs)  # refuse before planning anything
     started = time.perf_counter()
     common = dict(prefix=run["prefix"], force=run["force"], jobs=jobs)
     if run["shard"] is not None:
@@ -118,14 +138,18 @@ def generate(**kwargs: Any) -> None:
             out.print(f"wrote shard {k}/{n}: ranks {ranks.start}..{ranks.stop - 1} of {spec.world_size} to {run['out_dir']}/; "
                       f"run 'traceforge merge {run['out_dir']}' once every shard is done")
         return
-    finish = (lambda directory, header: write_astra_bundle(directory, header, cluster)) if cluster else None
-    with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
-        doc = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, **common)
-    if not run["quiet"]:
-        _summary(doc, run["out_dir"], time.perf_counter() - started, inserted)
+    def finish(directory: Path, header: dict) -> None:
         if cluster:
-            binary = BACKEND_INFO[backend(cluster)].binary
-            out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
+            write_astra_bundle(directory, header, cluster)
+        if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
+            _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields)
+            if cluster:
+                binary = BACKEND_INFO[backend(cluster)].binary
+                out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
+            out.file.flush()
+
+    with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
+        write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
     if run["report"]:
         from traceforge.cli.report import print_report
 
@@ -175,7 +199,8 @@ class _progress:
             self.bar.stop()
 
 
-def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None) -> None:
+def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
+             preset_fields: dict | None = None) -> None:
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
@@ -185,6 +210,9 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
     )
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
+    if preset_fields:
+        out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
+                  markup=False, soft_wrap=True)
 
 
 def _inserted_note(inserted: list[str] | None) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import json
 import sys
 from pathlib import Path
@@ -13,6 +11,11 @@ import typer
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
+from traceforge.parallel import resolve_jobs
+
+MIN_BW_GBPS, MAX_BW_GBPS = 1e-3, 1e6
+MAX_LATENCY_US = 3.6e9
+MAX_GPUS_PER_NODE = 1 << 16
 
 
 def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
@@ -63,15 +66,22 @@ def report(
     from traceforge.report.timing_replay import LinkModel
     from traceforge.report.build import build_report
 
-    if jobs is not None and jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)
+    # Bounded so every estimate stays a finite number (JSON has no Infinity): 1 MB/s to 1 PB/s,
+    # latency up to one hour.
     for flag, value in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
-        if not 0 < value < math.inf:
-            raise UserError(f"{flag} must be a bandwidth in GB/s above 0, got {value}")
-    if not 0 <= latency < math.inf:
-        raise UserError(f"--latency must be a finite number of microseconds >= 0, got {latency}")
+        if not MIN_BW_GBPS <= value <= MAX_BW_GBPS:
+            raise UserError(f"{flag} must be a bandwidth from {MIN_BW_GBPS:g} to {MAX_BW_GBPS:g} GB/s, got {value:g}")
+    if not 0 <= latency <= MAX_LATENCY_US:
+        raise UserError(f"--latency must be from 0 to {MAX_LATENCY_US:g} microseconds, got {latency:g}")
+    if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise UserError(f"--gpus-per-node must be from 1 to {MAX_GPUS_PER_NODE:,}, got {gpus_per_node}")
     link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
+    if out_dir is not None:  # refuse a bad --out before the (long) read
+        from traceforge.output import check_output_dir
+
+        check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
     def build(path: Path):
         return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs,
@@ -93,7 +103,7 @@ def report(
     if sim is not None:
         main.attach_simulation(sim)
     other = build(compare) if compare is not None else None
-    notes = main.write(out_dir, force=force) if out_dir is not None else []
+    notes = main.write(out_dir, force=force, inputs=[compare] if compare else []) if out_dir is not None else []
     if as_json:
         doc = main.to_json() if other is None else {"a": main.to_json(), "b": other.to_json()}
         # Plain JSON: rich's pretty-printer costs seconds and hundreds of MB on 16k-rank sets.

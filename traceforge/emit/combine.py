@@ -121,7 +121,7 @@ def placement_file(path: Path, worlds: list[int]) -> list[list[int]]:
     return [list(j) for j in jobs]
 
 
-def renumber_node(payload: memoryview, ranks: list[int], group_offset: int) -> bytes:
+def renumber_node(payload: bytes | memoryview, ranks: list[int], group_offset: int) -> bytes:
     node = pb.Node()
     node.ParseFromString(bytes(payload))
     for attr in node.attr:

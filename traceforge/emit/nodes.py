@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Union
 
 from traceforge import schema as S
-from traceforge.plan.ops import NodeType, Op
+from traceforge.plan.ops import NodeType, Op, Peer
 
-SELF = "self"
+SELF = Peer.SELF
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,7 @@ class Hole:
     as_string: bool  # pg_name is a decimal string; ranks are integers
 
 
-Value = Union[int, str, bool, Hole]
+Value = int | str | bool | Hole
 
 
 def node_attributes(op: Op) -> list[tuple[str, Value]]:
@@ -33,9 +33,11 @@ def node_attributes(op: Op) -> list[tuple[str, Value]]:
     if op.type == NodeType.COMP:
         attrs += [(S.NUM_OPS, op.num_ops), (S.TENSOR_SIZE, op.tensor_size)]
     elif op.type == NodeType.COLL:
+        assert op.comm_type is not None and op.group is not None  # the builder sets both on a collective
         attrs += [(S.COMM_TYPE, int(op.comm_type)), (S.COMM_SIZE, op.comm_size)]
         holes.append((S.PG_NAME, Hole(op.group, True)))
     else:
+        assert op.peer is not None  # the builder sets it on a send or receive
         attrs += [(S.COMM_SIZE, op.comm_size), (S.COMM_TAG, op.tag)]
         me, peer = Hole(SELF, False), Hole(op.peer, False)
         src, dst = (me, peer) if op.type == NodeType.SEND else (peer, me)

@@ -5,7 +5,10 @@ Slow but obviously right; tests require the splicing encoder to match it byte fo
 
 from __future__ import annotations
 
-from google.protobuf.internal.encoder import _VarintBytes
+from typing import cast
+
+# protobuf's own varint (not traceforge.wire's), so the reference shares no code with the splicer
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.emit.nodes import attr_member, bind, node_attributes
@@ -14,7 +17,7 @@ from traceforge.schema import SCHEMA_VERSION
 
 
 def to_node(op: Op, values: dict[str, int], duration: int | None = None) -> pb.Node:
-    node = pb.Node(id=op.id, name=op.name, type=int(op.type), data_deps=list(op.deps),
+    node = pb.Node(id=op.id, name=op.name, type=cast(pb.NodeType, int(op.type)), data_deps=list(op.deps),
                    duration_micros=op.duration_micros if duration is None else duration)
     for name, value in node_attributes(op):
         node.attr.add(name=name, **{attr_member(name): bind(value, values)})

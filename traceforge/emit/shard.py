@@ -19,16 +19,22 @@ from typing import Callable
 
 from traceforge import __version__
 from traceforge.emit.writer import (
-    RankRecord, RankTable, RankWriter, finish_trace_set, trace_file_name, write_json, write_ranks,
+    RankRecord, RankTable, RankWriter, estimate_bytes, finish_trace_set, trace_file_name, write_json,
+    write_ranks,
 )
+from traceforge.output import remove_stale
 from traceforge.errors import UserError
+from traceforge.files import read_regular_file
 from traceforge.layout import Layout
 from traceforge.schema import MANIFEST_FILE
 from traceforge.plan.program import program_variants, stage_program
-from traceforge.spec import Spec, build_spec
+from traceforge.spec import MAX_WORLD_SIZE, Spec, build_spec
 
-_SHARD_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-_SHARD_FILE = re.compile(r"^shard-(\d+)-of-(\d+)\.json$")
+_SHARD_ARG = re.compile(r"^\s*([0-9]+)\s*/\s*([0-9]+)\s*$", re.ASCII)
+_SHARD_FILE = re.compile(r"^shard-([0-9]+)-of-([0-9]+)\.json$", re.ASCII)
+# A killed shard's partial directory inside OUT (the pid is its writer's).
+_PARTIAL = re.compile(r"^\.shard-[0-9]+-of-[0-9]+\.partial-(?P<pid>[0-9]+)$", re.ASCII)
+MAX_SHARD_MANIFEST_BYTES = 1 << 30
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -38,6 +44,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     k, n = int(match[1]), int(match[2])
     if n < 1 or not 0 <= k < n:
         raise UserError(f"--shard {text!r}: K must be in 0..N-1 and N at least 1 (shards are numbered from 0)")
+    if n > MAX_WORLD_SIZE:
+        raise UserError(f"--shard {text!r}: N must be at most the number of ranks (and {MAX_WORLD_SIZE:,})")
     return k, n
 
 
@@ -61,12 +69,20 @@ def write_shard(
         raise UserError(f"{done} exists: shard {k}/{n} is already written; pass --force to write it again")
     if not force and (out / MANIFEST_FILE).exists():
         raise UserError(f"{out} already holds a merged trace set; choose another -o/--out or pass --force")
+    if n > spec.world_size:
+        raise UserError(f"--shard {k}/{n}: {n} shards for {spec.world_size} ranks leaves some empty; use N <= {spec.world_size}")
     layout = Layout.from_spec(spec)
     ranks = shard_ranks(layout.world_size, k, n)
     if program_variants(spec) == 1:
         for stage in {int(layout.coords["pp"][r]) for r in ranks}:
             stage_program(spec, stage)  # planned once here; forked workers inherit the cache
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale(out, _PARTIAL)  # what a killed shard left
+    need = estimate_bytes(spec, layout, ranks)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise UserError(f"shard {k}/{n} would take about {need / 1e9:,.2f} GB but {out} has {free / 1e9:,.2f} GB free: "
+                        "free space, or choose another -o/--out")
     tmp = out / f".shard-{k}-of-{n}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -90,18 +106,41 @@ def write_shard(
 def _read_shard_manifest(path: Path) -> dict:
     """A shard manifest, checked for the shape write_shard gives it."""
     fix = "rerun that shard with --force"
+    data = read_regular_file(path, "shard manifest", MAX_SHARD_MANIFEST_BYTES, fix)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable shard manifest ({exc}); {fix}") from None
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: unreadable shard manifest ({' '.join(str(exc).split())[:200]}); {fix}") from None
     shape_ok = (
         isinstance(doc, dict) and isinstance(doc.get("spec"), dict) and isinstance(doc.get("prefix"), str)
-        and isinstance(doc.get("world_size"), int) and isinstance(doc.get("ranks"), list)
-        and all(isinstance(row, list) and len(row) == 4 for row in doc["ranks"])
+        and _is_int(doc.get("world_size")) and isinstance(doc.get("ranks"), list)
+        and all(isinstance(row, list) and len(row) == 4 and all(_is_int(v) and v >= 0 for v in row[:3])
+                and isinstance(row[3], str) for row in doc["ranks"])
     )
     if not shape_ok:
         raise UserError(f"{path}: not a traceforge shard manifest (missing or malformed fields); {fix}")
     return doc
+
+
+def first_world(shards: dict[int, dict]) -> int:
+    return int(next(iter(shards.values()))["world_size"])
+
+
+def _check_spec_matches_files(spec: Spec, layout: Layout, out: Path, prefix: str, records: list[RankRecord]) -> None:
+    """The shard manifests' spec must be the one the files came from (a consistently edited spec
+    would otherwise label the set wrongly): the first rank of every stage is encoded again from
+    the spec and must equal its file."""
+    writer = RankWriter(spec, layout, out, prefix)
+    for stage in range(spec.pp):
+        rank = int(layout.stage_ranks(stage)[0])
+        data, _ = writer.encode(rank)
+        if hashlib.sha256(data).hexdigest() != records[rank].sha256:
+            raise UserError(f"{out}: {trace_file_name(prefix, rank)} is not what the shard manifests' spec writes for rank {rank}; "
+                            "the manifests were edited or come from another spec: rerun the shards")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def merge_shards(out: Path) -> dict:
@@ -109,18 +148,29 @@ def merge_shards(out: Path) -> dict:
     out = Path(out)
     if not out.is_dir():
         raise UserError(f"{out}: not a directory; give the folder the shards wrote into")
+    remove_stale(out, _PARTIAL)  # a killed shard's partial output
+    writing = [p.name for p in out.iterdir() if _PARTIAL.match(p.name)]
+    if writing:
+        raise UserError(f"{out}: {writing[0]} is still being written by a running shard; merge once every shard is done")
     shards: dict[int, dict] = {}
     counts: set[int] = set()
     for path in sorted(out.iterdir()):
         match = _SHARD_FILE.match(path.name)
         if match:
-            shards[int(match[1])] = _read_shard_manifest(path)
-            counts.add(int(match[2]))
+            k, n = int(match[1]), int(match[2])
+            if not 0 <= k < n:
+                raise UserError(f"{path}: shard {k} of {n} cannot exist (K runs from 0 to N-1); remove the stray file")
+            shards[k] = _read_shard_manifest(path)
+            if shards[k].get("shard") != [k, n]:
+                raise UserError(f"{path}: its content says shard {shards[k].get('shard')}, not {k}/{n}; rerun that shard with --force")
+            counts.add(n)
     if not shards:
         raise UserError(f"{out}: no shard-K-of-N.json files; run 'traceforge generate --shard K/N -o {out}' for every K first")
     if len(counts) != 1:
         raise UserError(f"{out}: shards of different splits ({', '.join(f'of {c}' for c in sorted(counts))}); remove the stale ones")
     n = counts.pop()
+    if n > first_world(shards):
+        raise UserError(f"{out}: {n} shards for {first_world(shards)} ranks; regenerate with N at most the number of ranks")
     missing = [k for k in range(n) if k not in shards]
     if missing:
         raise UserError(f"{out}: shards {', '.join(map(str, missing))} of {n} are missing; run them with --shard K/{n}")
@@ -145,6 +195,7 @@ def merge_shards(out: Path) -> dict:
             raise UserError(f"{path}: missing or of the wrong size; rerun its shard with --force")
         if hashlib.sha256(path.read_bytes()).hexdigest() != rec.sha256:
             raise UserError(f"{path}: its bytes changed since its shard wrote it (sha256 differs); rerun its shard with --force")
+    _check_spec_matches_files(spec, layout, out, prefix, records)
     table = RankTable(range(layout.world_size))
     table.add(records)
     doc = finish_trace_set(spec, layout, out, prefix, table)

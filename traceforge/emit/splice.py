@@ -23,7 +23,7 @@ import numpy as np
 from traceforge import wire
 from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.emit.durations import scaled_durations
-from traceforge.plan.ops import Op, Program
+from traceforge.plan.ops import Op, Peer, Program
 from traceforge.schema import MEMBER_FIELD, SCHEMA_VERSION
 
 # Node and AttributeProto field numbers (et_def.proto).
@@ -212,7 +212,7 @@ class StageEncoder:
         timed = [op.duration_micros for op in program.ops if op.duration_micros]
         self.base_durations = np.asarray(timed, dtype=np.int64)
         self.string_roles = frozenset(program.group_roles)
-        peers = program.peer_roles | ({"self"} if program.peer_roles else set())
+        peers = program.peer_roles | ({Peer.SELF} if program.peer_roles else set())
         self.roles = tuple(sorted(self.string_roles | peers))
         self._templates: dict[tuple[int, ...], Template] = {}
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -23,7 +20,8 @@ from traceforge.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
-from traceforge.plan.ops import Program
+from traceforge.parallel import cores, fan_out
+from traceforge.plan.ops import Peer, Program
 from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import Spec
@@ -69,8 +67,8 @@ def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, 
     by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
     nxt, prv = layout.pipeline_peers
     cp_next, cp_prev = layout.context_peers
-    values = {"self": rank, "next": int(nxt[rank]), "prev": int(prv[rank]),
-              "cp_next": int(cp_next[rank]), "cp_prev": int(cp_prev[rank])}
+    values: dict[str, int] = {Peer.SELF: rank, Peer.NEXT: int(nxt[rank]), Peer.PREV: int(prv[rank]),
+                              Peer.CP_NEXT: int(cp_next[rank]), Peer.CP_PREV: int(cp_prev[rank])}
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
     if ep_peers:
@@ -106,11 +104,14 @@ class RankWriter:
                 self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
         return self._encoders[key]
 
-    def write(self, rank: int) -> RankRecord:
-        key = program_key(self.spec, self.layout, rank)
-        encoder = self.encoder(key)
+    def encode(self, rank: int) -> tuple[memoryview, int]:
+        """(file bytes, node count) of one rank."""
+        encoder = self.encoder(program_key(self.spec, self.layout, rank))
         scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
-        data, nodes = encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+        return encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+
+    def write(self, rank: int) -> RankRecord:
+        data, nodes = self.encode(rank)
         with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
             f.write(data)
         return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
@@ -154,9 +155,8 @@ def write_ranks(
     # work of encoding stages spreads over the workers instead of running here serially.
     _worker = writer
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            for done in pool.map(_write_chunk, chunks):
-                collect(done)
+        for done in fan_out(_write_chunk, chunks, jobs):
+            collect(done)
     finally:
         _worker = None
     return table
@@ -228,10 +228,22 @@ def write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+# Bytes per node, measured on the presets (153-156): a bound for the free-space check.
+BYTES_PER_NODE = 160
+
+
+def estimate_bytes(spec: Spec, layout: Layout, ranks: range) -> int:
+    """About what writing these ranks takes on disk (planned programs are cached)."""
+    per_stage = [len(stage_program(spec, s).ops) for s in range(spec.pp)]
+    stages = layout.coords["pp"][ranks.start:ranks.stop]
+    counts = np.bincount(stages, minlength=spec.pp)
+    return int(sum(int(c) * n for c, n in zip(counts, per_stage, strict=True))) * BYTES_PER_NODE
+
+
 def write_trace_set(
     spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
     on_chunk: Callable[[list[RankRecord]], None] | None = None,
-    finish: Callable[[Path, dict], object] | None = None,
+    finish: Callable[[Path, dict], object] | None = None, inputs: Iterable[Path] = (),
 ) -> dict:
     """Plan and write the whole trace set into OUT atomically; return the manifest header
     (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
@@ -240,7 +252,8 @@ def write_trace_set(
     if program_variants(spec) == 1:
         for stage in range(spec.pp):
             stage_program(spec, stage)  # planned once here; forked workers inherit the cache
-    with atomic_output_dir(Path(out), force) as tmp:
+    need = estimate_bytes(spec, layout, range(layout.world_size))
+    with atomic_output_dir(Path(out), force, inputs, need_bytes=need) as tmp:
         writer = RankWriter(spec, layout, tmp, prefix)
         table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
         header = finish_trace_set(spec, layout, tmp, prefix, table)
@@ -250,4 +263,4 @@ def write_trace_set(
 
 
 def default_jobs() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return cores()

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from traceforge.model import local_tokens, qkv_channels
 from traceforge.plan.compute import Cost
-from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec
 
-CP_NEXT, CP_PREV = "cp_next", "cp_prev"
+CP_NEXT, CP_PREV = Peer.CP_NEXT, Peer.CP_PREV
 KV_FWD, BWD, KV_RECOMPUTE = range(3)
 TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
 

@@ -165,10 +165,10 @@ class DataParallel:
         self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
+        self.shard_group, self.shard_size = "dp", spec.dp * spec.cp
         if self.mode == "hsdp":
+            assert spec.shard_size is not None  # the spec requires it with hsdp
             self.shard_group, self.shard_size = "dps", spec.shard_size
-        else:
-            self.shard_group, self.shard_size = "dp", spec.dp * spec.cp
 
     # -- ZeRO-3 / HSDP parameter gathers, with one unit of prefetch -----------------------
     def _gather(self, unit: str, n: int) -> int | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,8 +55,21 @@ class Coll(IntEnum):
 
 COLL_SHORT = {Coll.ALL_REDUCE: "ar", Coll.ALL_GATHER: "ag", Coll.ALL_TO_ALL: "a2a", Coll.REDUCE_SCATTER: "rs"}
 
-# Peer roles of point-to-point ops.
-NEXT, PREV = "next", "prev"
+class Peer(str, Enum):
+    """Peer roles of point-to-point ops, bound to a rank per rank (emit/writer.role_values).
+    Members compare and hash as their strings, so a role is also a plain key."""
+
+    SELF = "self"  # the rank itself (a send's comm_src, a receive's comm_dst)
+    NEXT = "next"  # the next pipeline stage
+    PREV = "prev"  # the previous pipeline stage
+    CP_NEXT = "cp_next"  # the next rank of the context-parallel ring
+    CP_PREV = "cp_prev"  # the previous rank of the context-parallel ring
+
+    def __str__(self) -> str:
+        return self.value
+
+
+NEXT, PREV = Peer.NEXT, Peer.PREV
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ def group_sizes(spec: Spec) -> dict[str, int]:
              "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
              "epn": spec.ep // spec.moe_router_num_groups}
     if spec.dp_mode == "hsdp":
+        assert spec.shard_size is not None  # the spec requires it with hsdp
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from traceforge.errors import TraceReadError
+from traceforge.files import MAX_RANK_FILE_BYTES
 from traceforge.wire import read_varint
 
 MISSING, UNREADABLE, EMPTY, TRUNCATED, CORRUPT = "missing-rank", "unreadable", "empty", "truncated", "corrupt"
@@ -48,6 +49,9 @@ def read_file(path: Path | str) -> bytes:
             raise FrameError(UNREADABLE, path, "not a regular file (a FIFO, device or directory); "
                                                "give the trace file itself")
         size = info.st_size
+        if size > MAX_RANK_FILE_BYTES:  # a sparse or foreign file: never read what cannot be a trace
+            raise FrameError(UNREADABLE, path, f"{size:,} bytes, more than the {MAX_RANK_FILE_BYTES:,} a Chakra ET "
+                                               "file can hold; give the trace file itself")
         if size == 0:
             raise FrameError(EMPTY, path, "empty file (0 bytes); a Chakra ET file holds a GlobalMetadata and nodes")
         chunks, left = [], size

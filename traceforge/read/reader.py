@@ -17,7 +17,9 @@ from google.protobuf.message import DecodeError
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.errors import TraceReadError
 from traceforge.read.frame import frames, read_file
+from traceforge.files import MAX_JSON_FILE_BYTES, read_regular_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.spec import MAX_WORLD_SIZE
 
 
 @dataclass
@@ -74,7 +76,8 @@ def attrs(node: pb.Node) -> dict[str, object]:
     return {a.name: attr_value(a) for a in node.attr}
 
 
-_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.et$")
+# ASCII digits only: `\d` also matches e.g. Arabic-Indic digits, which ASTRA-sim never reads as a rank.
+_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et$", re.ASCII)
 
 
 def find_rank_files(directory: Path, prefix: str | None = None) -> tuple[str, dict[int, Path]]:
@@ -108,15 +111,16 @@ def read_json_file(path: Path, required: bool = False) -> object | None:
     """A JSON side file of a trace set, or None when absent (unless required); unreadable JSON,
     or anything but a regular file (a FIFO would block), is a TraceReadError."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         if required:
             raise TraceReadError(f"{path}: no such file")
         return None
-    if not path.is_file():
-        raise TraceReadError(f"{path}: not a regular file; give a JSON file, or remove it")
+    data = read_regular_file(path, "side file", MAX_JSON_FILE_BYTES, "fix or remove it", TraceReadError)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise TraceReadError(f"{path}: JSON nested too deeply to be a trace set's side file; fix or remove it") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceReadError(f"{path}: not valid JSON ({' '.join(str(exc).split())}); fix or remove it") from None
 
 
@@ -145,4 +149,7 @@ def manifest_world_size(directory: Path, prefix: str) -> int | None:
     if not isinstance(doc, dict) or doc.get("prefix", prefix) != prefix:
         return None
     world = doc.get("world_size")
+    if isinstance(world, int) and not isinstance(world, bool) and world > MAX_WORLD_SIZE:
+        raise TraceReadError(f"{Path(directory) / MANIFEST_FILE}: world_size {world:,} is above the {MAX_WORLD_SIZE:,} "
+                             "ranks traceforge reads; fix or remove the manifest")
     return world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None

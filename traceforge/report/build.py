@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,10 +201,11 @@ class Report:
 
         render_report(self, console)
 
-    def write(self, out_dir: Path, force: bool = False) -> list[str]:
-        """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG)."""
+    def write(self, out_dir: Path, force: bool = False, inputs: Iterable[Path] = ()) -> list[str]:
+        """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG).
+        ``inputs``: other directories the command reads (e.g. --compare), never replaced."""
         notes: list[str] = []
-        with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory]) as tmp:
+        with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory, *inputs]) as tmp:
             (tmp / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
             self._write_dimension_csv(tmp / "traffic_by_dimension.csv")
             self._write_rank_csv(tmp / "traffic_per_rank.csv")

@@ -31,6 +31,7 @@ from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.decode import PayloadCache, node_attributes
 from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
+from traceforge.errors import TraceReadError
 from traceforge import wire
 from traceforge.wire import read_varint
 
@@ -70,34 +71,51 @@ def _attrs(node: pb.Node) -> dict:
     return {name: value for name, (_, value) in node_attributes(node, _WANTED).items()}
 
 
-def _int(value, default: int = 0) -> int:
+class UnreadableValue(ValueError):
+    """A value the report cannot interpret: (node id, node name, field, value, what it must be)."""
+
+
+# What each value may be (the ranges of the ROW columns, narrowed to what means something;
+# check names the same values as errors).
+_RANGES = {"type": (0, 127), "duration_micros": (0, 2**62 - 1), S.COMM_TYPE: (0, 2**15 - 1), S.COMM_SIZE: (0, 2**62 - 1),
+           S.COMM_TAG: (0, 2**63 - 1), S.STEP: (0, 2**31 - 1), S.COMM_SRC: (0, 2**32 - 1), S.COMM_DST: (0, 2**32 - 1)}
+
+
+def _int(node: pb.Node, name: str, value, default: int = 0) -> int:
+    """An integer attribute, checked against its range; anything else is an UnreadableValue."""
     if value is None:
         return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    lo, hi = _RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnreadableValue(node.id, node.name, name, value, "an integer")
+    if not lo <= value <= hi:
+        raise UnreadableValue(node.id, node.name, name, value, f"from {lo:,} to {hi:,}")
+    return value
 
 
 def decode_record(node: pb.Node) -> ScanRecord:
-    """Interpret one parsed node. Values of odd types (foreign traces) fall back as they always
-    have: a non-numeric integer attribute counts as 0 (a peer as -1), names print with str()."""
+    """Interpret one parsed node; a value of the wrong type or range is an UnreadableValue (one
+    rule with check, which calls the same values errors)."""
     a = _attrs(node)
-    ntype = int(node.type)
+    ntype = _int(node, "type", int(node.type))
+    _int(node, "duration_micros", node.duration_micros)
     dim = a.get(S.DIM)
     dim = str(dim) if dim is not None else NO_DIM
     step = a.get(S.STEP)
     ctype, size, tag, traffic_key = -1, 0, 0, None
     if ntype == COLL:
-        ctype, size = _int(a.get(S.COMM_TYPE)), _int(a.get(S.COMM_SIZE))
+        ctype, size = _int(node, S.COMM_TYPE, a.get(S.COMM_TYPE)), _int(node, S.COMM_SIZE, a.get(S.COMM_SIZE))
         pg = a.get(S.PG_NAME)
         traffic_key = (dim, "coll", ctype, size, WORLD if pg is None else str(pg))
     elif ntype in (SEND, RECV):
-        size, tag = _int(a.get(S.COMM_SIZE)), _int(a.get(S.COMM_TAG))
-        peer = _int(a.get(S.COMM_DST if ntype == SEND else S.COMM_SRC), -1)
+        size, tag = _int(node, S.COMM_SIZE, a.get(S.COMM_SIZE)), _int(node, S.COMM_TAG, a.get(S.COMM_TAG))
+        peer_field = S.COMM_DST if ntype == SEND else S.COMM_SRC
+        peer = _int(node, peer_field, a.get(peer_field), -1)
         traffic_key = (dim, "send" if ntype == SEND else "recv", -1, size, peer)
     deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
-    numbers = (ntype, node.duration_micros, ctype, size, tag, _int(step))
+    numbers = (ntype, node.duration_micros, ctype, size, tag, _int(node, S.STEP, step))
     try:
         row, wide = ROW.pack(node.id, *numbers, len(deps), step is not None or dim != NO_DIM), None
     except struct.error:
@@ -250,7 +268,7 @@ def clear() -> None:
     _templates.clear()
 
 
-def read_records(path: Path) -> list[ScanRecord]:
+def read_records(path: Path, rank: int | None = None) -> list[ScanRecord]:
     """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
     name = str(path)
     offsets: list[int] = []
@@ -263,7 +281,14 @@ def read_records(path: Path) -> list[ScanRecord]:
         payload = payloads[i]
         record = stable(payload) or volatile(payload)
         if record is None:
-            record = _miss(payload, name, offsets[i])
+            try:
+                record = _miss(payload, name, offsets[i])
+            except UnreadableValue as exc:
+                node_id, node_name, field, value, must = exc.args
+                shown = f"{value:,}" if isinstance(value, int) else " ".join(repr(value).split())[:60]
+                where = f"rank {rank}, node {node_id}" if rank is not None else f"node {node_id}"
+                raise TraceReadError(f"{path}: {where} ({node_name!r}): {field} {shown} must be {must} for traceforge "
+                                     "report to read it; fix the value ('traceforge check' lists what else is wrong)") from None
         append(record)
     return records
 

@@ -92,7 +92,7 @@ def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> Ran
 
     The nodes arrive as cached records (scan_cache.py); everything here works on whole columns
     (numpy, and C-speed builtins over the few Python-object columns), not node by node."""
-    records = read_records(path)
+    records = read_records(path, rank)
     n = len(records)
     traffic_keys = [r.traffic_key for r in records]
     try:

@@ -97,6 +97,12 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
             programs.setdefault(scan.shape, scan.program)
             scan.program = None
     notes: list[str] = []
+    for scan in scans:  # a peer outside the set would be booked on some other rank's link
+        for _dim, kind, _, _, peer in scan.traffic:
+            if kind in ("send", "recv") and not 0 <= peer < world:
+                field = "comm_dst" if kind == "send" else "comm_src"
+                raise TraceReadError(f"{files[scan.rank]}: a {kind} names {field} {peer}, not one of the set's {world} ranks; "
+                                     f"'traceforge check {directory}' lists every problem")
     groups = _groups(directory, scans, world, notes)
     annotated = any(s.has_annotations for s in scans)
     steps = max(s.max_step for s in scans) + 1 if annotated else 1
@@ -124,6 +130,10 @@ def _groups(directory: Path, scans: list[RankScan], world: int, notes: list[str]
         else:
             groups[name] = tuple(sorted(used[name]))
             inferred.append(name)
+        outside = [r for r in groups[name] if not 0 <= r < world]
+        if outside:
+            raise TraceReadError(f"{directory}: group {name!r} of {COMM_GROUP_FILE} names rank {outside[0]}, outside the "
+                                 f"set's {world} ranks; run 'traceforge check'")
         strangers = used[name] - set(groups[name])
         if strangers:
             raise TraceReadError(f"{directory}: rank {min(strangers)} runs a collective on group {name!r}, "
