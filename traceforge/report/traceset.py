@@ -78,7 +78,6 @@ def _cores() -> int:
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    manifest = read_json_file(directory / MANIFEST_FILE)
     world = manifest_world_size(directory, prefix) or len(files)
     if any(r >= world for r in files):
         raise TraceReadError(f"{directory}: {files[max(files)].name} is beyond the set's {world} ranks "
@@ -89,6 +88,9 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
                              f"({len(missing)} missing)")
     jobs = jobs if jobs is not None else _cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
+    manifest = read_json_file(directory / MANIFEST_FILE)  # after the workers: they need none of it
+    if isinstance(manifest, dict):
+        manifest.pop("ranks", None)  # one row per rank (~200 MB as objects at 131k); the report reads none
     programs: dict[bytes, RankProgram] = {}
     shared: dict = {}
     for scan in scans:
