@@ -12,7 +12,8 @@ import pytest
 
 from traceforge.errors import TraceReadError
 from traceforge.read.frame import read_file, split
-from traceforge.report import records, scan as scan_module
+from traceforge.report import records
+from traceforge.report import scan as scan_module
 from traceforge.report.records import value_spans
 from traceforge.report.scan import scan_rank, scan_ranks
 
@@ -81,7 +82,7 @@ def _value_bytes(data: bytes) -> list[int]:
     payloads = split(data, "f", offsets)
     ends = offsets[2:] + [len(data)]
     out = []
-    for payload, end in zip(payloads[1:], ends):
+    for payload, end in zip(payloads[1:], ends, strict=True):
         for span in value_spans(payload) or []:
             out += range(end - len(payload) + span.start, end - len(payload) + span.stop)
     return out
@@ -125,7 +126,7 @@ def test_values_that_merge_two_groups_are_scanned_in_full(pipeline, tmp_path):
     payloads = split(bytes(data), "f", offsets)
     ends = offsets[2:] + [len(data)]
     texts = {}
-    for payload, end in zip(payloads[1:], ends):
+    for payload, end in zip(payloads[1:], ends, strict=True):
         for span in value_spans(payload) or []:
             if span.text and span.used:
                 start = end - len(payload) + span.start

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +204,9 @@ class Report:
         """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG)."""
         notes: list[str] = []
         with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory]) as tmp:
-            (tmp / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            with open(tmp / "report.json", "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
+                json.dump(self.to_json(), stream, indent=1)
+                stream.write("\n")
             self._write_dimension_csv(tmp / "traffic_by_dimension.csv")
             self._write_rank_csv(tmp / "traffic_per_rank.csv")
             write_links_csv(self.edges, tmp / "links.csv", self.gpus_per_node)

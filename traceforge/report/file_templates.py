@@ -33,7 +33,7 @@ class Role(NamedTuple):
     """A group or peer of the template rank, and where a matching file holds its value."""
 
     is_group: bool
-    index: int  # in the scan's group_roles or peer_roles
+    slot: int  # index in the scan's group_roles or peer_roles
     start: int  # the first value naming it (-1: no node of the template takes it from a value)
     stop: int
     pinned: bool  # some node names it in fixed bytes: a matching file must keep the value
@@ -65,15 +65,15 @@ class FileTemplate:
             if role.start < 0:
                 continue
             if role.is_group:
-                value: str | int = data[role.start:role.stop].decode("ascii")
-            else:
-                value = read_varint(data, role.start)[0]
-                if value > PEER_MAX:
+                name = data[role.start:role.stop].decode("ascii")
+                if role.pinned and name != groups[role.slot]:
                     return None
-            known = groups[role.index] if role.is_group else peers[role.index]
-            if role.pinned and value != known:
-                return None
-            (groups if role.is_group else peers)[role.index] = value
+                groups[role.slot] = name
+            else:
+                peer = read_varint(data, role.start)[0]
+                if peer > PEER_MAX or (role.pinned and peer != peers[role.slot]):
+                    return None
+                peers[role.slot] = peer
         if len(set(groups)) < len(groups) or len(set(peers)) < len(peers):
             return None  # two groups (or peers) became one: the roles would be numbered otherwise
         return dataclasses.replace(self.scan, rank=rank, group_roles=tuple(groups), peer_roles=tuple(peers),
@@ -92,7 +92,9 @@ def build_template(data: bytes, payloads: list[bytes], offsets: list[int], recor
     ends = offsets[2:] + [len(data)]
     for payload, end, record in zip(payloads[1:], ends, records, strict=True):
         key = record.traffic_key
-        role = None if key is None else ((True, group_index[key[4]]) if key[1] == "coll" else (False, peer_index[key[4]]))
+        role = None
+        if key is not None:
+            role = (True, group_index[key[4]]) if key[1] == "coll" else (False, peer_index[key[4]])
         found = value_spans(payload)
         used = None
         if found:

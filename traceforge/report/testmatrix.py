@@ -83,7 +83,9 @@ def write_test_matrix(rows: list[MatrixRow], csv_path: Path, json_path: Path) ->
             values = r.to_json()
             values["memberships"] = ";".join(" ".join(map(str, m)) for m in r.memberships)
             w.writerow([_plain(values[k]) for k in CSV_FIELDS])
-    json_path.write_text(json.dumps([r.to_json() for r in rows], indent=1) + "\n")
+    with open(json_path, "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
+        json.dump([r.to_json() for r in rows], stream, indent=1)
+        stream.write("\n")
 
 
 def _plain(value):
