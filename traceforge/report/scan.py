@@ -19,11 +19,19 @@ from typing import Container
 import numpy as np
 
 from traceforge.errors import TraceReadError
-from traceforge.report import records as scan_cache
 from traceforge.read.frame import prefetch, read_file
+from traceforge.report import records as scan_cache
 from traceforge.report.file_templates import FileTemplates
 from traceforge.report.records import (
-    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, ScanRecord, read_records,
+    COLL,
+    COMP,
+    NO_DIM,
+    RECV,
+    ROW_DTYPE,
+    SEND,
+    WORLD,
+    ScanRecord,
+    read_records,
 )
 
 __all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "RankProgram", "RankScan", "scan_rank", "scan_ranks"]
@@ -193,6 +201,12 @@ _session: object = None
 _seen: set[bytes] = set()
 _reuse = FileTemplates()
 PREFETCH = 8  # files whose reading the kernel starts ahead of the one being scanned (~1.6 MB at 131k)
+
+
+def forget() -> None:
+    """Give back the decode caches' and file templates' memory (they never change results)."""
+    scan_cache.clear()
+    _reuse.clear()
 
 
 def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]:

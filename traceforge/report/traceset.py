@@ -16,11 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.report import records as scan_cache
 from traceforge.report.dims import infer_group_dims
 from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, intern_traffic, scan_ranks
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -56,7 +55,7 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
         try:
             return scan_ranks(items, session)
         finally:
-            scan_cache.clear()  # this process goes on: give back the decode caches' memory
+            forget()  # this process goes on: give back the decode caches' memory
     chunk = max(1, min(64, len(items) // (4 * jobs)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     ctx = multiprocessing.get_context("fork")
