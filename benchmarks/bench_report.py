@@ -4,6 +4,7 @@
     python benchmarks/bench_report.py --ranks 1024   # the same model and schedule on fewer ranks
     python benchmarks/bench_report.py --set DIR      # report on an existing set instead (kept)
     python benchmarks/bench_report.py --json         # time `report --json` rather than the tables
+    python benchmarks/bench_report.py --out          # time `report -o DIR`: tables and every artifact (DIR deleted)
 
 The set is generated into /dev/shm when it has room (else a temp dir; --dir to choose) and
 deleted afterwards. --ranks keeps the preset's 16 micro-batches, so every rank's program is the
@@ -31,14 +32,16 @@ MICROBATCHES = 16  # the preset's own at its full 16,384 ranks (global batch 204
 BYTES_PER_RANK = 215_000  # ~1,330 nodes of ~150 bytes; sizes the scratch space
 
 
-def _child(directory: str, as_json: bool) -> None:
-    """Run `traceforge report DIR` here with stdout discarded; print wall time and peak RSS as JSON."""
+def _child(directory: str, mode: str) -> None:
+    """Run `traceforge report DIR` here with stdout discarded; print wall time, CPU time and peak RSS as JSON."""
     from traceforge.cli import main
 
     real_stdout = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    sys.argv = ["traceforge", "report", directory] + (["--json"] if as_json else [])
+    out = tempfile.mkdtemp(prefix="tf-bench-report-out-") if mode == "out" else None
+    sys.argv = ["traceforge", "report", directory] + (["--json"] if mode == "json" else [])
+    sys.argv += ["-o", out + "/r"] if out else []
     started = time.perf_counter()
     code = 0
     try:
@@ -47,13 +50,18 @@ def _child(directory: str, as_json: bool) -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     sys.stdout.flush()
     wall = time.perf_counter() - started
+    if out:
+        shutil.rmtree(out, ignore_errors=True)
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
     peak_kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    os.write(real_stdout, (json.dumps({"wall": wall, "peak_mb": peak_kb / 1024, "exit": code}) + "\n").encode())
+    os.write(real_stdout, (json.dumps({"wall": wall, "cpu": cpu, "peak_mb": peak_kb / 1024, "exit": code,
+                                        "load": os.getloadavg()[0]}) + "\n").encode())
 
 
-def run_report(directory: Path, as_json: bool) -> dict:
+def run_report(directory: Path, mode: str) -> dict:
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", str(directory), "json" if as_json else "tables"],
+    proc = subprocess.run([sys.executable, __file__, "--child", str(directory), mode],
                           capture_output=True, text=True)
     command = time.perf_counter() - started
     lines = proc.stdout.strip().splitlines()
@@ -82,7 +90,7 @@ def generate(directory: Path, ranks: int) -> None:
 
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3] == "json")
+        _child(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=FULL_RANKS, help=f"World size of the generated {PRESET} set "
@@ -90,6 +98,7 @@ def main() -> None:
     parser.add_argument("--set", type=Path, default=None, help="Report on this existing trace set instead (kept).")
     parser.add_argument("--dir", type=Path, default=None, help="Scratch directory for the generated set.")
     parser.add_argument("--json", action="store_true", help="Time `traceforge report --json` instead of the tables.")
+    parser.add_argument("--out", action="store_true", help="Time `traceforge report -o DIR` (every artifact) instead.")
     parser.add_argument("--repeat", type=int, default=1, help="Run the report this many times.")
     opts = parser.parse_args()
     base = None
@@ -105,7 +114,8 @@ def main() -> None:
         directory = opts.set
     try:
         manifest = json.loads((directory / "manifest.json").read_text())
-        rows = [run_report(directory, opts.json) for _ in range(max(1, opts.repeat))]
+        mode = "json" if opts.json else "out" if opts.out else "tables"
+        rows = [run_report(directory, mode) for _ in range(max(1, opts.repeat))]
     finally:
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
@@ -114,11 +124,12 @@ def main() -> None:
     size = sum(r["bytes"] for r in manifest["ranks"])
     print(f"cores: {len(os.sched_getaffinity(0))}; set: {ranks:,} ranks, {nodes:,} nodes, {size / 1e6:,.0f} MB"
           f"{' (deleted)' if base is not None else ''}")
-    print(f"{'output':7} {'wall s':>7} {'cmd s':>6} {'RSS MB':>7} {'Mnodes/s':>9}")
+    print(f"{'output':7} {'wall s':>7} {'cmd s':>6} {'CPU s':>6} {'RSS MB':>7} {'Mnodes/s':>9} {'load':>5}")
     for r in rows:
-        print(f"{'json' if opts.json else 'tables':7} {r['wall']:>7.2f} {r['command_s']:>6.2f} {r['peak_mb']:>7.0f} "
-              f"{nodes / r['wall'] / 1e6:>9.2f}")
-    print("wall s: `traceforge report` inside the child process; cmd s: the whole child with interpreter start.")
+        print(f"{mode:7} {r['wall']:>7.2f} {r['command_s']:>6.2f} {r['cpu']:>6.1f} {r['peak_mb']:>7.0f} "
+              f"{nodes / r['wall'] / 1e6:>9.2f} {r['load']:>5.1f}")
+    print("wall s: `traceforge report` inside the child process; cmd s: the whole child with interpreter start;\n"
+          "CPU s: user + system of the child and its workers; load: the 1-minute load average at the end.")
 
 
 if __name__ == "__main__":

@@ -127,3 +127,22 @@ def payload_at(path: Path | str, offset: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def prefetch(path: Path | str) -> None:
+    """Ask the kernel to start reading a file we will read soon (readers that go through many
+    files overlap their disk reads with their work); a no-op where that is not supported."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -12,7 +12,7 @@ import csv
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,7 @@ class Report:
                            for d in self.dims],
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
-            "test_matrix": [asdict(r) for r in self.tests],
+            "test_matrix": [r.to_json() for r in self.tests],
             "expert_parallel": [g.to_json() for g in self.expert_groups],
             "jobs": self.job_traffic(),
             "timeline": None if self.estimate is None else {
@@ -206,13 +206,22 @@ class Report:
         ``inputs``: other directories the command reads (e.g. --compare), never replaced."""
         notes: list[str] = []
         with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory, *inputs]) as tmp:
-            (tmp / "report.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            with open(tmp / "report.json", "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
+                json.dump(self.to_json(), stream, indent=1)
+                stream.write("\n")
             self._write_dimension_csv(tmp / "traffic_by_dimension.csv")
             self._write_rank_csv(tmp / "traffic_per_rank.csv")
             write_links_csv(self.edges, tmp / "links.csv", self.gpus_per_node)
-            nodes = self.node_matrix()
-            write_matrix_csv(nodes, tmp / "matrix_nodes.csv", "node")
-            heatmaps = [(f"node x node ({self.gpus_per_node} GPUs/node)", nodes, 0)]
+            if self.nodes <= MAX_DENSE_RANKS:
+                nodes = self.node_matrix()
+                write_matrix_csv(nodes, tmp / "matrix_nodes.csv", "node")
+                heatmaps = [(f"node x node ({self.gpus_per_node} GPUs/node)", nodes, 0)]
+            else:  # a dense node matrix would be nodes^2 (2 GB at 16,384 nodes): plot blocks of nodes
+                per_block = -(-self.nodes // MAX_DENSE_RANKS)
+                blocks = node_matrix(self.edges, self.world, self.gpus_per_node * per_block)
+                heatmaps = [(f"node blocks x node blocks ({per_block} nodes each)", blocks, 0)]
+                notes.append(f"no matrix_nodes.csv above {MAX_DENSE_RANKS} nodes; links.csv has every rank pair "
+                             "with its nodes")
             if self.world <= MAX_DENSE_RANKS:
                 ranks = self.rank_matrix()
                 write_matrix_csv(ranks, tmp / "matrix_ranks.csv", "rank")

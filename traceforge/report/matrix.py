@@ -68,8 +68,10 @@ def write_matrix_csv(matrix: np.ndarray, path: Path, label: str) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([f"{label} (src \\ dst)"] + list(range(matrix.shape[1])))
-        for i, row in enumerate(matrix):
-            w.writerow([i] + [_num(v) for v in row])
+        for i, row in enumerate(matrix):  # as csv.writer writes numbers, each distinct value formatted once
+            values, which = np.unique(row, return_inverse=True)
+            texts = [str(_num(v)) for v in values.tolist()]
+            f.write(f"{i}," + ",".join([texts[j] for j in which.tolist()]) + "\r\n" if len(row) else f"{i}\r\n")
 
 
 def write_links_csv(edges: dict[tuple[str, int, int], float], path: Path, gpus_per_node: int) -> None:

@@ -133,6 +133,7 @@ def decode_record(node: pb.Node) -> ScanRecord:
 # so two payloads with one key parse alike but for those values.
 
 _NAME = 0x0A  # AttributeProto name=1
+PEER_MAX = 2**31 - 1  # a peer varint above this reads differently as int32 (protobuf) and as a raw varint
 
 
 def _marker(name: str) -> bytes:
@@ -251,6 +252,8 @@ def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanR
         return record
     _, name, start, stop = spans[template.used]
     target = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
+    if name != S.PG_NAME and target > PEER_MAX:  # protobuf would wrap it to a negative int32
+        return None
     return ScanRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
 
 
@@ -271,9 +274,20 @@ def clear() -> None:
 def read_records(path: Path, rank: int | None = None) -> list[ScanRecord]:
     """The records of a rank file's nodes, in file order (after its GlobalMetadata)."""
     name = str(path)
+    payloads, offsets = frame_file(read_file(path), name)
+    return records_of(payloads, offsets, name, rank)
+
+
+def frame_file(data: bytes, name: str) -> tuple[list[bytes], list[int]]:
+    """A rank file's payloads and the offsets of their length prefixes, its GlobalMetadata checked."""
     offsets: list[int] = []
-    payloads = split(read_file(path), name, offsets)
+    payloads = split(data, name, offsets)
     parse_metadata(payloads[0], name)
+    return payloads, offsets
+
+
+def records_of(payloads: list[bytes], offsets: list[int], name: str, rank: int | None = None) -> list[ScanRecord]:
+    """The records of the node payloads (payloads[1:]; payloads[0] is the GlobalMetadata)."""
     stable, volatile = _stable.get, _volatile.get
     records: list[ScanRecord] = []
     append = records.append
@@ -287,7 +301,7 @@ def read_records(path: Path, rank: int | None = None) -> list[ScanRecord]:
                 node_id, node_name, field, value, must = exc.args
                 shown = f"{value:,}" if isinstance(value, int) else " ".join(repr(value).split())[:60]
                 where = f"rank {rank}, node {node_id}" if rank is not None else f"node {node_id}"
-                raise TraceReadError(f"{path}: {where} ({node_name!r}): {field} {shown} must be {must} for traceforge "
+                raise TraceReadError(f"{name}: {where} ({node_name!r}): {field} {shown} must be {must} for traceforge "
                                      "report to read it; fix the value ('traceforge check' lists what else is wrong)") from None
         append(record)
     return records
@@ -310,3 +324,26 @@ def _miss(payload: bytes, name: str, offset: int) -> ScanRecord:
         if key is not None and key not in _templates:
             _templates.remember(key, _make_template(payload, node, spans, record))
     return _volatile.remember(payload, record)
+
+
+class ValueSpan(NamedTuple):
+    """A rank-specific value inside a payload: bytes start:stop, text (pg_name) or a varint."""
+
+    start: int
+    stop: int
+    text: bool
+    used: bool  # the payload's record takes its group or peer from this value
+
+
+def value_spans(payload: bytes) -> list[ValueSpan] | None:
+    """Where the payload's rank-specific values sit, when its template is known to be sound (so
+    any bytes there, of the same width and varint shape, parse alike but for those values);
+    [] when it has none; None when unknown (then every byte of it must be treated as fixed)."""
+    spans = _find_spans(payload)
+    if not spans:
+        return spans
+    template = _templates.get(_template_key(payload, spans))
+    if template is None:
+        return None
+    return [ValueSpan(start, stop, name == S.PG_NAME, i == template.used)
+            for i, (_, name, start, stop) in enumerate(spans)]

@@ -72,9 +72,9 @@ def dimension_table(report) -> Table:
 
 
 def node_table(report) -> Table | None:
-    m = report.node_matrix()
-    if m.shape[0] > NODE_MATRIX_SHOWN or m.shape[0] < 2:
+    if report.nodes > NODE_MATRIX_SHOWN or report.nodes < 2:  # before building it: dense, nodes^2
         return None
+    m = report.node_matrix()
     t = Table(title="Node x node wire bytes per step", caption="row sends to column; the diagonal stays inside the node",
               title_justify="left", caption_justify="left")
     t.add_column("src \\ dst")

@@ -19,9 +19,19 @@ from typing import Container
 import numpy as np
 
 from traceforge.errors import TraceReadError
+from traceforge.read.frame import prefetch, read_file
 from traceforge.report import records as scan_cache
+from traceforge.report.file_templates import FileTemplates
 from traceforge.report.records import (
-    COLL, COMP, NO_DIM, RECV, SEND, ROW_DTYPE, WORLD, ScanRecord, read_records,
+    COLL,
+    COMP,
+    NO_DIM,
+    RECV,
+    ROW_DTYPE,
+    SEND,
+    WORLD,
+    ScanRecord,
+    read_records,
 )
 
 __all__ = ["COLL", "COMP", "NO_DIM", "RECV", "SEND", "WORLD", "RankProgram", "RankScan", "scan_rank", "scan_ranks"]
@@ -88,11 +98,13 @@ def intern_traffic(scan: RankScan, seen: dict) -> None:
 
 def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
     """Read one rank file; return its counters, roles and rank-independent program (None when
-    its shape is in known_shapes: the caller already has that program).
+    its shape is in known_shapes: the caller already has that program)."""
+    return scan_records(rank, path, read_records(path, rank), known_shapes)
 
-    The nodes arrive as cached records (scan_cache.py); everything here works on whole columns
-    (numpy, and C-speed builtins over the few Python-object columns), not node by node."""
-    records = read_records(path, rank)
+
+def scan_records(rank: int, path: Path, records: list[ScanRecord], known_shapes: Container[bytes] = ()) -> RankScan:
+    """scan_rank over a file's records. They arrive cached (records.py); everything here works on
+    whole columns (numpy, and C-speed builtins over the few Python-object columns), not node by node."""
     n = len(records)
     traffic_keys = [r.traffic_key for r in records]
     try:
@@ -187,6 +199,14 @@ def _overflow(rank: int, path: Path, records: list[ScanRecord]) -> TraceReadErro
 
 _session: object = None
 _seen: set[bytes] = set()
+_reuse = FileTemplates()
+PREFETCH = 8  # files whose reading the kernel starts ahead of the one being scanned (~1.6 MB at 131k)
+
+
+def forget() -> None:
+    """Give back the decode caches' and file templates' memory (they never change results)."""
+    scan_cache.clear()
+    _reuse.clear()
 
 
 def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]:
@@ -196,6 +216,7 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     if session != _session:
         _session, _seen = session, set()
         scan_cache.clear()
+        _reuse.clear()
     # The caches hold ~10^5 small tuples and nothing here makes reference cycles: the cyclic
     # collector would only walk them over and over (~8% of the scan).
     collecting = gc.isenabled()
@@ -203,8 +224,19 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     try:
         out = []
         shared: dict = {}
-        for rank, path in items:
-            scan = scan_rank(rank, path, _seen)
+        for i in range(min(PREFETCH, len(items))):
+            prefetch(items[i][1])
+        for i, (rank, path) in enumerate(items):
+            if i + PREFETCH < len(items):
+                prefetch(items[i + PREFETCH][1])
+            data = read_file(path)
+            scan = _reuse.scan(rank, data)
+            if scan is None:
+                name = str(path)
+                payloads, offsets = scan_cache.frame_file(data, name)
+                records = scan_cache.records_of(payloads, offsets, name, rank)
+                scan = scan_records(rank, path, records, _seen)
+                _reuse.remember(data, payloads, offsets, records, scan)
             _seen.add(scan.shape)
             intern_traffic(scan, shared)
             out.append(scan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from traceforge.report.ring import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
@@ -32,6 +32,10 @@ class MatrixRow:
     nccl_test: str
     nccl_test_bytes: int
     memberships: list[list[int]]
+
+    def to_json(self) -> dict:
+        """The row as asdict() gives it, without deep-copying the memberships (millions of ints at scale)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def collective_test_matrix(ts: TraceSet, gpus_per_node: int) -> list[MatrixRow]:
@@ -76,10 +80,12 @@ def write_test_matrix(rows: list[MatrixRow], csv_path: Path, json_path: Path) ->
         w = csv.writer(f)
         w.writerow(CSV_FIELDS)
         for r in rows:
-            values = asdict(r)
+            values = r.to_json()
             values["memberships"] = ";".join(" ".join(map(str, m)) for m in r.memberships)
             w.writerow([_plain(values[k]) for k in CSV_FIELDS])
-    json_path.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    with open(json_path, "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
+        json.dump([r.to_json() for r in rows], stream, indent=1)
+        stream.write("\n")
 
 
 def _plain(value):

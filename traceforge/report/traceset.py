@@ -16,11 +16,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.report import records as scan_cache
 from traceforge.report.dims import infer_group_dims
 from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, intern_traffic, scan_ranks
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -56,7 +55,7 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
         try:
             return scan_ranks(items, session)
         finally:
-            scan_cache.clear()  # this process goes on: give back the decode caches' memory
+            forget()  # this process goes on: give back the decode caches' memory
     chunk = max(1, min(64, len(items) // (4 * jobs)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     ctx = multiprocessing.get_context("fork")
@@ -78,7 +77,6 @@ def _cores() -> int:
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    manifest = read_json_file(directory / MANIFEST_FILE)
     world = manifest_world_size(directory, prefix) or len(files)
     if any(r >= world for r in files):
         raise TraceReadError(f"{directory}: {files[max(files)].name} is beyond the set's {world} ranks "
@@ -89,6 +87,9 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
                              f"({len(missing)} missing)")
     jobs = jobs if jobs is not None else _cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
+    manifest = read_json_file(directory / MANIFEST_FILE)  # after the workers: they need none of it
+    if isinstance(manifest, dict):
+        manifest.pop("ranks", None)  # one row per rank (~200 MB as objects at 131k); the report reads none
     programs: dict[bytes, RankProgram] = {}
     shared: dict = {}
     for scan in scans:

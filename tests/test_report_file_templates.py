@@ -1,0 +1,158 @@
+"""A rank scanned through another rank's file template (report/file_templates.py) must give
+exactly what a full scan of its file gives: on generated sets, and on files damaged anywhere,
+inside the rank-specific values or outside them."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import uuid
+
+import pytest
+
+from traceforge.errors import TraceReadError
+from traceforge.read.frame import read_file, split
+from traceforge.report import records
+from traceforge.report import scan as scan_module
+from traceforge.report.records import value_spans
+from traceforge.report.scan import scan_rank, scan_ranks
+
+FIELDS = ("rank", "nodes", "compute_micros", "max_step", "role_traffic", "group_roles", "peer_roles", "shape",
+          "dangling_deps", "has_annotations")
+
+
+def _full(rank, path):
+    records.clear()
+    try:
+        return scan_rank(rank, path)
+    except TraceReadError as exc:
+        return str(exc)
+
+
+def _summary(scan):
+    return scan if isinstance(scan, str) else tuple(getattr(scan, f) for f in FIELDS)
+
+
+def _through_templates(items):
+    """Scan items in one session, the last one as the case; its scan or its error."""
+    try:
+        return scan_ranks(items, uuid.uuid4().hex)[-1]
+    except TraceReadError as exc:
+        return str(exc)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    from traceforge.emit.writer import write_trace_set
+    from traceforge.spec import build_spec
+
+    out = tmp_path_factory.mktemp("tpl") / "set"
+    write_trace_set(build_spec("demo", overrides={"tp": 2, "pp": 4, "dp": 4}), out, jobs=1)
+    return out
+
+
+def _files(directory):
+    return {int(p.name.split(".")[-2]): p for p in directory.glob("*.et")}
+
+
+def test_every_rank_scans_as_in_full(pipeline):
+    files = _files(pipeline)
+    items = sorted(files.items())
+    fast = scan_ranks(items, uuid.uuid4().hex)
+    assert scan_module._reuse.count < len(items) // 2  # most ranks came through a template
+    for scan in fast:
+        assert _summary(scan) == _summary(_full(scan.rank, files[scan.rank]))
+
+
+def _pair(files):
+    """Two ranks of one stage with files of one length, whose rank-specific values differ."""
+    by_length: dict[int, list[int]] = {}
+    for rank, path in sorted(files.items()):
+        by_length.setdefault(path.stat().st_size, []).append(rank)
+    for ranks in by_length.values():
+        for other in ranks[1:]:
+            if read_file(files[ranks[0]]) != read_file(files[other]):
+                return ranks[0], other
+    raise AssertionError("no two ranks share a layout")
+
+
+def _value_bytes(data: bytes) -> list[int]:
+    """File positions inside rank-specific values (pg_name text, peer varints)."""
+    offsets: list[int] = []
+    payloads = split(data, "f", offsets)
+    ends = offsets[2:] + [len(data)]
+    out = []
+    for payload, end in zip(payloads[1:], ends, strict=True):
+        for span in value_spans(payload) or []:
+            out += range(end - len(payload) + span.start, end - len(payload) + span.stop)
+    return out
+
+
+def test_damaged_files_scan_as_in_full(pipeline, tmp_path):
+    """Random byte changes in a rank's file, half of them inside its group/peer values (where
+    the template lets bytes differ): the template path and the full scan agree every time,
+    on the scan or on the error."""
+    files = _files(pipeline)
+    first, other = _pair(files)
+    data = read_file(files[other])
+    scan_ranks([(first, files[first])], uuid.uuid4().hex)  # fill the templates' payload cache
+    inside = _value_bytes(data)
+    assert inside
+    rng = random.Random(7)
+    case = tmp_path / "case.et"
+    choices = [0x00, 0x30, 0x31, 0x39, 0x7F, 0x80, 0x81, 0xC3, 0xFF]
+    reused = 0
+    for trial in range(120):
+        damaged = bytearray(data)
+        for _ in range(rng.choice((1, 1, 2))):
+            at = rng.choice(inside) if trial % 2 == 0 else rng.randrange(len(data))
+            damaged[at] = rng.choice(choices + [damaged[at] ^ 1])
+        case.write_bytes(bytes(damaged))
+        records.clear()
+        got = _through_templates([(first, files[first]), (other, case)])
+        want = _full(other, case)
+        assert _summary(got) == _summary(want), trial
+        reused += not isinstance(got, str) and scan_module._reuse.count == 1
+    assert reused  # some damaged files still matched the template (and were right)
+
+
+def test_values_that_merge_two_groups_are_scanned_in_full(pipeline, tmp_path):
+    """A rank whose two different groups are renamed to one value: roles are numbered
+    otherwise, so the template's must not be used."""
+    files = _files(pipeline)
+    first, other = _pair(files)
+    data = bytearray(read_file(files[other]))
+    offsets: list[int] = []
+    payloads = split(bytes(data), "f", offsets)
+    ends = offsets[2:] + [len(data)]
+    texts = {}
+    for payload, end in zip(payloads[1:], ends, strict=True):
+        for span in value_spans(payload) or []:
+            if span.text and span.used:
+                start = end - len(payload) + span.start
+                texts.setdefault(bytes(data[start:end - len(payload) + span.stop]), []).append(start)
+    widths = {}
+    for value in texts:
+        widths.setdefault(len(value), []).append(value)
+    same_width = next((vs for vs in widths.values() if len(vs) > 1), None)
+    if same_width is None:
+        pytest.skip("no two groups of one name width in this layout")
+    keep, drop = same_width[0], same_width[1]
+    for start in texts[drop]:
+        data[start:start + len(drop)] = keep
+    case = tmp_path / "merged.et"
+    case.write_bytes(bytes(data))
+    got = _through_templates([(first, files[first]), (other, case)])
+    want = _full(other, case)
+    assert _summary(got) == _summary(want)
+    assert len(want.group_roles) < len(_full(other, files[other]).group_roles)
+
+
+def test_report_output_is_the_same_scanned_in_one_process_or_many(pipeline, tmp_path):
+    from traceforge.report.build import build_report
+
+    copy = tmp_path / "copy"
+    shutil.copytree(pipeline, copy)
+    one = build_report(copy, gpus_per_node=2, jobs=1).to_json()
+    many = build_report(copy, gpus_per_node=2, jobs=2).to_json()
+    assert one == many
