@@ -80,7 +80,8 @@ def check_value(name: str, value: Any) -> Any:
         return _topology(value, f.flag)
     if f.kind is int:
         if isinstance(value, bool) or not isinstance(value, int) or not f.minimum <= value <= f.maximum:
-            raise UserError(f"{f.flag} must be a whole number of {f.unit} from {f.minimum:g} to {f.maximum:,.0f}, got {value!r}")
+            raise UserError(f"{f.flag} must be a whole number of {f.unit} from {f.minimum:g} to {f.maximum:,.0f}, "
+                            f"got {value!r}")
         return value
     try:
         number = float(value)

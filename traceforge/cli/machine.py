@@ -4,7 +4,7 @@ both built from traceforge.cluster.FIELDS: same names, units, help and validatio
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -27,17 +27,18 @@ def machine_parameters(command: str, panel: str | None = None) -> list[inspect.P
             continue
         decls = [f.flag] + (["-g"] if f.name == "gpus_per_node" and command == "report" else [])
         default = describe(f.name, getattr(Cluster, f.name))
-        option = typer.Option(None, *decls, help=f"{f.help} Default {default}.", show_default=False, rich_help_panel=panel)
+        option = typer.Option(None, *decls, help=f"{f.help} Default {default}.", show_default=False,
+                              rich_help_panel=panel)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                        annotation=Optional[f.kind]))
+                                        annotation=f.kind | None))
     return params
 
 
 def deprecated_parameters() -> list[inspect.Parameter]:
     params = []
-    for old, (new, factor, unit) in DEPRECATED.items():
+    for old in DEPRECATED:
         option = typer.Option(None, "--" + old.replace("_", "-"), hidden=True)
-        params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[float]))
+        params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=float | None))
     return params
 
 

@@ -31,6 +31,11 @@ TRACKS_HELP = ("Tracks in timeline.json: 'classes' (one per class of ranks that 
                "streamed), or a number of ranks (every class first).")
 
 
+ASTRA_MODEL_HELP = ("Estimate: ASTRA-sim's analytical network arithmetic from DIR/astra_network.yml (default when the set "
+                    "has one; the bundle then decides the machine), or the alpha-beta model of --gpus-per-node and the "
+                    "--scale-up/--scale-out flags.")
+
+
 def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: Optional[bool]) -> Cluster:
     """The machine report uses for a set. When the estimate takes the set's ASTRA-sim bundle, the
     bundle decides: GPUs per node come from it unless given, and a flag that disagrees with it is
@@ -43,8 +48,9 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     known = machine_of(load_network(Path(directory)))
     for name, value in given.items():
         if name in known and not math.isclose(known[name], value, rel_tol=1e-9, abs_tol=1e-9):
-            raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} ({describe(name, known[name])}), "
-                            f"which the estimate uses: drop the flag, or add --alpha-beta to estimate with the flags")
+            raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} "
+                            f"({describe(name, known[name])}), which the estimate uses: drop the flag, or add "
+                            f"--alpha-beta to estimate with the flags")
     if "gpus_per_node" not in given and "gpus_per_node" in known:
         cluster = replace(cluster, gpus_per_node=known["gpus_per_node"])
     return cluster
@@ -73,8 +79,7 @@ def report(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
     simulation: Optional[Path] = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
     astra_log: Optional[Path] = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
-    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help="Estimate: ASTRA-sim's analytical network arithmetic from DIR/astra_network.yml (default when the set has one; "
-                                              "it then decides the machine), or the alpha-beta model of --gpus-per-node and the --scale-up/--scale-out flags."),
+    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
