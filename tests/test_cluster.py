@@ -194,3 +194,14 @@ def test_default_estimate_follows_the_default_cluster(tmp_path, gpus_per_node):
     report = build_report(d, gpus_per_node=gpus_per_node, jobs=1)
     assert report.replay.makespan == pytest.approx(us(size) + us(wire), rel=1e-12)
     assert math.isfinite(report.replay.makespan)
+
+
+def test_flags_are_refused_beside_a_bundle_they_cannot_describe(tmp_path):
+    out = tmp_path / "set"
+    assert invoke("generate", "-p", "demo", "-q", "--astra-sim", "-o", out, "--gpus-per-node", "2").exit_code == 0
+    # a hand-written three-dimension network of the same 8 NPUs (2 x 2 x 2)
+    (out / astra.NETWORK_FILE).write_text("topology: [ Ring, Switch, Switch ]\nnpus_count: [ 2, 2, 2 ]\n"
+                                          "bandwidth: [ 100.0, 50.0, 25.0 ]\nlatency: [ 500.0, 500.0, 500.0 ]\n")
+    assert invoke("report", out, "--json").exit_code == 0
+    one_line_error(invoke("report", out, "--scale-out-bw", "25"), "--scale-out-bw", "3 dimensions", "--alpha-beta")
+    assert invoke("report", out, "--json", "--alpha-beta", "--scale-out-bw", "25").exit_code == 0

@@ -45,7 +45,11 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     path = Path(directory) / NETWORK_FILE
     if astra_model is False or not path.is_file():
         return cluster  # alpha-beta on the flags; a missing bundle with --astra-model is build_report's refusal
-    known = machine_of(load_network(Path(directory)))
+    net = load_network(Path(directory))
+    known = machine_of(net)
+    if given and not known:
+        raise UserError(f"{path} has {len(net.dims)} dimensions, which no machine flag describes, and the estimate "
+                        f"uses it: drop {', '.join(FIELD[n].flag for n in given)}, or add --alpha-beta")
     for name, value in given.items():
         if name in known and not math.isclose(known[name], value, rel_tol=1e-9, abs_tol=1e-9):
             raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} "
