@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from traceforge.emit import astra, astra_htsim, astra_ns3
-from traceforge.emit.astra import Cluster, write_astra_bundle
+from traceforge.emit.astra import AstraOptions, Cluster, write_astra_bundle
 from traceforge.cli import app, load_commands
 
 # ns-3 config keys ReadConf knows (common.h); anything else is skipped token by token.
@@ -103,9 +103,9 @@ def routes(nodes: int, switches: set[int], edges) -> dict[int, dict[int, int]]:
     return out
 
 
-def ns3_bundle(make_set, cluster: Cluster, **overrides):
+def ns3_bundle(make_set, cluster: Cluster, options: AstraOptions, **overrides):
     spec, out, doc = make_set(**overrides)
-    files = write_astra_bundle(out, doc, cluster)
+    files = write_astra_bundle(out, doc, cluster, options)
     return spec, out, doc, files
 
 
@@ -113,11 +113,12 @@ def ns3_bundle(make_set, cluster: Cluster, **overrides):
 def test_ns3_bundle_is_what_the_ns3_backend_reads(make_set, fabric):
     gpn = 4
     cluster = Cluster(gpus_per_node=gpn, scale_up_bw=300.0, scale_out_bw=25.0, scale_up_latency=700.0,
-                      scale_out_latency=2500.0, astra_sim_backend="ns3", scale_out_fabric=fabric)
-    spec, out, doc, files = ns3_bundle(make_set, cluster, dp=4)
+                      scale_out_latency=2500.0)
+    options = AstraOptions(astra_sim_backend="ns3", scale_out_fabric=fabric)
+    spec, out, doc, files = ns3_bundle(make_set, cluster, options, dp=4)
     world = doc["world_size"]
     assert world == 16
-    assert sorted(p.name for p in files) == sorted(astra.bundle_files(cluster))
+    assert sorted(p.name for p in files) == sorted(astra.bundle_files(options))
     logical = json.loads((out / astra_ns3.LOGICAL_FILE).read_text())
     assert all(isinstance(d, str) for d in logical["logical-dims"])
     dims = [int(d) for d in logical["logical-dims"]]
@@ -175,8 +176,8 @@ def test_ns3_bundle_is_what_the_ns3_backend_reads(make_set, fabric):
 @pytest.mark.parametrize("fabric", ["fat-tree", "rail-optimized"])
 def test_large_fabrics_are_non_blocking_two_tier_clos(fabric):
     world, gpn = 8 * 80, 8
-    cluster = Cluster(gpus_per_node=gpn, astra_sim_backend="ns3", scale_out_fabric=fabric)
-    fabric_ = astra_ns3.build_fabric(world, gpn, "Switch", cluster)
+    cluster = Cluster(gpus_per_node=gpn)
+    fabric_ = astra_ns3.build_fabric(world, gpn, "Switch", cluster, fabric)
     switches = set(fabric_.switches)
     edges = [(link.a, link.b, link.bits_per_second, link.latency_ns, 0) for link in fabric_.links]
     nodes = world + len(switches)
@@ -218,11 +219,11 @@ def read_htsim(path: Path) -> tuple[dict, dict[int, dict]]:
 
 
 def test_htsim_topology_passes_htsims_own_checks(make_set):
-    cluster = Cluster(gpus_per_node=4, scale_out_bw=50.0, scale_out_latency=1500.0, astra_sim_backend="htsim",
-                      astra_sim_trace=True)
+    cluster = Cluster(gpus_per_node=4, scale_out_bw=50.0, scale_out_latency=1500.0)
+    options = AstraOptions(astra_sim_backend="htsim", astra_sim_trace=True)
     spec, out, doc = make_set(dp=4)
-    files = write_astra_bundle(out, doc, cluster)
-    assert sorted(p.name for p in files) == sorted(astra.bundle_files(cluster))
+    files = write_astra_bundle(out, doc, cluster, options)
+    assert sorted(p.name for p in files) == sorted(astra.bundle_files(options))
     header, tiers = read_htsim(out / astra_htsim.TOPOLOGY_FILE)
     n, pod = header["nodes"], header["podsize"]
     net = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
@@ -274,7 +275,7 @@ for i in $(seq 0 $((FAKE_FINISHED - 1))); do echo "[workload] [info] sys[$i] fin
 @pytest.mark.parametrize("finished, rc", [(8, 0), (7, 1)])
 def test_run_script_requires_every_rank_for_every_backend(make_set, tmp_path, backend, finished, rc):
     _, out, doc = make_set()
-    write_astra_bundle(out, doc, Cluster(gpus_per_node=4, astra_sim_backend=backend))
+    write_astra_bundle(out, doc, Cluster(gpus_per_node=4), AstraOptions(astra_sim_backend=backend))
     fake = tmp_path / "fake"
     fake.write_text(FAKE)
     fake.chmod(0o755)
@@ -335,7 +336,7 @@ def test_real_backend_finishes_every_rank(make_set, backend, binary, overrides):
     if not binary or not Path(binary).is_file():
         pytest.skip(f"set ASTRA_SIM_{backend.upper()}_BIN to ASTRA-sim's {astra.BACKEND_INFO[backend].binary}")
     spec, out, doc = make_set(**overrides)
-    write_astra_bundle(out, doc, Cluster(gpus_per_node=4, astra_sim_backend=backend))
+    write_astra_bundle(out, doc, Cluster(gpus_per_node=4), AstraOptions(astra_sim_backend=backend))
     done = subprocess.run(["bash", str(out / astra.RUN_SCRIPT), binary], capture_output=True, text=True, timeout=1800)
     log = (out / astra.LOG_DIR / "stdout.txt").read_text()
     finished = {int(i) for i in re.findall(r"sys\[(\d+)\] finished", log)}

@@ -13,7 +13,7 @@ import yaml
 
 from traceforge.emit import astra
 from traceforge.read.reader import attrs, iter_nodes
-from traceforge.emit.astra import Cluster, check_bundle, cluster_from_options, network_dimensions, write_astra_bundle
+from traceforge.emit.astra import Cluster, check_bundle, network_dimensions, write_astra_bundle
 from traceforge.errors import UserError
 
 # The keys ASTRA-sim's analytical network parser reads, one list entry per dimension.
@@ -188,15 +188,15 @@ def test_refusal_writes_nothing(make_set, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(set(before) - set(astra.BUNDLE_FILES))
 
 
-@pytest.mark.parametrize("cluster, message", [
-    (Cluster(gpus_per_node=0), "--gpus-per-node"),
-    (Cluster(scale_up_bw=0.0), "--scale-up-bw"),
-    (Cluster(scale_out_latency=-1.0), "--scale-out-latency"),
-    (Cluster(scale_up_topology="torus"), "--scale-up-topology"),
+@pytest.mark.parametrize("values, message", [
+    (dict(gpus_per_node=0), "--gpus-per-node"),
+    (dict(scale_up_bw=0.0), "--scale-up-bw"),
+    (dict(scale_out_latency=-1.0), "--scale-out-latency"),
+    (dict(scale_up_topology="torus"), "--scale-up-topology"),
 ])
-def test_refuses_bad_cluster(cluster, message):
+def test_refuses_bad_cluster(values, message):
     with pytest.raises(UserError, match=message):
-        network_dimensions(8, cluster)
+        Cluster(**values)
 
 
 def test_refuses_a_single_npu():
@@ -205,5 +205,5 @@ def test_refuses_a_single_npu():
 
 
 def test_cluster_from_options_keeps_defaults_for_unset_flags():
-    c = cluster_from_options(gpus_per_node=4, scale_up_bw=None, scale_out_topology="Ring", preset="demo")
+    c = Cluster.from_options(gpus_per_node=4, scale_up_bw=None, scale_out_topology="Ring", preset="demo")
     assert c == Cluster(gpus_per_node=4, scale_out_topology="Ring")

@@ -353,7 +353,7 @@ def test_link_model_validation(make_set):
     from traceforge.errors import UserError
 
     _, out, _ = make_set(**BULK)
-    with pytest.raises(UserError, match="inter-bw"):
+    with pytest.raises(UserError, match="scale-out-bw"):
         build_report(out, link=LinkModel(inter_gbps=0), jobs=1)
 
 

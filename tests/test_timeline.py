@@ -37,7 +37,7 @@ def write_set(directory, ranks, groups):
 
 
 # 1 GB/s = 1,000 bytes per microsecond; latency 2 us; one GPU per node, so every link is inter.
-LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, latency_us=2.0)
+LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
 
 
 def test_hand_timed_collective_and_send(tmp_path):

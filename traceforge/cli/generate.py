@@ -70,17 +70,18 @@ def _run_options() -> list[inspect.Parameter]:
 
 
 def _astra_options() -> list[inspect.Parameter]:
-    from traceforge.emit.astra import CLUSTER_HELP
+    from traceforge.cli.machine import machine_parameters
+    from traceforge.emit.astra import OPTIONS_HELP
 
     params = [inspect.Parameter("astra_sim", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--astra-sim", rich_help_panel="ASTRA-sim",
         help="Also write an ASTRA-sim bundle beside the traces: network, system and remote-memory configs and run_astra_sim.sh."))]
-    kinds = {"gpus_per_node": int, "scale_up_topology": str, "scale_out_topology": str, "astra_sim_backend": str,
-             "scale_out_fabric": str, "astra_sim_trace": bool}
-    for name, help_text in CLUSTER_HELP.items():
+    params += machine_parameters("generate", panel="ASTRA-sim")  # the same table as report's machine flags
+    kinds = {"astra_sim_trace": bool}
+    for name, help_text in OPTIONS_HELP.items():
         option = typer.Option(None, "--" + name.replace("_", "-"), help=help_text, show_default=False, rich_help_panel="ASTRA-sim")
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                        annotation=Optional[kinds.get(name, float)]))
+                                        annotation=Optional[kinds.get(name, str)]))
     return params
 
 
@@ -91,13 +92,14 @@ def generate(**kwargs: Any) -> None:
     from traceforge.emit.writer import write_trace_set
     from traceforge.parallel import resolve_jobs
 
+    from traceforge.cluster import FIELD, Cluster
     from traceforge.emit.astra import (
-        BACKEND_INFO, CLUSTER_HELP, backend, check_bundle, check_messages, cluster_from_options, write_astra_bundle,
+        BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle,
     )
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
     run = {k: kwargs.pop(k) for k in run_keys}
-    cluster_opts = {k: kwargs.pop(k) for k in CLUSTER_HELP}
+    cluster_opts = {k: kwargs.pop(k) for k in (*FIELD, *OPTIONS_HELP)}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
     given_order = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
@@ -108,15 +110,15 @@ def generate(**kwargs: Any) -> None:
     preset_fields = preset_values(spec, explicit) if explicit else {}
     for note in memory_notes(spec):
         err.print(f"note: {note}", markup=False, soft_wrap=True)
-    cluster = None
+    cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
         if run["shard"] is not None:
             raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
-        cluster = cluster_from_options(**cluster_opts)
-        check_bundle(run["out_dir"], spec.world_size, cluster)  # refuse before writing anything
+        cluster, astra = Cluster.from_options(**cluster_opts), AstraOptions.from_options(**cluster_opts)
+        check_bundle(run["out_dir"], spec.world_size, cluster, astra)  # refuse before writing anything
         from traceforge.plan.program import stage_program
 
-        check_messages([stage_program(spec, s) for s in range(spec.pp)], cluster)
+        check_messages([stage_program(spec, s) for s in range(spec.pp)], astra)
     elif any(v is not None for v in cluster_opts.values()):
         given = next(k for k, v in cluster_opts.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
@@ -140,11 +142,11 @@ def generate(**kwargs: Any) -> None:
         return
     def finish(directory: Path, header: dict) -> None:
         if cluster:
-            write_astra_bundle(directory, header, cluster)
+            write_astra_bundle(directory, header, cluster, astra)
         if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
             _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields)
             if cluster:
-                binary = BACKEND_INFO[backend(cluster)].binary
+                binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
             out.file.flush()
 
@@ -153,7 +155,12 @@ def generate(**kwargs: Any) -> None:
     if run["report"]:
         from traceforge.cli.report import print_report
 
-        print_report(run["out_dir"])
+        if cluster is not None:  # the report's machine is the bundle's
+            from traceforge.report.timing_replay import LinkModel
+
+            print_report(run["out_dir"], gpus_per_node=cluster.gpus_per_node, link=LinkModel.from_cluster(cluster))
+        else:
+            print_report(run["out_dir"])
     if run["check"]:
         from traceforge.check.run import check_trace_set
 

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from traceforge.cli import app, err, out, user_errors
+from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
+from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
-
-MIN_BW_GBPS, MAX_BW_GBPS = 1e-3, 1e6
-MAX_LATENCY_US = 3.6e9
-MAX_GPUS_PER_NODE = 1 << 16
 
 
 def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
@@ -30,6 +31,35 @@ TRACKS_HELP = ("Tracks in timeline.json: 'classes' (one per class of ranks that 
                "streamed), or a number of ranks (every class first).")
 
 
+ASTRA_MODEL_HELP = ("Estimate: ASTRA-sim's analytical network arithmetic from DIR/astra_network.yml (default when the set "
+                    "has one; the bundle then decides the machine), or the alpha-beta model of --gpus-per-node and the "
+                    "--scale-up/--scale-out flags.")
+
+
+def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: Optional[bool]) -> Cluster:
+    """The machine report uses for a set. When the estimate takes the set's ASTRA-sim bundle, the
+    bundle decides: GPUs per node come from it unless given, and a flag that disagrees with it is
+    refused (one line) rather than silently ignored."""
+    from traceforge.report.collective_cost import NETWORK_FILE, load_network, machine_of
+
+    path = Path(directory) / NETWORK_FILE
+    if astra_model is False or not path.is_file():
+        return cluster  # alpha-beta on the flags; a missing bundle with --astra-model is build_report's refusal
+    net = load_network(Path(directory))
+    known = machine_of(net)
+    if given and not known:
+        raise UserError(f"{path} has {len(net.dims)} dimensions, which no machine flag describes, and the estimate "
+                        f"uses it: drop {', '.join(FIELD[n].flag for n in given)}, or add --alpha-beta")
+    for name, value in given.items():
+        if name in known and not math.isclose(known[name], value, rel_tol=1e-9, abs_tol=1e-9):
+            raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} "
+                            f"({describe(name, known[name])}), which the estimate uses: drop the flag, or add "
+                            f"--alpha-beta to estimate with the flags")
+    if "gpus_per_node" not in given and "gpus_per_node" in known:
+        cluster = replace(cluster, gpus_per_node=known["gpus_per_node"])
+    return cluster
+
+
 def _timeline_tracks(value: str) -> int | str:
     from traceforge.report.timeline import ALL, CLASSES
 
@@ -41,25 +71,20 @@ def _timeline_tracks(value: str) -> int | str:
     raise UserError(f"--timeline-ranks must be '{CLASSES}', '{ALL}' or a number of ranks >= 1, got {value!r}")
 
 
-@app.command("report")
-@user_errors
 def report(
     directory: Path = typer.Argument(..., help="Trace set directory (<prefix>.<rank>.et files; ours or any Chakra ET)."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix when the directory holds several."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", "-g", help="GPUs per node: groups inside one node are scale-up, others scale-out."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A second trace set to show side by side (e.g. the same spec with another --order)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV/JSON/PNG artifacts here (new or empty directory)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
-    intra_bw: float = typer.Option(360.0, "--intra-bw", help="Timeline: intra-node bandwidth per GPU, GB/s (achieved)."),
-    inter_bw: float = typer.Option(45.0, "--inter-bw", help="Timeline: inter-node bandwidth per GPU, GB/s (achieved)."),
-    latency: float = typer.Option(5.0, "--latency", help="Timeline: latency per collective or send, microseconds."),
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
     track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
     simulation: Optional[Path] = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
     astra_log: Optional[Path] = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
-    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help="Estimate: ASTRA-sim's analytical network arithmetic from DIR/astra_network.yml (default when the set has one), or the alpha-beta model of --intra-bw/--inter-bw/--latency."),
+    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
+    **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
     from traceforge.report.render import render_comparison
@@ -68,24 +93,19 @@ def report(
 
     jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)
-    # Bounded so every estimate stays a finite number (JSON has no Infinity): 1 MB/s to 1 PB/s,
-    # latency up to one hour.
-    for flag, value in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
-        if not MIN_BW_GBPS <= value <= MAX_BW_GBPS:
-            raise UserError(f"{flag} must be a bandwidth from {MIN_BW_GBPS:g} to {MAX_BW_GBPS:g} GB/s, got {value:g}")
-    if not 0 <= latency <= MAX_LATENCY_US:
-        raise UserError(f"--latency must be from 0 to {MAX_LATENCY_US:g} microseconds, got {latency:g}")
-    if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
-        raise UserError(f"--gpus-per-node must be from 1 to {MAX_GPUS_PER_NODE:,}, got {gpus_per_node}")
-    link = LinkModel(intra_bw, inter_bw, latency, gpus_per_node)
+    notes: list[str] = []
+    machine = apply_deprecated(dict(machine), notes.append)
+    cluster = Cluster.from_options(**machine)  # checks every value (bounded: no estimate is Infinity)
+    given = cluster.explicit(**machine)
     if out_dir is not None:  # refuse a bad --out before the (long) read
         from traceforge.output import check_output_dir
 
         check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
     def build(path: Path):
-        return build_report(path, prefix, gpus_per_node, link=link, timeline=timeline, track_ranks=tracks, jobs=jobs,
-                            astra_model=astra_model)
+        used = machine_for(path, cluster, given, astra_model)
+        return build_report(path, prefix, used.gpus_per_node, link=LinkModel.from_cluster(used), timeline=timeline,
+                            track_ranks=tracks, jobs=jobs, astra_model=astra_model)
 
     if simulation is not None and astra_log is not None:
         raise UserError("give --simulation or --astra-log, not both")
@@ -100,6 +120,8 @@ def report(
 
         sim = Simulation.from_log(read_astra_log(astra_log), {})
     main = build(directory)
+    for note in notes:  # after the checks above, so a refusal stays one line
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
     if sim is not None:
         main.attach_simulation(sim)
     other = build(compare) if compare is not None else None
@@ -119,3 +141,9 @@ def report(
                   markup=False, soft_wrap=True)
     for note in notes:
         err.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+report.__signature__ = inspect.signature(report).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(report).parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    + machine_parameters("report") + deprecated_parameters())
+app.command("report")(user_errors(report))

@@ -15,15 +15,17 @@ positions of different nodes is charged at scale-up bandwidth.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from traceforge import __version__
+from traceforge.cluster import Cluster
 from traceforge.emit import astra_htsim, astra_ns3
 from traceforge.errors import UserError
+
+__all__ = ["AstraOptions", "Cluster", "write_astra_bundle"]
 
 NETWORK_FILE = "astra_network.yml"
 SYSTEM_FILE = "astra_system.json"
@@ -34,8 +36,10 @@ LOG_DIR = "astra_log"
 
 BACKENDS = ("analytical", "ns3", "htsim")
 
-# ASTRA-sim's analytical network reads bandwidth in "GB/s" and multiplies by 2^30 (astra-network-
-# analytical common/NetworkFunction.cpp, bw_GBps_to_Bpns), so a value of X there is X * 2^30 bytes/s.
+# The one place traceforge's GB/s (10^9 bytes/s, traceforge.cluster) meets ASTRA-sim's: its
+# analytical network reads bandwidth in "GB/s" and multiplies by 2^30 (astra-network-analytical
+# common/NetworkFunction.cpp, bw_GBps_to_Bpns), so a value of X there is X * 2^30 bytes/s.
+# report/collective_cost.py reads the file back with the same factor.
 ASTRA_GB = float(1 << 30)
 
 # ASTRA-sim skips a --comm-group-configuration path that contains this substring (the option's
@@ -65,32 +69,22 @@ BACKEND_INFO = {
 
 
 @dataclass(frozen=True)
-class Cluster:
-    """The simulated machine. Defaults follow ASTRA-sim's own HGX-H100 inputs: NVSwitch at
-    400 GB/s and 936.25 ns per link (examples/network/analytical/HGX-H100-validated.yml), one
-    400 Gb/s NIC per GPU across nodes, 50 GB/s and 1000 ns (inputs/network/hgx_h100_32gpu.yml)."""
+class AstraOptions:
+    """How the bundle is written, beside the machine (traceforge.cluster.Cluster) it describes."""
 
-    gpus_per_node: int = 8
-    scale_up_bw: float = 400.0  # GB/s per link, per direction
-    scale_up_latency: float = 936.25  # ns
-    scale_up_topology: str = "switch"
-    scale_out_bw: float = 50.0
-    scale_out_latency: float = 1000.0
-    scale_out_topology: str = "switch"
     astra_sim_backend: str = "analytical"
     scale_out_fabric: str = "fat-tree"  # ns-3's physical scale-out: fat-tree or rail-optimized
     astra_sim_trace: bool = False  # the system's trace-enabled: ASTRA-sim logs every node it issues
 
+    @classmethod
+    def from_options(cls, **options) -> AstraOptions:
+        """AstraOptions from CLI options named like its fields; None means the default."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in known and v is not None})
 
-# Help lines for the CLI flags (--gpus-per-node, --scale-up-bw, ...), kept next to the fields.
-CLUSTER_HELP = {
-    "gpus_per_node": "GPUs per node: NPUs of ASTRA-sim's scale-up dimension (the world size must be a multiple when larger).",
-    "scale_up_bw": "Scale-up (intra-node) link bandwidth in GB/s per direction.",
-    "scale_up_latency": "Scale-up link latency in ns.",
-    "scale_up_topology": "Scale-up topology: switch, ring or fullyconnected.",
-    "scale_out_bw": "Scale-out (inter-node) bandwidth per GPU in GB/s per direction.",
-    "scale_out_latency": "Scale-out link latency in ns.",
-    "scale_out_topology": "Scale-out topology: switch, ring or fullyconnected.",
+
+# Help lines for the bundle's own CLI flags; the machine's flags come from traceforge.cluster.FIELDS.
+OPTIONS_HELP = {
     "astra_sim_backend": "ASTRA-sim network backend the bundle is for: analytical (default), ns3 or htsim.",
     "scale_out_fabric": "ns-3 scale-out fabric: fat-tree (default) or rail-optimized.",
     "astra_sim_trace": "Set the system's trace-enabled: ASTRA-sim logs every node it issues and completes "
@@ -107,29 +101,18 @@ class Dimension:
     role: str  # scale-up | scale-out
 
 
-def _topology(name: str, flag: str) -> str:
-    key = str(name).strip().lower().replace("-", "").replace("_", "")
-    if key not in TOPOLOGIES:
-        raise UserError(f"{flag} {name!r} is not an ASTRA-sim topology: use switch, ring or fullyconnected")
-    return TOPOLOGIES[key]
+def _topology(name: str) -> str:
+    """ASTRA-sim's spelling of a Cluster topology (already checked by Cluster)."""
+    return TOPOLOGIES[name]
 
 
 def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
     """[scale-up, scale-out], or the single dimension that has more than one NPU.
 
     ASTRA-sim wants every dimension to hold more than one NPU and their product to be the
-    world size."""
+    world size. The cluster's values were checked when it was made (traceforge.cluster)."""
     gpn = cluster.gpus_per_node
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        raise UserError(f"--gpus-per-node must be a positive whole number, got {gpn!r}")
-    for name in ("scale_up_bw", "scale_out_bw"):
-        if not 0 < getattr(cluster, name) < math.inf:
-            raise UserError(f"--{name.replace('_', '-')} must be a bandwidth in GB/s above 0, got {getattr(cluster, name)}")
-    for name in ("scale_up_latency", "scale_out_latency"):
-        if not 0 <= getattr(cluster, name) < math.inf:
-            raise UserError(f"--{name.replace('_', '-')} must be a latency in ns, 0 or more, got {getattr(cluster, name)}")
-    up_topo = _topology(cluster.scale_up_topology, "--scale-up-topology")
-    out_topo = _topology(cluster.scale_out_topology, "--scale-out-topology")
+    up_topo, out_topo = _topology(cluster.scale_up_topology), _topology(cluster.scale_out_topology)
     if world_size < 2:
         raise UserError(f"ASTRA-sim needs at least 2 NPUs, this trace set has {world_size}: drop --astra-sim or use more GPUs")
     up = Dimension(up_topo, min(gpn, world_size), float(cluster.scale_up_bw), float(cluster.scale_up_latency), "scale-up")
@@ -144,14 +127,14 @@ def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
     return [out] if gpn == 1 else [up, out]
 
 
-def backend(cluster: Cluster) -> str:
-    name = str(cluster.astra_sim_backend).strip().lower().replace("-", "")
+def backend(options: AstraOptions) -> str:
+    name = str(options.astra_sim_backend).strip().lower().replace("-", "")
     if name not in BACKENDS:
-        raise UserError(f"--astra-sim-backend {cluster.astra_sim_backend!r} is not known: use analytical, ns3 or htsim")
+        raise UserError(f"--astra-sim-backend {options.astra_sim_backend!r} is not known: use analytical, ns3 or htsim")
     return name
 
 
-def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimension]:
+def check_bundle(out_dir: Path, world_size: int, cluster: Cluster, options: AstraOptions = AstraOptions()) -> list[Dimension]:
     """Everything that could refuse the bundle, checked before any trace is written."""
     where = os.path.abspath(out_dir)
     if ASTRA_NO_FILE in where:
@@ -159,12 +142,12 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimen
             f"output path {where} contains {ASTRA_NO_FILE!r}: ASTRA-sim skips any comm-group file whose path "
             f"contains it, and every collective would fail to find its group; choose another -o/--out"
         )
-    name = backend(cluster)
+    name = backend(options)
     dims = network_dimensions(world_size, cluster)
     if name == "ns3":
-        astra_ns3.check(_topology(cluster.scale_up_topology, "--scale-up-topology"),
-                        _topology(cluster.scale_out_topology, "--scale-out-topology"), cluster)
-    elif cluster.scale_out_fabric != Cluster.scale_out_fabric:
+        astra_ns3.check(_topology(cluster.scale_up_topology), _topology(cluster.scale_out_topology),
+                        options.scale_out_fabric)
+    elif options.scale_out_fabric != AstraOptions.scale_out_fabric:
         raise UserError("--scale-out-fabric shapes the ns-3 backend's network: add --astra-sim-backend ns3, or drop it")
     return dims
 
@@ -172,18 +155,18 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster) -> list[Dimen
 PREFERRED_DATASET_SPLITS = 4  # system json: chunks per collective (ASTRA-sim divides by it)
 
 
-def check_messages(programs, cluster: Cluster) -> None:
+def check_messages(programs, options: AstraOptions) -> None:
     """Message-size limits of the chosen backend, from the stage programs about to be written."""
-    if backend(cluster) != "ns3":
+    if backend(options) != "ns3":
         return
     p2p = max((op.comm_size for prog in programs for op in prog.ops if op.peer), default=0)
     coll = max((op.comm_size for prog in programs for op in prog.ops if op.group), default=0)
     astra_ns3.check_messages(p2p, coll, PREFERRED_DATASET_SPLITS)
 
 
-def bundle_files(cluster: Cluster) -> tuple[str, ...]:
-    """The files a bundle for this cluster's backend holds."""
-    name = backend(cluster)
+def bundle_files(options: AstraOptions) -> tuple[str, ...]:
+    """The files a bundle for this backend holds."""
+    name = backend(options)
     common = (SYSTEM_FILE, REMOTE_MEMORY_FILE, RUN_SCRIPT)
     if name == "ns3":
         return common + astra_ns3.FILES
@@ -199,6 +182,11 @@ def _num(x: float) -> str:
 def astra_gbps(gb_per_second: float) -> float:
     """The value to write for a link of gb_per_second x 10^9 bytes/s, since ASTRA-sim reads x 2^30."""
     return gb_per_second * 1e9 / ASTRA_GB
+
+
+def from_astra_gbps(astra_value: float) -> float:
+    """The inverse of astra_gbps: an astra_network.yml bandwidth in traceforge's GB/s (10^9 bytes/s)."""
+    return astra_value * ASTRA_GB / 1e9
 
 
 def network_yaml(dims: list[Dimension], world_size: int) -> str:
@@ -320,14 +308,14 @@ echo "{RUN_SCRIPT}: all {world_size} ranks finished; full output in $log/stdout.
 """
 
 
-def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
+def bundle_texts(manifest: dict, cluster: Cluster, options: AstraOptions = AstraOptions()) -> dict[str, str]:
     """File name -> content of every bundle file, for a trace set's manifest."""
     world = int(manifest["world_size"])
     prefix = manifest.get("prefix", "workload")
     comm_groups = manifest.get("files", {}).get("comm_groups", "comm_group.json")
     if ASTRA_NO_FILE in comm_groups:
         raise UserError(f"the comm-group file name {comm_groups!r} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no file'")
-    name = backend(cluster)
+    name = backend(options)
     dims = network_dimensions(world, cluster)
     if name == "htsim":
         # htsim has no scale-up network (every GPU is a host of one fat tree): one logical
@@ -335,31 +323,33 @@ def bundle_texts(manifest: dict, cluster: Cluster) -> dict[str, str]:
         dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
                           "scale-out")]
     texts = {
-        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), cluster.astra_sim_trace),
+        SYSTEM_FILE: json.dumps(system_config(dims, manifest.get("spec", {}), options.astra_sim_trace),
                                 indent=1) + "\n",
         REMOTE_MEMORY_FILE: json.dumps(REMOTE_MEMORY, indent=1) + "\n",
         RUN_SCRIPT: run_script(prefix, comm_groups, world, dims, name),
     }
     if name == "ns3":
         texts.update(astra_ns3.texts(world, [d.npus for d in dims], dims[0].topology if dims[0].role == "scale-up"
-                                     else "Switch", cluster))
+                                     else "Switch", cluster, options.scale_out_fabric))
     else:  # htsim sizes its logical topology from the analytical file (npus_count only)
         texts[NETWORK_FILE] = network_yaml(dims, world)
     if name == "htsim":
         texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.topology_text(world, cluster.gpus_per_node, cluster.scale_out_bw,
                                                                      cluster.scale_out_latency)
-    assert set(texts) == set(bundle_files(cluster))
+    assert set(texts) == set(bundle_files(options))
     return texts
 
 
-def write_astra_bundle(out_dir: Path, manifest: dict, cluster: Cluster | None = None) -> list[Path]:
+def write_astra_bundle(out_dir: Path, manifest: dict, cluster: Cluster | None = None,
+                       options: AstraOptions | None = None) -> list[Path]:
     """Write the ASTRA-sim bundle into a written trace set's directory; return the files written.
 
     Call check_bundle before writing the traces so a refusal leaves nothing behind."""
     out_dir = Path(out_dir)
     cluster = cluster or Cluster()
-    check_bundle(out_dir, int(manifest["world_size"]), cluster)
-    texts = bundle_texts(manifest, cluster)
+    options = options or AstraOptions()
+    check_bundle(out_dir, int(manifest["world_size"]), cluster, options)
+    texts = bundle_texts(manifest, cluster, options)
     written = []
     for name, text in texts.items():
         path = out_dir / name
@@ -370,9 +360,3 @@ def write_astra_bundle(out_dir: Path, manifest: dict, cluster: Cluster | None = 
         tmp.replace(path)
         written.append(path)
     return written
-
-
-def cluster_from_options(**options) -> Cluster:
-    """A Cluster from CLI options named like its fields; None means the default."""
-    known = {f.name for f in fields(Cluster)}
-    return Cluster(**{k: v for k, v in options.items() if k in known and v is not None})

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from traceforge.cluster import Cluster
 from traceforge.errors import UserError
 
 LOGICAL_FILE = "astra_ns3_logical_topology.json"
@@ -86,7 +87,7 @@ def bits(gb_per_second: float) -> int:
     return round(gb_per_second * 8e9)
 
 
-def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster) -> Fabric:
+def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Cluster, scale_out_fabric: str = "fat-tree") -> Fabric:
     """The physical network: hosts 0..world-1, then scale-up switches, leaves, spines."""
     gpn = min(gpus_per_node, world)
     nodes = world // gpn
@@ -107,7 +108,7 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster) -> F
             else:  # FullyConnected
                 fabric.links += [Link(a, b, up_bps, cluster.scale_up_latency) for a in gpus for b in gpus if a < b]
     if nodes > 1:
-        if cluster.scale_out_fabric == "rail-optimized":
+        if scale_out_fabric == "rail-optimized":
             groups = [[node * gpn + rail for node in range(nodes)] for rail in range(gpn)]
             endpoints = [_leaves(group, out_bps) for group in groups]
         else:
@@ -195,9 +196,9 @@ def check_messages(largest_p2p: int, largest_collective: int, splits: int) -> No
                         "(an int): use the analytical or htsim backend, or a smaller micro-batch or bucket")
 
 
-def check(up_topology: str, out_topology: str, cluster) -> None:
-    if cluster.scale_out_fabric not in FABRICS:
-        raise UserError(f"--scale-out-fabric {cluster.scale_out_fabric!r} is not known: use fat-tree or rail-optimized")
+def check(up_topology: str, out_topology: str, scale_out_fabric: str) -> None:
+    if scale_out_fabric not in FABRICS:
+        raise UserError(f"--scale-out-fabric {scale_out_fabric!r} is not known: use fat-tree or rail-optimized")
     if up_topology == "Ring":
         raise UserError("--scale-up-topology ring cannot be routed by ASTRA-sim's ns-3 backend (GPUs do not forward): "
                         "use switch or fullyconnected with --astra-sim-backend ns3")
@@ -206,8 +207,8 @@ def check(up_topology: str, out_topology: str, cluster) -> None:
                         "--astra-sim-backend ns3 choose --scale-out-fabric fat-tree or rail-optimized instead")
 
 
-def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster) -> dict[str, str]:
-    fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster)
+def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str) -> dict[str, str]:
+    fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
     return {
         LOGICAL_FILE: logical_text(npus_per_dim),
         CONFIG_FILE: config_text(fabric),

@@ -12,7 +12,7 @@ import csv
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,8 @@ class Report:
                     "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
                                     "latency_ns": d.latency} for d in self.network.dims],
                     "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
-        return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps, "latency_us": self.link.latency_us}
+        return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps,
+                "intra_latency_us": self.link.intra_latency_us, "inter_latency_us": self.link.inter_latency_us}
 
     def to_json(self) -> dict:
         wire = sum(sum(d.per_rank("wire")) for d in self.dims)
@@ -286,13 +287,7 @@ def build_report(
     astra_network.yml / astra_system.json (None: when the set has them)."""
     if gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    link = link or LinkModel(gpus_per_node=gpus_per_node)
-    for name, value in (("--intra-bw", link.intra_gbps), ("--inter-bw", link.inter_gbps)):
-        if not value > 0:
-            raise UserError(f"{name} must be a positive bandwidth in GB/s, got {value}")
-    if link.latency_us < 0:
-        raise UserError(f"--latency must be >= 0 microseconds, got {link.latency_us}")
-    link = LinkModel(link.intra_gbps, link.inter_gbps, link.latency_us, gpus_per_node)
+    link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.cluster)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     ts = load_trace_set(Path(directory), prefix, jobs)
@@ -317,8 +312,8 @@ def build_report(
         t0 = time.perf_counter()
         try:
             net = report.network
-            replay_link = link if net is None or len(net.dims) < 2 else LinkModel(
-                link.intra_gbps, link.inter_gbps, link.latency_us, net.dims[0].npus)  # rank classes see its links
+            replay_link = link if net is None or len(net.dims) < 2 else replace(
+                link, gpus_per_node=net.dims[0].npus)  # rank classes see its links
             report.replay = replay(ts, replay_link, network=net)
         except ReplayTooBig as exc:
             report.notes.append(f"timeline skipped: {exc}")

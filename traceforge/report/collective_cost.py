@@ -236,3 +236,22 @@ def load_network(directory: Path, network_file: Path | None = None, system_file:
         splits=int(system.get("preferred-dataset-splits", 1)),
         local_mem_gbps=float(system.get("local-mem-bw", 0) or 0),
     )
+
+
+def machine_of(net: AstraNetwork) -> dict:
+    """What a bundle's network says about the traceforge.cluster.Cluster it was written from, in
+    the cluster's units (bandwidth back from ASTRA-sim's 2^30 bytes/s to GB/s = 10^9 bytes/s).
+
+    Two dimensions are scale-up x scale-out; one dimension carries every message, so it stands
+    for both link classes and says nothing of GPUs per node; any other shape: nothing."""
+    names = {v: k for k, v in TOPOLOGY_NAMES.items()}
+
+    def link(prefix: str, d: NetDim) -> dict:
+        return {f"{prefix}_bw": d.bandwidth * GIB / 1e9, f"{prefix}_latency": d.latency, f"{prefix}_topology": names[d.topology]}
+
+    if len(net.dims) == 2:
+        up, out = net.dims
+        return {"gpus_per_node": up.npus, **link("scale_up", up), **link("scale_out", out)}
+    if len(net.dims) == 1:
+        return {**link("scale_up", net.dims[0]), **link("scale_out", net.dims[0])}
+    return {}

@@ -115,8 +115,9 @@ def estimate_lines(report) -> list[str]:
     shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
     model = (f"  ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {shape} "
              f"from astra_network.yml; not a simulation" if net is not None else
-             f"  an analytical alpha-beta replay, not a simulation: intra-node {link.intra_gbps:g} GB/s, inter-node "
-             f"{link.inter_gbps:g} GB/s, latency {link.latency_us:g} us, one send/collective in flight per rank")
+             f"  an analytical alpha-beta replay, not a simulation: scale-up {link.intra_gbps:g} GB/s and "
+             f"{link.intra_latency_us * 1e3:g} ns, scale-out {link.inter_gbps:g} GB/s and {link.inter_latency_us * 1e3:g} ns "
+             f"(once per collective or send), one send/collective in flight per rank")
     return [
         f"Step time estimate {c.total / 1e3:,.3f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
         f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "

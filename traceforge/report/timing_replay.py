@@ -1,12 +1,12 @@
 """Analytical replay of a trace set's DAG with time: an estimate of when every node runs, not a
 simulation (check_replay.py is the untimed one that looks for deadlocks).
 
-Timing model (alpha-beta, per link class):
+Timing model (alpha-beta, per link class of the Cluster, LinkModel):
 - compute takes its duration_micros; a rank runs one compute node at a time;
 - a collective starts when every member has issued it (its deps done and the rank's comm slot
-  free) and takes latency + ring wire bytes / bandwidth: intra-node bandwidth when the whole
-  group sits in one node, inter-node otherwise; a send takes latency + size / bandwidth of its
-  pair's link class and is eager; a recv completes once posted and its send has arrived;
+  free) and takes latency + ring wire bytes / bandwidth: scale-up latency and bandwidth when the
+  whole group sits in one node, scale-out otherwise; a send takes latency + size / bandwidth of
+  its pair's link class and is eager; a recv completes once posted and its send has arrived;
 - like ASTRA-sim, a rank keeps one non-recv communication (send or collective) in flight and,
   when the slot frees, issues its lowest-id ready one. A collective holds the slot from issue
   (waiting for its peers) to completion. Recvs need no slot.
@@ -23,6 +23,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from traceforge.cluster import Cluster
 from traceforge.report.collective_cost import AstraNetwork
 from traceforge.report.ring import wire_bytes
 from traceforge.report.scan import COLL, COMP, RECV, SEND, RankProgram
@@ -39,13 +40,32 @@ class ReplayTooBig(Exception):
 
 @dataclass(frozen=True)
 class LinkModel:
-    intra_gbps: float = 360.0  # GB/s per GPU per direction, achieved (NVLink-class)
-    inter_gbps: float = 45.0  # GB/s per GPU per direction, achieved (a 400 Gb/s NIC)
-    latency_us: float = 5.0
-    gpus_per_node: int = 8
+    """The alpha-beta view of a traceforge.cluster.Cluster (from_cluster), in the replay's
+    microseconds: a collective or send pays its link class's latency once plus wire bytes over
+    the class's bandwidth (GB/s = 10^9 bytes/s per GPU per direction)."""
+
+    intra_gbps: float = Cluster.scale_up_bw
+    inter_gbps: float = Cluster.scale_out_bw
+    intra_latency_us: float = Cluster.scale_up_latency / 1e3
+    inter_latency_us: float = Cluster.scale_out_latency / 1e3
+    gpus_per_node: int = Cluster.gpus_per_node
+
+    def __post_init__(self) -> None:  # the cluster's bounds, so an estimate is never Infinity
+        self.cluster()
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster) -> LinkModel:
+        return cls(cluster.scale_up_bw, cluster.scale_out_bw, cluster.scale_up_latency / 1e3,
+                   cluster.scale_out_latency / 1e3, cluster.gpus_per_node)
+
+    def cluster(self) -> Cluster:
+        return Cluster(self.gpus_per_node, scale_up_bw=self.intra_gbps, scale_up_latency=self.intra_latency_us * 1e3,
+                       scale_out_bw=self.inter_gbps, scale_out_latency=self.inter_latency_us * 1e3)
 
     def micros(self, wire: float, inter: bool) -> float:
-        return self.latency_us + wire / ((self.inter_gbps if inter else self.intra_gbps) * 1e3)
+        if inter:
+            return self.inter_latency_us + wire / (self.inter_gbps * 1e3)
+        return self.intra_latency_us + wire / (self.intra_gbps * 1e3)
 
 
 def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
