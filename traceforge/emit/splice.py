@@ -131,7 +131,6 @@ class Template:
     holes: dict[str, np.ndarray]  # role -> byte offsets (n_holes, width) to overwrite
     node_count: int
     durations: DurationSlots | None = None
-    scaled: bool = False  # buf holds some rank's scaled durations, not the program's
 
 
 def build_template(shapes: list[NodeShape], encoded: dict[str, bytes]) -> Template:
@@ -219,23 +218,16 @@ class StageEncoder:
 
     def encode(self, values: dict[str, int], duration_scale: np.ndarray | None = None) -> tuple[memoryview, int]:
         """(file bytes, node count) of the rank whose role values are given; duration_scale
-        multiplies its compute durations (emit/durations.py). The bytes are a view of the
-        encoder's buffer: valid until the next call."""
+        multiplies its compute durations (emit/durations.py)."""
         encoded = {r: encode_value(str(values[r]) if r in self.string_roles else values[r]) for r in self.roles}
         sig = tuple(len(encoded[r]) for r in self.roles)
         template = self._templates.get(sig)
         if template is None:
             template = self._templates[sig] = build_template(self.shapes, encoded)
-        # Every rank overwrites all of the template's holes (and durations) before it is read,
-        # so the template's own buffer is reused: no 200 KB copy and no fresh pages per rank.
-        buf = template.buf
+        buf = template.buf.copy()
         for role, idx in template.holes.items():
             buf[idx] = np.frombuffer(encoded[role], dtype=np.uint8)
         if duration_scale is not None and template.durations is not None:
             durations = scaled_durations(self.base_durations, duration_scale)
-            template.scaled = True
             return put_durations(buf, template.durations, durations), template.node_count
-        if template.scaled and template.durations is not None:
-            put_durations(buf, template.durations, self.base_durations)  # widths match: in place
-            template.scaled = False
         return memoryview(buf), template.node_count
