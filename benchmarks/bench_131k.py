@@ -4,9 +4,11 @@
     python benchmarks/bench_131k.py --dp 128             # the same model and schedule on 16,384 ranks
     python benchmarks/bench_131k.py --steps generate     # only some steps (generate,check,report)
     python benchmarks/bench_131k.py --timeline-70b       # also: full 128-rank llama3-70b timeline
+    python benchmarks/bench_131k.py --set /work/big/s131k --steps check,report   # an existing set, not rewritten
 
-Every step runs the CLI in a fresh child process: `wall s` is the command inside it, `RSS MB`
-the peak of the child and of its largest worker. Generate is compared, in the same run, with
+Every step runs the CLI in a fresh child process: `wall s` is the command inside it, `cpu s` its
+user+sys time and its workers' (on a shared machine CPU time is steadier than wall), `RSS MB`
+the peak of the child and of its largest worker. dd's wall and CPU are printed beside ours. Generate is compared, in the same run, with
 `cp -r` of its own output and with `dd` writing the same number of bytes as one sequential file
 (`ours/dd`: our MB/s over dd's, dd run first and deleted before generating; `cp/ours`: cp's time
 over ours, skipped when the disk lacks room for a second copy). All three write through the page cache
@@ -54,7 +56,9 @@ def _child(args: list[str]) -> None:
     os.dup2(keep, 1)
     peak_kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps({"wall": wall, "peak_mb": peak_kb / 1024, "exit": code}))
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in usage)
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_mb": peak_kb / 1024, "exit": code}))
 
 
 def run_child(args: list[str]) -> dict:
@@ -67,12 +71,16 @@ def run_child(args: list[str]) -> dict:
     return figures
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str]) -> tuple[float, float]:
+    """(wall s, user+sys CPU s) of command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     _, _, code = _run(["nice", *command])
     if code:
         sys.exit(f"bench_131k: {' '.join(command)} failed")
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def _run(command: list[str]) -> tuple[str, str, int]:
@@ -110,42 +118,48 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="Scratch directory.")
     parser.add_argument("--no-copy", action="store_true", help="Skip the cp -r comparison (half the space).")
     parser.add_argument("--no-dd", action="store_true", help="Skip the dd comparison.")
+    parser.add_argument("--set", type=Path, help="Run check/report on this existing set (read only; no generate).")
     parser.add_argument("--timeline-70b", action="store_true", help="Also time the full 128-rank llama3-70b timeline.")
     opts = parser.parse_args()
     steps = [s for s in opts.steps.split(",") if s]
     if any(s not in STEPS for s in steps):
         sys.exit(f"bench_131k: --steps takes a subset of {','.join(STEPS)}, got {opts.steps!r}")
     ranks = 8 * 16 * opts.dp
+    if opts.set is not None:
+        if not (opts.set / "manifest.json").is_file():
+            sys.exit(f"bench_131k: --set {opts.set} has no manifest.json: give a trace set's directory")
+        ranks = json.loads((opts.set / "manifest.json").read_text())["world_size"]
+        steps = [s for s in steps if s != "generate"]
     size = ranks * BYTES_PER_RANK
     need = size * (1 if opts.no_copy else 2) + MARGIN
     free = shutil.disk_usage(opts.dir).free
-    if free < need:
+    if opts.set is None and free < need:
         sys.exit(f"bench_131k: needs {need / 1e9:.1f} GB free in {opts.dir} ({ranks:,} ranks, ~{size / 1e9:.1f} GB "
                  f"{'' if opts.no_copy else 'plus its copy for cp -r '}); it has {free / 1e9:.1f} GB: "
                  "free space, choose --dir, or pass --no-copy or a smaller --dp")
     signal.signal(signal.SIGTERM, _interrupted)  # so a killed run still deletes what it wrote
     base = Path(tempfile.mkdtemp(prefix="tf-bench-131k-", dir=opts.dir))
-    out = base / "set"
+    out = opts.set if opts.set is not None else base / "set"
     rows: list[tuple[str, dict]] = []
     try:
         spec = ["-p", PRESET, "--dp", str(opts.dp), "--global-batch", str(16 * opts.dp)]  # 16 micro-batches each
-        if True:  # every step reads the set the generate step writes
+        if opts.set is None:  # every later step reads the set the generate step writes
             dd = None
             if not opts.no_dd:  # first, and deleted at once: the set and this file never coexist
                 blocks = -(-size // (16 << 20))
-                dd = (blocks * (16 << 20), timed(["dd", "if=/dev/zero", f"of={base / 'dd.bin'}", "bs=16M",
-                                                   f"count={blocks}"]))
+                dd = (blocks * (16 << 20), *timed(["dd", "if=/dev/zero", f"of={base / 'dd.bin'}", "bs=16M",
+                                                    f"count={blocks}"]))
                 (base / "dd.bin").unlink()
             fig = run_child(["generate", *spec, "-o", str(out), "-q"])
             fig["bytes"] = du(out)
             fig["load"] = load()
             if dd is not None:
-                fig["dd_MBps"] = dd[0] / 1e6 / dd[1]
+                fig["dd_MBps"], fig["dd_wall"], fig["dd_cpu"] = dd[0] / 1e6 / dd[1], dd[1], dd[2]
             if not opts.no_copy:
                 if shutil.disk_usage(base).free < fig["bytes"] + MARGIN:
                     print(f"bench_131k: no room to copy {fig['bytes'] / 1e9:.1f} GB for cp -r; skipped", flush=True)
                 else:
-                    fig["cp"] = timed(["cp", "-r", str(out), str(base / "copy")])
+                    fig["cp"] = timed(["cp", "-r", str(out), str(base / "copy")])[0]
                     shutil.rmtree(base / "copy")
             rows.append(("generate", fig))
             print_row(rows[-1], ranks)
@@ -173,14 +187,15 @@ def main() -> None:
 
 def print_row(row: tuple[str, dict], ranks: int) -> None:
     name, f = row
-    text = (f"{name:17} ranks {ranks:>7,}  wall {f['wall']:8.1f} s  cmd {f['command']:8.1f} s"
+    text = (f"{name:17} ranks {ranks:>7,}  wall {f['wall']:8.1f} s  cpu {f['cpu']:8.1f} s  cmd {f['command']:8.1f} s"
             f"  RSS {f['peak_mb']:6.0f} MB"
             f"  {ranks / f['wall']:8.0f} ranks/s")
     if "bytes" in f:
         text += f"  {f['bytes'] / 1e9:6.2f} GB  {f['bytes'] / 1e6 / f['wall']:6.0f} MB/s"
     if "dd_MBps" in f:
         ours = f["bytes"] / 1e6 / f["wall"]
-        text += f"  dd {f['dd_MBps']:.0f} MB/s (ours/dd {ours / f['dd_MBps']:.2f})"
+        text += (f"  dd {f['dd_MBps']:.0f} MB/s, {f['dd_wall']:.1f} s wall, {f['dd_cpu']:.1f} s cpu"
+                 f" (ours/dd {ours / f['dd_MBps']:.2f})")
     if "cp" in f:
         text += f"  cp -r {f['cp']:.1f} s (cp/ours {f['cp'] / f['wall']:.2f})"
     text += f"  exit {f['exit']}  load {f['load']}"
