@@ -40,7 +40,7 @@ def resolve_jobs(jobs: int | None, flag: str = "--jobs") -> int:
     return min(jobs, cores())
 
 
-def _init_worker() -> None:
+def _init_worker(then: Callable[[], None] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:  # die with the parent, even on kill -9 (Linux only; elsewhere best effort)
@@ -48,12 +48,16 @@ def _init_worker() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if then is not None:
+        then()
 
 
-def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
-    """func over items in ``jobs`` forked processes, results in item order. Stopping the
-    iteration early, or any exception in the caller, kills the workers at once."""
-    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_init_worker)
+def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
+            initializer: Callable[[], None] | None = None) -> Iterator[R]:
+    """func over items in ``jobs`` forked processes, results in item order; ``initializer`` runs
+    once in each worker first. Stopping the iteration early, or any exception in the caller,
+    kills the workers at once."""
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_init_worker, initargs=(initializer,))
     try:
         yield from pool.imap(func, items)
     finally:  # done, failed or abandoned: every result is in, or none is wanted any more

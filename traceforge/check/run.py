@@ -16,8 +16,6 @@ nodes and each group's distinct collective sequences.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,6 +30,7 @@ from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups, read_json_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.errors import TraceReadError, UserError
+from traceforge.parallel import cores, fan_out
 
 __all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
 
@@ -147,7 +146,7 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
     if groups is not None:
         findings += _group_file_findings(groups, world, group_file)
     cross = CrossRank(world, groups, group_file)
-    jobs = jobs if jobs is not None else _cores()
+    jobs = jobs if jobs is not None else cores()
     items = [(r, files[r]) for r in sorted(files) if r < world]
     recorded = _manifest_rows(directory, prefix)
     progress = Progress("check: reading ranks", len(items))
@@ -269,10 +268,6 @@ def _manifest_findings(summary: RankSummary, row: tuple[int, str] | None) -> lis
                     f"bytes, recorded {size:,}): the file changed after it was written; regenerate it")]
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _scan_chunk(world: int, chunk: list[tuple[int, Path]]) -> list[RankSummary]:
     return [summarize_rank(r, p, world) for r, p in chunk]
 
@@ -284,9 +279,8 @@ def _scan_all(items: list[tuple[int, Path]], world: int, jobs: int) -> Iterator[
             yield summarize_rank(r, p, world)
         return
     chunks = [items[i:i + CHUNK_RANKS] for i in range(0, len(items), CHUNK_RANKS)]
-    with multiprocessing.get_context("fork").Pool(jobs, initializer=new_check) as pool:
-        for batch in pool.imap(partial(_scan_chunk, world), chunks):
-            yield from batch
+    for batch in fan_out(partial(_scan_chunk, world), chunks, jobs, initializer=new_check):
+        yield from batch
 
 
 def _fill_names(findings: list[Finding], cross: CrossRank) -> None:

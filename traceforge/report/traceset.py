@@ -8,12 +8,10 @@ are inferred from membership for foreign traces (see dims.py). Foreign traces co
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import uuid
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from traceforge.report.dims import infer_group_dims
@@ -21,6 +19,7 @@ from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
 from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
+from traceforge.parallel import cores, fan_out
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
@@ -58,20 +57,13 @@ def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
             forget()  # this process goes on: give back the decode caches' memory
     chunk = max(1, min(64, len(items) // (4 * jobs)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
-    ctx = multiprocessing.get_context("fork")
     out: list[RankScan] = []
     progress = Progress("report: reading ranks", len(items))
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for done in pool.map(scan_ranks, chunks, [session] * len(chunks)):
-            out += done
-            progress.advance(len(done))
+    for done in fan_out(partial(scan_ranks, session=session), chunks, jobs):
+        out += done
+        progress.advance(len(done))
     progress.close()
     return out
-
-
-def _cores() -> int:
-    """The cores this process may run on (its CPU affinity), as check counts them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None = None) -> TraceSet:
@@ -85,7 +77,7 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     if missing:
         raise TraceReadError(f"{directory}: ranks must be numbered 0..{world - 1}; missing {prefix}.{missing[0]}.et "
                              f"({len(missing)} missing)")
-    jobs = jobs if jobs is not None else _cores()
+    jobs = jobs if jobs is not None else cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
     manifest = read_json_file(directory / MANIFEST_FILE)  # after the workers: they need none of it
     if isinstance(manifest, dict):
