@@ -20,7 +20,7 @@ from typing import NamedTuple
 from traceforge import schema as S
 from traceforge.check.nodes import COLL, CheckRecord, decode_node
 from traceforge.read.decode import PayloadCache, parse_node
-from traceforge.report.records import Span, _attribute_ranges, _find_spans, _template_key
+from traceforge.read.spans import Span, attribute_ranges, find_spans, template_key
 from traceforge.wire import read_varint
 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
@@ -68,7 +68,7 @@ def _with_values(record: CheckRecord, values: dict[str, int]) -> CheckRecord:
 def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template | None:
     """A template when the spans are exactly the node's only attribute of each name (checked on
     the wire and against the parsed node, once per template)."""
-    ranges = _attribute_ranges(payload)
+    ranges = attribute_ranges(payload)
     if ranges is None:
         return None
     node = parse_node(payload)
@@ -86,7 +86,7 @@ def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template |
 def decode_with_templates(payload: bytes) -> tuple[CheckRecord, bool]:
     """decode_node(payload), through a template when one fits (raises CorruptNode like it), and
     whether the payload holds rank-specific values (then it rarely recurs beyond a few ranks)."""
-    spans = _find_spans(payload)
+    spans = find_spans(payload)
     if spans == []:
         return decode_node(payload), False
     if spans is None:
@@ -94,7 +94,7 @@ def decode_with_templates(payload: bytes) -> tuple[CheckRecord, bool]:
     values = _values(payload, spans)
     if values is None:
         return decode_node(payload), True
-    key = _template_key(payload, spans)
+    key = template_key(payload, spans)
     template = _templates.get(key)
     if template is not None:
         return _with_values(template.record, values), True

@@ -24,10 +24,11 @@ from traceforge import wire
 from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.emit.durations import scaled_durations
 from traceforge.plan.ops import Op, Peer, Program
-from traceforge.schema import MEMBER_FIELD, SCHEMA_VERSION
+from traceforge.schema import MEMBER_FIELD, NODE_FIELD, SCHEMA_VERSION
 
 # Node and AttributeProto field numbers (et_def.proto).
-NODE_ID, NODE_NAME, NODE_TYPE, NODE_DATA_DEPS, NODE_DURATION, NODE_ATTR = 1, 2, 3, 5, 7, 10
+NODE_ID, NODE_NAME, NODE_TYPE, NODE_DATA_DEPS, NODE_DURATION, NODE_ATTR = (
+    NODE_FIELD[name] for name in ("id", "name", "type", "data_deps", "duration_micros", "attr"))
 ATTR_NAME = 1
 META_VERSION = 1
 

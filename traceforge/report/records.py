@@ -31,11 +31,11 @@ from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.decode import PayloadCache, node_attributes
 from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
+from traceforge.read.spans import RANK_SPECIFIC, Span, attribute_ranges, find_spans, template_key
 from traceforge.errors import TraceReadError
-from traceforge import wire
 from traceforge.wire import read_varint
 
-COMP, SEND, RECV, COLL = 4, 5, 6, 7
+COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 NO_DIM = ""
 WORLD = ""  # the pg_name of a collective that names no group: all ranks
 
@@ -123,75 +123,10 @@ def decode_record(node: pb.Node) -> ScanRecord:
     return ScanRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
 
 
-# -- level 2: templates over the rank-specific values ---------------------------------------
-#
-# An attribute as traceforge writes it: [field key][length] name field, value field key, value,
-# where the value runs to the end of the attribute: a string (its length byte, then the text) or
-# an integer varint. A template key is the payload with, for each such attribute, its length byte
-# and its value cut out, so values of any width share one template. Equal keys mean equal bytes
-# everywhere else, and the cut bytes are rebuilt consistently (checked when the spans are found),
-# so two payloads with one key parse alike but for those values.
+# -- level 2: templates over the rank-specific values (read/spans.py finds them) --------------
 
-_NAME = 0x0A  # AttributeProto name=1
 PEER_MAX = 2**31 - 1  # a peer varint above this reads differently as int32 (protobuf) and as a raw varint
-
-
-def _marker(name: str) -> bytes:
-    """An attribute's name field and value key, in the member traceforge writes it (schema.ATTR_MEMBER)."""
-    wire_type = wire.LEN if name == S.PG_NAME else wire.VARINT
-    return bytes((_NAME, len(name))) + name.encode() + wire.key(S.MEMBER_FIELD[S.ATTR_MEMBER[name]], wire_type)
-
-
-_MARKERS = tuple((name, _marker(name)) for name in (S.PG_NAME, S.COMM_SRC, S.COMM_DST))
-_RANK_SPECIFIC = frozenset(name for name, _ in _MARKERS)
-_NODE_ATTR = 10  # Node.attr
 _USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
-
-# A rank-specific attribute in a payload: (at: its content's start, where the marker is; its
-# name; where its value starts; where value and attribute end). The template key cuts the
-# attribute's length byte (at - 1) and the value (with a string's length byte).
-Span = tuple[int, str, int, int]
-
-
-def _find_spans(payload: bytes) -> list[Span] | None:
-    """Where the rank-specific attributes sit, found by their markers; [] when there are none,
-    None when one is not laid out as we write it (then the payload is decoded in full)."""
-    spans = []
-    end = len(payload)
-    for name, marker in _MARKERS:
-        at = payload.find(marker)
-        if at < 0:
-            continue
-        start = at + len(marker)
-        if name == S.PG_NAME:
-            if start >= end or payload[start] >= 0x80:
-                return None
-            start, stop = start + 1, start + 1 + payload[start]
-        else:
-            stop = start
-            while stop < end and payload[stop] & 0x80:
-                stop += 1
-            stop += 1
-            if stop - start > 9:  # nine varint bytes keep an int64 non-negative
-                return None
-        if stop > end or stop - at >= 0x80 or at < 1 or payload[at - 1] != stop - at:  # one length byte, matching
-            return None
-        spans.append((at, name, start, stop))
-    if len(spans) > 1:
-        spans.sort()
-        for before, after in zip(spans, spans[1:]):
-            if after[0] - 1 < before[3]:
-                return None
-    return spans
-
-
-def _template_key(payload: bytes, spans: list[Span]) -> tuple[bytes, ...]:
-    key, pos = [], 0
-    for at, name, start, stop in spans:
-        key += (payload[pos:at - 1], payload[at:start - 1 if name == S.PG_NAME else start])
-        pos = stop
-    key.append(payload[pos:])
-    return tuple(key)
 
 
 class PayloadTemplate(NamedTuple):
@@ -202,12 +137,12 @@ class PayloadTemplate(NamedTuple):
 def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: ScanRecord) -> PayloadTemplate | None:
     """A template, if the found spans are exactly the node's only attribute of each rank-specific
     name (checked on the wire, once per template); else None."""
-    attrs = _attribute_ranges(payload)
+    attrs = attribute_ranges(payload)
     if attrs is None or len(attrs) != len(node.attr):
         return None
     found = {name: (at, stop) for at, name, _, stop in spans}
     for (first, last), attr in zip(attrs, node.attr):
-        if attr.name in _RANK_SPECIFIC:
+        if attr.name in RANK_SPECIFIC:
             if found.pop(attr.name, None) != (first, last):  # also fails for a second attribute of the name
                 return None
     if found:  # a marker inside something else (a node name, another value)
@@ -215,31 +150,6 @@ def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: Sca
     wanted = _USES.get(record.wide[1] if record.row is None else ROW.unpack(record.row)[1])
     used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
     return PayloadTemplate(record, used)
-
-
-def _attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
-    """(start, end) of each Node.attr field's content, in order; None for a layout not walked."""
-    ranges, pos, end = [], 0, len(payload)
-    try:
-        while pos < end:
-            key, pos = read_varint(payload, pos)
-            wire_type = key & 7
-            if wire_type == 0:
-                _, pos = read_varint(payload, pos)
-            elif wire_type == 1:
-                pos += 8
-            elif wire_type == 5:
-                pos += 4
-            elif wire_type == 2:
-                size, pos = read_varint(payload, pos)
-                if key >> 3 == _NODE_ATTR:
-                    ranges.append((pos, pos + size))
-                pos += size
-            else:
-                return None
-    except ValueError:
-        return None
-    return ranges if pos == end else None
 
 
 def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanRecord | None:
@@ -309,12 +219,12 @@ def records_of(payloads: list[bytes], offsets: list[int], name: str, rank: int |
 
 def _miss(payload: bytes, name: str, offset: int) -> ScanRecord:
     """Levels 2 and 3 for a payload not seen before; the record is cached under it."""
-    spans = _find_spans(payload)
+    spans = find_spans(payload)
     if spans == []:
         return _stable.remember(payload, decode_record(parse_node(payload, offset, name)))
     record = template = key = None
     if spans is not None:
-        key = _template_key(payload, spans)
+        key = template_key(payload, spans)
         template = _templates.get(key)
         if template is not None:
             record = _fill(template, payload, spans)
@@ -339,10 +249,10 @@ def value_spans(payload: bytes) -> list[ValueSpan] | None:
     """Where the payload's rank-specific values sit, when its template is known to be sound (so
     any bytes there, of the same width and varint shape, parse alike but for those values);
     [] when it has none; None when unknown (then every byte of it must be treated as fixed)."""
-    spans = _find_spans(payload)
+    spans = find_spans(payload)
     if not spans:
         return spans
-    template = _templates.get(_template_key(payload, spans))
+    template = _templates.get(template_key(payload, spans))
     if template is None:
         return None
     return [ValueSpan(start, stop, name == S.PG_NAME, i == template.used)
