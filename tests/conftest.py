@@ -1,8 +1,8 @@
 import json
 
 import pytest
-
 from oracle import consistency_problems, load_set, unfinished
+
 from traceforge.emit.writer import write_trace_set
 from traceforge.spec import build_spec
 

@@ -8,13 +8,13 @@ the one named; removing a node hands its dependencies to its children so that no
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from traceforge import schema as S
+from traceforge import wire
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.read.reader import attrs, read_trace
-from traceforge import wire
 
 PREFIX = "workload"
 

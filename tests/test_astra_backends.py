@@ -19,9 +19,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from traceforge.cli import app, load_commands
 from traceforge.emit import astra, astra_htsim, astra_ns3
 from traceforge.emit.astra import AstraOptions, Cluster, write_astra_bundle
-from traceforge.cli import app, load_commands
 
 # ns-3 config keys ReadConf knows (common.h); anything else is skipped token by token.
 NS3_KEYS = {

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from traceforge.emit import astra
-from traceforge.read.reader import attrs, iter_nodes
 from traceforge.emit.astra import Cluster, check_bundle, network_dimensions, write_astra_bundle
 from traceforge.errors import UserError
+from traceforge.read.reader import attrs, iter_nodes
 
 # The keys ASTRA-sim's analytical network parser reads, one list entry per dimension.
 NETWORK_KEYS = {"topology", "npus_count", "bandwidth", "latency"}

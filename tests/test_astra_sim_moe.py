@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_moe_frontier import FRONTIER
 from test_moe_imbalance import SMALL
+
 from traceforge.emit.astra import LOG_DIR, RUN_SCRIPT, Cluster, write_astra_bundle
 from traceforge.emit.combine import combine_sets
 

@@ -9,16 +9,16 @@ taken from Chakra's own code (mlc-chakra's generator and PyTorch converter) at r
 
 from __future__ import annotations
 
-import pytest
 import oracle as traffic
+import pytest
 from mutate import edit
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.run import check_trace_set
-from traceforge.read.reader import attr_value, find_rank_files, read_trace
 from traceforge.plan import ops
 from traceforge.plan.program import build_program
+from traceforge.read.reader import attr_value, find_rank_files, read_trace
 from traceforge.spec import build_spec
 
 # et_feeder_node.cpp: attr_name -> the accessor its constructor calls.

@@ -11,12 +11,25 @@ import json
 import random
 
 import pytest
-from typer.testing import CliRunner
-
 from mutate import (
-    attr, coll, comp, drop, edit, groups, of_type, rank_path, read_nodes, recv, send, set_int, set_str, write_groups,
+    attr,
+    coll,
+    comp,
+    drop,
+    edit,
+    groups,
+    of_type,
+    rank_path,
+    read_nodes,
+    recv,
+    send,
+    set_int,
+    set_str,
+    write_groups,
     write_set,
 )
+from typer.testing import CliRunner
+
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.run import check_trace_set

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-
 from oracle import consistency_problems, load_set, unfinished
+
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.frame import frames
 from traceforge.emit.combine import combine_sets, placement_ranks
 from traceforge.errors import UserError
+from traceforge.read.frame import frames
 
 MOE = dict(arch="llama", layers=2, hidden=128, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=64,
            tied_embeddings=False, experts=8, top_k=2, tp=1, pp=2, dp=4, ep=4, order="megatron", num_microbatches=2,

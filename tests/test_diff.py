@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.browse.diff import diff_sets, open_set
-from traceforge.read.reader import attrs, read_trace
 from traceforge.cli import app, load_commands
+from traceforge.read.reader import attrs, read_trace
 
 load_commands()
 runner = CliRunner()

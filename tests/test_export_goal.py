@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceforge.check.run import check_trace_set
 from traceforge.browse.expand import write_chakra
-from traceforge.read.reader import attrs, find_rank_files, read_trace
+from traceforge.check.run import check_trace_set
 from traceforge.cli import app, load_commands
+from traceforge.read.reader import attrs, find_rank_files, read_trace
 
 LABEL = r"[a-zA-Z][a-zA-Z0-9_]*"
 OP = re.compile(rf"^({LABEL}): (?:calc (\d+)(?: cpu (\d+))?|send (\d+)b to (\d+) tag (\d+)"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceforge.read.reader import attrs, read_trace
 from traceforge.cli import app, load_commands
+from traceforge.read.reader import attrs, read_trace
 
 KEYS = ("model_parallel_NPU_group:", "ep:", "pp:", "vpp:", "ga:", "all_gpus:", "checkpoints:", "checkpoint_initiates:")
 COMMS = {f"{base}{suffix}" for base in ("ALLREDUCE", "ALLGATHER", "REDUCESCATTER", "ALLTOALL")

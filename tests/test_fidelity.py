@@ -10,8 +10,8 @@ import json
 from collections import Counter
 
 import pytest
-
 from oracle import load_set
+
 from traceforge.errors import SpecError
 from traceforge.plan.pipeline import interleaved
 from traceforge.spec import build_spec

@@ -14,9 +14,9 @@ import pytest
 from cli_runner import dead_pid, invoke, one_line_error
 
 from traceforge import output
-from traceforge.output import _temp_stem, atomic_output_dir
 from traceforge.emit.writer import write_trace_set
 from traceforge.errors import UserError
+from traceforge.output import _temp_stem, atomic_output_dir
 from traceforge.spec import build_spec
 
 SMALL = ("--layers", "2", "--dp", "1", "-q")
@@ -94,10 +94,9 @@ def test_a_set_written_meanwhile_is_never_replaced(tmp_path):
     out = tmp_path / "out"
     spec = build_spec("demo", overrides={"dp": 1})
     write_trace_set(spec, tmp_path / "other", jobs=1)
-    with pytest.raises(UserError, match="another run"):
-        with atomic_output_dir(out, force=False) as tmp:
-            (tmp / "mine").write_text("late")
-            (tmp_path / "other").rename(out)  # the other run wins the race
+    with pytest.raises(UserError, match="another run"), atomic_output_dir(out, force=False) as tmp:
+        (tmp / "mine").write_text("late")
+        (tmp_path / "other").rename(out)  # the other run wins the race
     assert (out / "manifest.json").is_file() and not (out / "mine").exists()
     assert _hidden(tmp_path) == []
 
@@ -110,9 +109,8 @@ def test_force_without_rename_exchange_survives_a_kill_between_renames(tmp_path,
     before = (out / "manifest.json").read_bytes()
     aside = tmp_path / f"{_temp_stem(out.resolve())}.old-{dead_pid()}"
     out.rename(aside)  # the state a kill -9 between the two renames leaves
-    with pytest.raises(UserError, match="not empty"):
-        with atomic_output_dir(out, force=False):
-            pass
+    with pytest.raises(UserError, match="not empty"), atomic_output_dir(out, force=False):
+        pass
     assert (out / "manifest.json").read_bytes() == before and _hidden(tmp_path) == []
     monkeypatch.setattr(output, "_renameat2", lambda *a: False)  # the fallback path end to end
     write_trace_set(build_spec("demo"), out, force=True, jobs=1)

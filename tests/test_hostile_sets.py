@@ -13,11 +13,11 @@ import mutate as M
 import pytest
 from cli_runner import dead_pid, invoke, one_line_error
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.frame import frames
 from traceforge import wire
+from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.emit.shard import shard_manifest_name, write_shard
 from traceforge.emit.writer import write_trace_set
+from traceforge.read.frame import frames
 from traceforge.spec import build_spec
 
 READERS = {

@@ -7,19 +7,19 @@ installs them; they must decode every file to exactly what our reader sees.
 
 from __future__ import annotations
 
+import oracle as traffic
 import pytest
 from chakra.schema.protobuf import et_def_pb2 as chakra_pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 from google.protobuf.json_format import MessageToDict
 
-import oracle as traffic
 from traceforge._proto import traceforge_et_pb2 as our_pb
-from traceforge.read.reader import find_rank_files, read_trace
 from traceforge.emit.reference import encode_rank
 from traceforge.emit.splice import StageEncoder
 from traceforge.emit.writer import role_values, write_trace_set
 from traceforge.layout import Layout
 from traceforge.plan.program import stage_program
+from traceforge.read.reader import find_rank_files, read_trace
 from traceforge.spec import build_spec
 
 

@@ -5,8 +5,8 @@ tests/traffic.py's stride arithmetic, never from traceforge.layout itself."""
 from __future__ import annotations
 
 import pytest
-
 from oracle import COLL, coord_of, expected_groups, load_set, order_dims, rank_of
+
 from traceforge.emit.writer import write_trace_set
 from traceforge.layout import Layout
 from traceforge.spec import build_spec

@@ -9,8 +9,8 @@ import sys
 from collections import Counter
 
 import pytest
-from test_traffic import M, megatron_buckets
 from oracle import load_set
+from test_traffic import M, megatron_buckets
 
 from traceforge.errors import SpecError
 from traceforge.spec import build_spec

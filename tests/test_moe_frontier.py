@@ -12,8 +12,8 @@ import json
 from collections import Counter
 
 import pytest
-
 from oracle import A2A, AG, COLL, RS, load_set
+
 from traceforge.errors import SpecError
 from traceforge.model import active_params, total_params
 from traceforge.spec import build_spec

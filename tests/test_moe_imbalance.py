@@ -11,8 +11,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-
 from oracle import COMP, RECV, SEND, TAG_LIMIT, load_set
+
 from traceforge.errors import SpecError
 from traceforge.spec import build_spec
 
@@ -153,6 +153,7 @@ def test_cli_refuses_a_bad_routing_file_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("model", ["general", "astra-sim"])
 def test_imbalanced_and_node_limited_sets_pass_both_replay_models(make_set, model):
     from test_moe_frontier import FRONTIER
+
     from traceforge.check.run import check_trace_set
 
     for overrides in (dict(SMALL, moe_routing="zipf:1.2", recompute="full"), FRONTIER):

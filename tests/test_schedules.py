@@ -17,9 +17,9 @@ import pytest
 from oracle import ancestors, depends_on, load_set
 
 from traceforge.check.run import check_trace_set
-from traceforge.report.build import build_report
 from traceforge.errors import SpecError
 from traceforge.plan.pipeline import dualpipev, zbv, zero_bubble
+from traceforge.report.build import build_report
 from traceforge.spec import build_spec
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7

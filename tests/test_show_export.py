@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.browse.export import write_rank_json
-from traceforge.read.reader import attrs, read_trace
 from traceforge.browse.show import parse_range
 from traceforge.cli import app, load_commands
 from traceforge.errors import UserError
+from traceforge.read.reader import attrs, read_trace
 
 load_commands()
 runner = CliRunner()

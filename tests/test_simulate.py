@@ -13,8 +13,8 @@ from mutate import attr, edit, set_int
 from typer.testing import CliRunner
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.astra import Cluster, write_astra_bundle
 from traceforge.cli import app, load_commands
+from traceforge.emit.astra import Cluster, write_astra_bundle
 
 LOGS = Path(__file__).parent / "data" / "astra_logs"
 BINARY = os.environ.get("ASTRA_SIM_BIN")

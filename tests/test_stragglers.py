@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from oracle import COMP, load_set
+
 from traceforge.emit.durations import duration_scale, scaled_durations
 from traceforge.emit.reference import encode_rank
 from traceforge.emit.splice import StageEncoder

@@ -15,12 +15,30 @@ import math
 from collections import Counter
 
 import pytest
-
 from oracle import (
-    AR, COLL, COLL_TYPES, COMP, RECV, SEND, DecodedSet, ancestors, by_step, collective_counter, collective_problems,
-    collective_totals, consistency_problems, depends_on, group_order_problems, load_set, node_problems,
-    p2p_counter, p2p_problems, peer, unfinished,
+    AR,
+    COLL,
+    COLL_TYPES,
+    COMP,
+    RECV,
+    SEND,
+    DecodedSet,
+    ancestors,
+    by_step,
+    collective_counter,
+    collective_problems,
+    collective_totals,
+    consistency_problems,
+    depends_on,
+    group_order_problems,
+    load_set,
+    node_problems,
+    p2p_counter,
+    p2p_problems,
+    peer,
+    unfinished,
 )
+
 from traceforge.emit.writer import write_trace_set
 from traceforge.spec import build_spec
 
@@ -67,7 +85,7 @@ class M:
     mask: bool = True  # the attention mask travels with the batch
 
     @classmethod
-    def of(cls, spec: dict) -> "M":
+    def of(cls, spec: dict) -> M:
         d, b = spec["dp"], spec["micro_batch"]
         assert spec["global_batch"] % (b * d) == 0
         return cls(

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from traceforge.report.astra_log import FINISHED, AstraLog, read_astra_log
-from traceforge.read.reader import read_json_file
 from traceforge.emit.astra import (
     ASTRA_BINARY,
     ASTRA_REPO,
@@ -28,6 +26,8 @@ from traceforge.emit.astra import (
     SYSTEM_FILE,
 )
 from traceforge.errors import UserError
+from traceforge.read.reader import read_json_file
+from traceforge.report.astra_log import FINISHED, AstraLog, read_astra_log
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 ENV_BINARY = "ASTRA_SIM"

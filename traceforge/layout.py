@@ -88,7 +88,7 @@ class Layout:
             self.expert = Grid(tuple(d for d in self.dims if d != "cp"), {**s, "cp": 1, "dp": expert_dp})
 
     @classmethod
-    def from_spec(cls, spec: Spec) -> "Layout":
+    def from_spec(cls, spec: Spec) -> Layout:
         return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
                    spec.shard_size if spec.dp_mode == "hsdp" else None, spec.moe_router_num_groups)
 

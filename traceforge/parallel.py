@@ -13,7 +13,8 @@ import ctypes
 import multiprocessing
 import os
 import signal
-from typing import Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from traceforge.errors import UserError
 

@@ -12,9 +12,10 @@ import dataclasses
 import difflib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from traceforge.errors import SpecError
 from traceforge.files import MAX_SPEC_FILE_BYTES, input_file_problem, read_regular_file

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterator
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.reader import attr_value, find_rank_files
-from traceforge.read.reader import load_groups, open_trace, parse_node, read_json_file
 from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
 from traceforge.files import MAX_RANK_FILE_BYTES, input_file_problem
 from traceforge.parallel import fan_out
+from traceforge.read.reader import attr_value, find_rank_files, load_groups, open_trace, parse_node, read_json_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.reader import attrs, iter_nodes
 from traceforge.errors import UserError
+from traceforge.read.reader import attrs, iter_nodes
 
 ALGORITHMS = ("ring", "recursive-doubling", "halving-doubling")
 TAG_LIMIT = 500_000_000  # ASTRA-sim's tags, and check's rule, stay below this

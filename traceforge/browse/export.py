@@ -22,11 +22,10 @@ from typing import TextIO
 
 from google.protobuf.json_format import MessageToDict
 
-from traceforge.read.reader import find_rank_files
-from traceforge.read.reader import open_trace, parse_node
-from traceforge.schema import COMM_GROUP_FILE
-from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
+from traceforge.output import atomic_output_dir
+from traceforge.read.reader import find_rank_files, open_trace, parse_node
+from traceforge.schema import COMM_GROUP_FILE
 
 FORMATS = ("json", "goal", "simai")  # goal: export_goal.py, simai: export_simai.py
 

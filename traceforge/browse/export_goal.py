@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TextIO
 
 from traceforge.browse.expand import ALGORITHMS, CALC, SEND, expand_rank, rank_files, resolved
-from traceforge.output import atomic_output_dir
 from traceforge.errors import UserError
+from traceforge.output import atomic_output_dir
 
 TIME_UNITS = {"ns": 1_000, "ps": 1_000_000}  # per microsecond
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file
-from traceforge.output import atomic_output_dir
-from traceforge.errors import UserError
 from traceforge import schema as S
+from traceforge.errors import UserError
+from traceforge.output import atomic_output_dir
+from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file
 from traceforge.schema import MANIFEST_FILE
 
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE

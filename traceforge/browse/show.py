@@ -7,15 +7,15 @@ columns when present, and a comm_group.json beside the traces shows each group's
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, TextIO
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.reader import attrs, open_trace, parse_node
 from traceforge.errors import UserError
-
+from traceforge.read.reader import attrs, open_trace, parse_node
 
 TYPE_SHORT = {"COMP_NODE": "COMP", "COMM_COLL_NODE": "COLL", "COMM_SEND_NODE": "SEND", "COMM_RECV_NODE": "RECV",
               "MEM_LOAD_NODE": "LOAD", "MEM_STORE_NODE": "STORE"}

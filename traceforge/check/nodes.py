@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.decode import CorruptNode, node_attributes, parse_node
+from traceforge.read.decode import node_attributes, parse_node
 
 INVALID, METADATA, MEM_LOAD, MEM_STORE = pb.INVALID_NODE, pb.METADATA_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE

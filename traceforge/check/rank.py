@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from operator import itemgetter
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
-from traceforge.check.nodes import COLL, SEND, WORLD, CorruptNode, CheckRecord, decode_node
+from traceforge.check.nodes import COLL, SEND, WORLD, CheckRecord, decode_node
 from traceforge.check.program import Program, Structure, analyse, build
 from traceforge.check.templates import decode_with_templates
-from traceforge.read.decode import PayloadCache
+from traceforge.read.decode import CorruptNode, PayloadCache
 from traceforge.read.frame import FrameError, frames, payload_at, read_file
 from traceforge.wire import read_varint
 

@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
 from traceforge.check.replay import GENERAL, MODELS, Replay
+from traceforge.errors import TraceReadError, UserError
+from traceforge.parallel import cores, fan_out
 from traceforge.read.progress import Progress
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups, read_json_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
-from traceforge.errors import TraceReadError, UserError
-from traceforge.parallel import cores, fan_out
 
 __all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
 

@@ -10,7 +10,7 @@ import functools
 import os
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import typer
 from rich.console import Console

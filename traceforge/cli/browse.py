@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -22,9 +21,9 @@ def diff(
     a: Path = typer.Argument(..., metavar="A", help="First trace set (a folder of <prefix>.<rank>.et files)."),
     b: Path = typer.Argument(..., metavar="B", help="Second trace set."),
     exact: bool = typer.Option(False, "--bytes", help="Compare every file byte for byte (traces, comm_group.json, manifest.json) instead of semantically."),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix in both sets (default: the one prefix each set holds)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix in both sets (default: the one prefix each set holds)."),
     limit: int = typer.Option(8, "--limit", help="Show details for at most this many differing ranks or files."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes comparing ranks (default: all cores)."),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes comparing ranks (default: all cores)."),
 ) -> None:
     """Compare two trace sets; exit 0 when equal, 1 when they differ, 2 when one is unreadable.
 
@@ -184,15 +183,14 @@ def _dim_order(dim: str) -> tuple[int, str]:
 def show(
     directory: Path = typer.Argument(..., metavar="DIR", help="Trace set folder."),
     rank: int = typer.Option(0, "--rank", "-r", help="Rank whose trace to print."),
-    node_range: Optional[str] = typer.Option(None, "--range", help="Node ids START:END (END excluded), START:, :END or one id."),
+    node_range: str | None = typer.Option(None, "--range", help="Node ids START:END (END excluded), START:, :END or one id."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array of row objects instead of a table."),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
 ) -> None:
     """Print one rank's nodes as a readable table: type, collective, bytes, group members or peer,
     dependencies, duration and annotations."""
-    from traceforge.read.reader import find_rank_files
-    from traceforge.read.reader import load_groups
     from traceforge.browse.show import iter_rows, parse_range, write_json, write_table
+    from traceforge.read.reader import find_rank_files, load_groups
 
     start, stop = parse_range(node_range)
     prefix, files = find_rank_files(directory, prefix)
@@ -239,11 +237,11 @@ def export(
         "json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each "
                                        "node), goal (LogGOPSim/ATLAHS schedule, collectives as point-to-point steps) "
                                        "or simai (SimAI's layer-wise workload text)."),
-    out_dir: Optional[Path] = typer.Option(
+    out_dir: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder (json: <prefix>.<rank>.json files and comm_group.json; goal: "
                                   "<prefix>.goal; simai: <prefix>.simai.txt)."),
-    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="json: this rank only; without --out, to stdout."),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+    rank: int | None = typer.Option(None, "--rank", "-r", help="json: this rank only; without --out, to stdout."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
     algorithm: str = typer.Option(
         "ring", "--collective-algorithm", help="goal: how collectives become point-to-point steps: ring, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,13 +15,13 @@ from traceforge.parallel import resolve_jobs
 @user_errors
 def check(
     directory: Path = typer.Argument(..., help="The trace set: a folder of <prefix>.<rank>.et files."),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
-    comm_groups: Optional[Path] = typer.Option(None, "--comm-groups", help="Communicator-group file, JSON mapping each group id to its ranks (default: DIR/comm_group.json when present)."),
-    ranks: Optional[int] = typer.Option(None, "--ranks", help="Expected number of ranks (default: manifest.json's world size, else the highest rank file + 1)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
+    comm_groups: Path | None = typer.Option(None, "--comm-groups", help="Communicator-group file, JSON mapping each group id to its ranks (default: DIR/comm_group.json when present)."),
+    ranks: int | None = typer.Option(None, "--ranks", help="Expected number of ranks (default: manifest.json's world size, else the highest rank file + 1)."),
     model: str = typer.Option("general", "--model", help="Deadlock replay model: general, or astra-sim (one non-receive communication in flight per rank, as ASTRA-sim issues)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
     max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
     expand: str | None = typer.Option(
         None, "--expand", help="Check the set as 'export --format goal' writes it: every collective expanded "
                                "into point-to-point steps by this algorithm (ring, recursive-doubling or "
@@ -60,8 +59,8 @@ def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | Non
     """Expand into a scratch Chakra set of compute, Send and Recv nodes, and check that."""
     import tempfile
 
-    from traceforge.check.run import check_trace_set
     from traceforge.browse.expand import ALGORITHMS, write_chakra
+    from traceforge.check.run import check_trace_set
 
     if algorithm not in ALGORITHMS:
         raise UserError(f"--expand {algorithm!r} is not known: use {', '.join(ALGORITHMS)}")

@@ -87,15 +87,20 @@ def _astra_options() -> list[inspect.Parameter]:
 
 def generate(**kwargs: Any) -> None:
     """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
-    from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
-    from traceforge.output import check_output_dir
-    from traceforge.emit.writer import write_trace_set
-    from traceforge.parallel import resolve_jobs
-
     from traceforge.cluster import FIELD, Cluster
     from traceforge.emit.astra import (
-        BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle,
+        BACKEND_INFO,
+        OPTIONS_HELP,
+        AstraOptions,
+        backend,
+        check_bundle,
+        check_messages,
+        write_astra_bundle,
     )
+    from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
+    from traceforge.emit.writer import write_trace_set
+    from traceforge.output import check_output_dir
+    from traceforge.parallel import resolve_jobs
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
     run = {k: kwargs.pop(k) for k in run_keys}

@@ -8,7 +8,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -19,7 +19,7 @@ from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
 
 
-def print_report(directory: Path, prefix: Optional[str] = None, gpus_per_node: int = 8, **options) -> None:
+def print_report(directory: Path, prefix: str | None = None, gpus_per_node: int = 8, **options) -> None:
     """Build and print the report of a trace set (what `generate --report` calls); options go
     to build_report (link=LinkModel(...), timeline=, track_ranks=, jobs=)."""
     from traceforge.report.build import build_report
@@ -36,7 +36,7 @@ ASTRA_MODEL_HELP = ("Estimate: ASTRA-sim's analytical network arithmetic from DI
                     "--scale-up/--scale-out flags.")
 
 
-def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: Optional[bool]) -> Cluster:
+def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: bool | None) -> Cluster:
     """The machine report uses for a set. When the estimate takes the set's ASTRA-sim bundle, the
     bundle decides: GPUs per node come from it unless given, and a flag that disagrees with it is
     refused (one line) rather than silently ignored."""
@@ -73,23 +73,23 @@ def _timeline_tracks(value: str) -> int | str:
 
 def report(
     directory: Path = typer.Argument(..., help="Trace set directory (<prefix>.<rank>.et files; ours or any Chakra ET)."),
-    prefix: Optional[str] = typer.Option(None, "--prefix", help="Trace file prefix when the directory holds several."),
-    compare: Optional[Path] = typer.Option(None, "--compare", help="A second trace set to show side by side (e.g. the same spec with another --order)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Write CSV/JSON/PNG artifacts here (new or empty directory)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix when the directory holds several."),
+    compare: Path | None = typer.Option(None, "--compare", help="A second trace set to show side by side (e.g. the same spec with another --order)."),
+    out_dir: Path | None = typer.Option(None, "--out", "-o", help="Write CSV/JSON/PNG artifacts here (new or empty directory)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
     track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
-    simulation: Optional[Path] = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
-    astra_log: Optional[Path] = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
-    astra_model: Optional[bool] = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    simulation: Path | None = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
+    astra_log: Path | None = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
+    astra_model: bool | None = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
+    from traceforge.report.build import build_report
     from traceforge.report.render import render_comparison
     from traceforge.report.timing_replay import LinkModel
-    from traceforge.report.build import build_report
 
     jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)

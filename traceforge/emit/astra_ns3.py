@@ -113,10 +113,7 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
             endpoints = [_leaves(group, out_bps) for group in groups]
         else:
             switches = [sw for sw in node_switch if sw is not None]
-            if len(switches) == nodes:
-                ends = [(sw, out_bps * gpn) for sw in switches]
-            else:
-                ends = [(g, out_bps) for g in range(world)]
+            ends = [(sw, out_bps * gpn) for sw in switches] if len(switches) == nodes else [(g, out_bps) for g in range(world)]
             endpoints = [_leaves_of(ends)]
         leaves = [leaf for rail in endpoints for leaf in rail]
         leaf_ids = []

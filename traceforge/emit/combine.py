@@ -19,13 +19,13 @@ from pathlib import Path
 
 from traceforge import __version__
 from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.frame import frames, read_file
-from traceforge.read.reader import find_rank_files, load_groups, read_json_file
-from traceforge.output import atomic_output_dir
-from traceforge.wire import varint
 from traceforge.emit.writer import trace_file_name
 from traceforge.errors import UserError
+from traceforge.output import atomic_output_dir
+from traceforge.read.frame import frames, read_file
+from traceforge.read.reader import find_rank_files, load_groups, read_json_file
 from traceforge.schema import COMM_DST, COMM_GROUP_FILE, COMM_SRC, MANIFEST_FILE, PG_NAME
+from traceforge.wire import varint
 
 PLACEMENTS = ("packed", "interleaved")
 

@@ -4,6 +4,7 @@ reference) start from here, so the attribute contract lives in one place.
 """
 
 from __future__ import annotations
+
 from dataclasses import dataclass
 
 from traceforge import schema as S

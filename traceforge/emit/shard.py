@@ -14,20 +14,26 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from traceforge import __version__
 from traceforge.emit.writer import (
-    RankRecord, RankTable, RankWriter, estimate_bytes, finish_trace_set, trace_file_name, write_json,
+    RankRecord,
+    RankTable,
+    RankWriter,
+    estimate_bytes,
+    finish_trace_set,
+    trace_file_name,
+    write_json,
     write_ranks,
 )
-from traceforge.output import remove_stale
 from traceforge.errors import UserError
 from traceforge.files import read_regular_file
 from traceforge.layout import Layout
-from traceforge.schema import MANIFEST_FILE
+from traceforge.output import remove_stale
 from traceforge.plan.program import program_variants, stage_program
+from traceforge.schema import MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE, Spec, build_spec
 
 _SHARD_ARG = re.compile(r"^\s*([0-9]+)\s*/\s*([0-9]+)\s*$", re.ASCII)

@@ -21,8 +21,8 @@ from functools import lru_cache
 import numpy as np
 
 from traceforge import wire
-from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.emit.durations import scaled_durations
+from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.plan.ops import Op, Peer, Program
 from traceforge.schema import MEMBER_FIELD, NODE_FIELD, SCHEMA_VERSION
 

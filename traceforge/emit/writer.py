@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from traceforge import __version__
 from traceforge.emit.durations import duration_scale, varies
-from traceforge.output import atomic_output_dir
 from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
+from traceforge.output import atomic_output_dir
 from traceforge.parallel import cores, fan_out
 from traceforge.plan.ops import Peer, Program
 from traceforge.plan.program import build_program, program_variants, stage_program

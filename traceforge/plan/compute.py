@@ -34,10 +34,10 @@ class Cost:
     bytes: int
     micros: float
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(self.flops + other.flops, self.bytes + other.bytes, self.micros + other.micros)
 
-    def scaled(self, factor: float) -> "Cost":
+    def scaled(self, factor: float) -> Cost:
         return Cost(round(self.flops * factor), round(self.bytes * factor), self.micros * factor)
 
 

@@ -163,7 +163,7 @@ class ProgramBuilder:
         self._pending.clear()
         self._sends.clear()
 
-    def compute(self, name: str, cost: "Cost") -> int:
+    def compute(self, name: str, cost: Cost) -> int:
         """duration_micros is whole microseconds (Chakra's unit), rounded with the error carried
         forward: the program's compute so far always sums to its exact total rounded, so a stage
         of many short kernels neither gains nor loses time (a kernel can round to 0 µs)."""

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache
 
+from traceforge.errors import SpecError
 from traceforge.model import Chunk, activation_bytes, embedding_stages, model_chunks, p2p_bytes, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import DataParallel
-from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.embedding import (
-    embedding_backward, embedding_forward, head_backward, head_forward, tied_embedding_sync,
+    embedding_backward,
+    embedding_forward,
+    head_backward,
+    head_forward,
+    tied_embedding_sync,
 )
+from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
-from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.routing import BALANCED
+from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel
-from traceforge.errors import SpecError
 from traceforge.spec import Spec
 
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
@@ -262,7 +266,7 @@ def build_program(spec: Spec, stage: int, variant: int = 0) -> Program:
     return program
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cached(spec: Spec, stage: int, variant: int) -> Program:
     return build_program(spec, stage, variant)
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.errors import TraceReadError
-from traceforge.read.frame import frames, read_file
 from traceforge.files import MAX_JSON_FILE_BYTES, read_regular_file
+from traceforge.read.frame import frames, read_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE
 

@@ -61,7 +61,7 @@ def find_spans(payload: bytes) -> list[Span] | None:
         spans.append((at, name, start, stop))
     if len(spans) > 1:
         spans.sort()
-        for before, after in zip(spans, spans[1:]):
+        for before, after in zip(spans, spans[1:], strict=False):
             if after[0] - 1 < before[3]:
                 return None
     return spans

@@ -18,21 +18,32 @@ from typing import Any
 
 import numpy as np
 
-from traceforge.report.experts import ExpertGroup, expert_groups
+from traceforge.errors import UserError
+from traceforge.output import atomic_output_dir
 from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
+from traceforge.report.experts import ExpertGroup, expert_groups
 from traceforge.report.matrix import (
-    MAX_DENSE_RANKS, PlotUnavailable, node_matrix, rank_matrix, traffic_edges, write_heatmap, write_links_csv,
+    MAX_DENSE_RANKS,
+    PlotUnavailable,
+    node_matrix,
+    rank_matrix,
+    traffic_edges,
+    write_heatmap,
+    write_links_csv,
     write_matrix_csv,
 )
-from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
 from traceforge.report.timeline import (
-    CLASSES, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace,
+    CLASSES,
+    StepEstimate,
+    chrome_trace,
+    step_estimate,
+    timeline_ranks,
+    write_chrome_trace,
 )
+from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.report.traceset import TraceSet, load_trace_set
 from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
-from traceforge.output import atomic_output_dir
-from traceforge.errors import UserError
 
 # The node matrix goes into report.json up to this many nodes (always into its CSV).
 JSON_NODE_MATRIX_LIMIT = 256

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from traceforge.report.ring import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 from traceforge.errors import UserError
+from traceforge.report.ring import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 
 BUS_NS = 10  # MemBus Fast-path delay per packet (system/MemBus.cc)
 HOPS = {"Switch": 2, "FullyConnected": 1}

@@ -17,7 +17,7 @@ def group_shape(members: tuple[int, ...], world: int) -> str:
     if n < 2:
         return f"size{n}"
     stride = ranks[1] - ranks[0]
-    if all(b - a == stride for a, b in zip(ranks, ranks[1:])):
+    if all(b - a == stride for a, b in zip(ranks, ranks[1:], strict=False)):
         return f"size{n}-stride{stride}"
     return f"size{n}-irregular"
 

@@ -100,7 +100,7 @@ def write_heatmap(matrices: list[tuple[str, np.ndarray, int]], path: Path) -> No
     except ImportError:
         raise PlotUnavailable(PLOT_INSTALL_HINT) from None
     fig, axes = plt.subplots(1, len(matrices), figsize=(6.5 * len(matrices), 5.5), squeeze=False)
-    for ax, (title, m, block) in zip(axes[0], matrices):
+    for ax, (title, m, block) in zip(axes[0], matrices, strict=False):
         positive = m[m > 0]
         norm = LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size and positive.min() < positive.max() else None
         shown = np.ma.masked_where(m <= 0, m)

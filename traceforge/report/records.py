@@ -28,11 +28,11 @@ import numpy as np
 
 from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.errors import TraceReadError
 from traceforge.read.decode import PayloadCache, node_attributes
 from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
 from traceforge.read.spans import RANK_SPECIFIC, Span, attribute_ranges, find_spans, template_key
-from traceforge.errors import TraceReadError
 from traceforge.wire import read_varint
 
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
@@ -141,10 +141,10 @@ def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: Sca
     if attrs is None or len(attrs) != len(node.attr):
         return None
     found = {name: (at, stop) for at, name, _, stop in spans}
-    for (first, last), attr in zip(attrs, node.attr):
-        if attr.name in RANK_SPECIFIC:
-            if found.pop(attr.name, None) != (first, last):  # also fails for a second attribute of the name
-                return None
+    for (first, last), attr in zip(attrs, node.attr, strict=False):
+        # also fails for a second attribute of the name
+        if attr.name in RANK_SPECIFIC and found.pop(attr.name, None) != (first, last):
+            return None
     if found:  # a marker inside something else (a node name, another value)
         return None
     wanted = _USES.get(record.wide[1] if record.row is None else ROW.unpack(record.row)[1])

@@ -228,7 +228,9 @@ def render_comparison(a, b, console) -> None:
         da, db = a.dim(name), b.dim(name)
 
         def cells(d):
-            return ("-", "-", "-") if d is None else (f"{len(d.crossing)}/{len(d.groups)}", fmt_bytes(d.intra_total), fmt_bytes(d.inter_total))
+            if d is None:
+                return ("-", "-", "-")
+            return (f"{len(d.crossing)}/{len(d.groups)}", fmt_bytes(d.intra_total), fmt_bytes(d.inter_total))
 
         delta = (db.inter_total if db else 0.0) - (da.inter_total if da else 0.0)
         t.add_row(name, *cells(da), *cells(db), ("+" if delta > 0 else "") + fmt_bytes(delta) if delta else "0")

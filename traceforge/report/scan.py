@@ -12,9 +12,9 @@ from __future__ import annotations
 import gc
 import hashlib
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Container
 
 import numpy as np
 
@@ -157,7 +157,7 @@ def _dependencies(ids: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> tupl
     np.cumsum(counts, out=ptr[1:])
     if np.array_equal(ids, np.arange(n, dtype=np.uint64)) and not (flat >= n).any():
         return ptr, flat.astype(np.int64), 0  # ids are positions (every file we write)
-    position = dict(zip(ids.tolist(), range(n)))
+    position = dict(zip(ids.tolist(), range(n), strict=False))
     found = list(map(position.get, flat.tolist()))
     kept = [j for j in found if j is not None]
     if len(kept) < len(found):  # drop the dangling ones: a node's new end is the kept count before it

@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.report.astra_log import AstraLog
 from traceforge.errors import UserError
+from traceforge.report.astra_log import AstraLog
 from traceforge.schema import MANIFEST_FILE
 
 FORMAT = 1

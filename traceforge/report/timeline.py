@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from traceforge.report.timing_replay import ReplayResult
 from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
 from traceforge.report.scan import COLL, COMP, RECV, SEND
+from traceforge.report.timing_replay import ReplayResult
 from traceforge.report.traffic import node_of
 
 DEFAULT_TRACK_RANKS = 32
@@ -34,7 +34,7 @@ class Split:
     def idle(self) -> float:
         return max(0.0, self.total - self.compute - self.exposed_comm)
 
-    def scaled(self, factor: float) -> "Split":
+    def scaled(self, factor: float) -> Split:
         return Split(self.total * factor, self.compute * factor, self.exposed_comm * factor)
 
     def to_json(self) -> dict:
@@ -109,8 +109,8 @@ def step_estimate(result: ReplayResult, steps: int) -> StepEstimate:
     crit = max(range(len(ends)), key=lambda c: ends[c]) if ends else 0
     sizes = result.class_size()
     world = sum(sizes) or 1
-    mean = Split(result.makespan, sum(s.compute * n for s, n in zip(splits, sizes)) / world,
-                 sum(s.exposed_comm * n for s, n in zip(splits, sizes)) / world)
+    mean = Split(result.makespan, sum(s.compute * n for s, n in zip(splits, sizes, strict=False)) / world,
+                 sum(s.exposed_comm * n for s, n in zip(splits, sizes, strict=False)) / world)
     per = 1 / max(1, steps)
     critical = splits[crit] if splits else Split(0.0, 0.0, 0.0)
     return StepEstimate(steps, result.reps[crit] if result.reps else 0, critical.scaled(per), mean.scaled(per),

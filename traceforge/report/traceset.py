@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from traceforge.report.dims import infer_group_dims
-from traceforge.read.progress import Progress
-from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
-from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
 from traceforge.errors import TraceReadError
 from traceforge.parallel import cores, fan_out
+from traceforge.read.progress import Progress
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
+from traceforge.report.dims import infer_group_dims
+from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
