@@ -2,7 +2,7 @@
 oracle of our own.
 
 Nothing here uses the planner (traceforge.plan, traceforge.model) or the product's checker:
-traces are read through traceforge.read.reader and judged by rules written from DESIGN.md
+traces are read through traceforge.read.reader and judged by rules written from docs/traffic-model.md
 section 2 (the output contract) and the rank-order definition of section 3. The constants
 below are Chakra et_def.proto's enum values; test_interop holds them to Chakra's own schema.
 """
@@ -22,11 +22,11 @@ NODE_TYPES = {COMP: "COMP_NODE", SEND: "COMM_SEND_NODE", RECV: "COMM_RECV_NODE",
 # Chakra CollectiveCommType (the four ASTRA-sim simulates)
 AR, AG, A2A, RS = 0, 2, 6, 7
 COLL_TYPES = {AR: "ALL_REDUCE", AG: "ALL_GATHER", A2A: "ALL_TO_ALL", RS: "REDUCE_SCATTER"}
-# ASTRA-sim keeps p2p tags below this (DESIGN section 2).
+# ASTRA-sim keeps p2p tags below this (docs/design.md, what ASTRA-sim reads).
 TAG_LIMIT = 500_000_000
 
 
-# -- rank order: pure stride arithmetic (DESIGN section 3) ------------------------------------
+# -- rank order: pure stride arithmetic (docs/design.md, Facts) ------------------------------------
 
 MEGATRON = "tp-cp-ep-dp-pp"
 

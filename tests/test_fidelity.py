@@ -1,6 +1,6 @@
 """Issue 6 modes, each checked from first principles on the written traces.
 
-Expectations are computed here from the spec numbers (DESIGN.md section 3 formulas and the
+Expectations are computed here from the spec numbers (docs/traffic-model.md formulas and the
 README's mode descriptions), not from the planner's arithmetic.
 """
 
@@ -27,7 +27,7 @@ def ceil_to(n: int, k: int) -> int:
 
 
 def gpt_layer_per_rank(t: int) -> int:
-    """12h^2/t + 7h/t + 6h for f = 4h (DESIGN section 3)."""
+    """12h^2/t + 7h/t + 6h for f = 4h (docs/design.md, Facts)."""
     return 12 * H * H // t + 7 * H // t + 6 * H
 
 

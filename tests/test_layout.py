@@ -1,5 +1,5 @@
-"""Group membership from the rank-order definition (DESIGN section 3): rank = sum of coordinate x
-stride, innermost dimension first. Literal groups come from DESIGN/README; the rest from
+"""Group membership from the rank-order definition (docs/design.md, Facts): rank = sum of coordinate x
+stride, innermost dimension first. Literal groups come from docs/design.md and the README; the rest from
 tests/traffic.py's stride arithmetic, never from traceforge.layout itself."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def emb_groups(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
     return out
 
 
-# -- the seed example, t = p = d = 2 (literal groups from DESIGN section 3) -----------------
+# -- the README's 8-GPU example, t = p = d = 2 (literal groups from docs/design.md) -----------------
 
 def test_default_order_seed_example():
     layout = layout_for(2, 2, 2, "tp-pp-dp")

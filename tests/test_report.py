@@ -1,7 +1,7 @@
 """`traceforge report`: per-dimension bytes, wire bytes, matrices, scale-up/out split and the
 collective test matrix, against numbers worked out by hand from the spec.
 
-Demo (the seed's example): gpt, L=4, h=512, f=2048, 8 heads, V=1024, s=512, tied embeddings,
+Demo (the README's 8-GPU example): gpt, L=4, h=512, f=2048, 8 heads, V=1024, s=512, tied embeddings,
 t=p=d=2, b=1, global batch 8 -> m=4, bf16 activations (e=2), fp32 gradients (g=4).
   activation A = b*s*h*e = 512*512*2 = 524,288 B; cross-entropy reductions b*s*4 = 2,048 B.
   2 layers per stage. Per rank per step:

@@ -48,7 +48,7 @@ def test_the_issue_samples_exist():
 
 
 def test_samples_are_what_they_claim():
-    # The seed's 8-GPU case under both orders: GPU0's DP partner is 4 (tp-pp-dp) or 2 (Megatron).
+    # The README's 8-GPU case under both orders: GPU0's DP partner is 4 (tp-pp-dp) or 2 (Megatron).
     for name, partner in (("demo", 4), ("demo-megatron", 2)):
         doc = json.loads((committed(name) / "manifest.json").read_text())
         assert (doc["spec"]["tp"], doc["spec"]["pp"], doc["spec"]["dp"]) == (2, 2, 2)

@@ -1,10 +1,11 @@
 """The generated traffic, checked from first principles.
 
 Every expected count and byte size below is computed here from the spec's numbers and the
-formulas of DESIGN.md section 3 (Megatron-LM conventions) and the README; nothing is taken
+formulas of docs/traffic-model.md (Megatron-LM conventions) and the README; nothing is taken
 from traceforge.plan or traceforge.model (the GPT-3 175B check reads the planner's output ops,
-never its arithmetic). Where DESIGN is silent the Megatron/DeepSpeed source fact is named. Notation as DESIGN: b micro-batch, s sequence,
-h hidden, f FFN, V vocabulary (padded to a multiple of 128*t), L layers, t/p/d parallel sizes,
+never its arithmetic). Where the docs are silent the Megatron/DeepSpeed source fact is named.
+Notation as docs/traffic-model.md: b micro-batch, s sequence, h hidden, f FFN, V vocabulary
+(padded to a multiple of 128*t), L layers, t/p/d parallel sizes,
 m micro-batches, e bytes per activation/parameter element, g bytes per gradient element.
 """
 
@@ -55,7 +56,7 @@ def ceil_to(n: int, multiple: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class M:
-    """The spec's numbers, as DESIGN names them."""
+    """The spec's numbers, as docs/traffic-model.md names them."""
 
     arch: str
     L: int
@@ -155,7 +156,7 @@ class M:
         return counts
 
     def stage_layers(self, stage: int) -> list[int]:
-        """Global layer indices on a stage. Interleaved (DESIGN: v chunks): virtual stage c*p + i
+        """Global layer indices on a stage. Interleaved (docs/traffic-model.md: v chunks): virtual stage c*p + i
         of L/(p*v) layers is chunk c of stage i."""
         if self.v > 1:
             per = self.L // (self.p * self.v)
@@ -220,7 +221,7 @@ class M:
 
     def padding(self) -> int:
         """Gradient buckets are padded only where they are sharded: a plain AllReduce needs none
-        (DESIGN: ddp AllReduce of G*g); sharded modes to a multiple of d so shards are equal;
+        (docs/traffic-model.md: ddp AllReduce of G*g); sharded modes to a multiple of d so shards are equal;
         Megatron's distributed optimizer to lcm(d, 128) (param_and_grad_buffer)."""
         if self.mode == "ddp":
             return 1
@@ -272,8 +273,8 @@ class M:
 
     def end_of_step(self, stage: int) -> list:
         """Step-phase collectives (dim, collective, comm_size) in order, "optimizer" for the update."""
-        # One gradient bucket per model chunk: DESIGN, "Megatron buckets: one bucket unless
-        # overlap is on"; Megatron wraps each model chunk in its own DDP buffer.
+        # One gradient bucket per model chunk unless overlap is on (docs/traffic-model.md, DP ddp);
+        # Megatron wraps each model chunk in its own DDP buffer.
         chunks = self.chunk_params(stage)
         word = self.Vp // self.t * self.h
         per_chunk = []  # bucket sizes of each chunk, in backward order
@@ -597,7 +598,7 @@ def test_interleaved_schedule_order(sets):
                     got.append(tok)
         expected = mm.interleaved_passes(stage)
         assert got == expected, f"rank {rank} stage {stage}"
-        warmup = (mm.p - stage - 1) * 2 + (mm.v - 1) * mm.p  # DESIGN: interleaved warm-up
+        warmup = (mm.p - stage - 1) * 2 + (mm.v - 1) * mm.p  # docs/traffic-model.md: interleaved warm-up
         assert next(i for i, tok in enumerate(got) if tok[0] == "B") == min(warmup + 1, mm.m * mm.v)
 
 
@@ -813,7 +814,7 @@ def _count(ops, group, types=None):
 
 
 def test_gpt3_175b_worked_check():
-    """DESIGN section 3: t8 p16 d12, b1, global batch 1536 (m = 128), s 2048."""
+    """The GPT-3 175B layout (docs/traffic-model.md, Sources): t8 p16 d12, b1, global batch 1536 (m = 128), s 2048."""
     from traceforge.plan.program import stage_program  # read the planner's output, not its arithmetic
 
     spec = build_spec("gpt3-175b")

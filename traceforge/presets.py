@@ -17,7 +17,7 @@ _TRAINING = dict(
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Tiny, the default: the seed's 8-GPU example (t=p=d=2), tied embeddings so every group shows.
+    # Tiny, the default: the README's 8-GPU example (t=p=d=2), tied embeddings so every group shows.
     "demo": dict(_TRAINING, arch="gpt", layers=4, hidden=512, ffn_hidden=2048, heads=8, kv_heads=8,
                  vocab=1024, seq_len=512, tied_embeddings=True, tp=2, pp=2, dp=2, global_batch=8),
     # GPT-3 (Brown et al. 2020, table 2.1); 175B layout from Narayanan et al. 2021 (t8 p16, b1536).

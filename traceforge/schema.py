@@ -71,7 +71,7 @@ NODE_FIELD: dict[str, int] = {f.name: f.number for f in pb.Node.DESCRIPTOR.field
 ATTR_NAME_FIELD: int = pb.AttributeProto.DESCRIPTOR.fields_by_name["name"].number
 
 # Node types every reader tells apart (the enum's values, not literals).
-COMP_NODE, SEND_NODE, RECV_NODE, COLL_NODE = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
+COMP_NODE, SEND_NODE, RECV_NODE, COLL_NODE = (int(t) for t in (pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE))
 
 NODE_TYPE_NAMES = {v.number: v.name for v in pb.NodeType.DESCRIPTOR.values}
 COLL_TYPE_NAMES = {v.number: v.name for v in pb.CollectiveCommType.DESCRIPTOR.values}

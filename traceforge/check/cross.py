@@ -213,6 +213,7 @@ class CrossRank:
                 else:  # a tie: compare with the lowest-numbered member posting something else
                     ref_rank = next(r for r in readable if seq_of[r] != mine)
                     who = f"rank {ref_rank} posts"
+                assert ref_rank is not None  # a majority is posted by some member
                 out.append(self._sequence_finding(rank, group, seq_of[ref_rank], ref_rank, who, len(readable)))
         return out, poisoned
 
@@ -243,7 +244,7 @@ class CrossRank:
         self.build_transfers()
         out: list[Finding] = []
         count, first = self.p2p_count, self.p2p_first
-        lonely: dict[tuple[int, int], list[tuple[int, tuple, int]]] = {}  # (src, dst) -> [(side, key id, surplus)]
+        lonely: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (src, dst) -> [(side, key id, surplus)]
         for k, key in enumerate(self.p2p_keys):
             sends, recvs = count[2 * k], count[2 * k + 1]
             if sends != recvs:

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
@@ -97,8 +98,9 @@ class CheckResult:
         from rich.table import Table
 
         table = Table(title=f"traceforge check {self.directory}", show_lines=False)
-        for name, justify in (("severity", "left"), ("kind", "left"), ("rank", "right"), ("node", "right"),
-                              ("name", "left"), ("message", "left")):
+        columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+            ("severity", "left"), ("kind", "left"), ("rank", "right"), ("node", "right"), ("name", "left"), ("message", "left"))
+        for name, justify in columns:
             table.add_column(name, justify=justify, overflow="fold")
         for f in self.findings[:max_rows]:
             table.add_row(

@@ -186,7 +186,7 @@ class _progress:
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.enabled = total, not quiet and sys.stderr.isatty()
-        self.bar = None
+        self.bar: Any = None  # a rich Progress once entered
 
     def __enter__(self):
         if not self.enabled:

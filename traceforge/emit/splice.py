@@ -39,11 +39,11 @@ def encode_value(value: int | str) -> bytes:
 
 
 def _constant_attr(name: str, value: int | str | bool) -> bytes:
-    return _cached_attr(name, type(value), value)
+    return _cached_attr(name, type(value).__name__, value)
 
 
 @lru_cache(maxsize=65536)
-def _cached_attr(name: str, kind: type, value: int | str | bool) -> bytes:
+def _cached_attr(name: str, kind: str, value: int | str | bool) -> bytes:
     # kind is part of the key: False == 0 would otherwise share an entry with 0.
     body = wire.length_delimited(ATTR_NAME, name.encode())
     field = MEMBER_FIELD[attr_member(name)]
@@ -65,7 +65,7 @@ class NodeShape:
 
 
 def node_shape(op: Op) -> NodeShape:
-    fixed = []
+    fixed: list[bytes] = []
     if op.id:
         fixed.append(wire.key(NODE_ID, wire.VARINT) + wire.varint(op.id))
     fixed.append(wire.length_delimited(NODE_NAME, op.name.encode()))
@@ -74,11 +74,11 @@ def node_shape(op: Op) -> NodeShape:
         fixed.append(wire.length_delimited(NODE_DATA_DEPS, b"".join(wire.varint(d) for d in op.deps)))
     duration_at, duration_width = -1, 0
     if op.duration_micros:
-        value = wire.varint(op.duration_micros)
+        varint = wire.varint(op.duration_micros)
         duration_key = wire.key(NODE_DURATION, wire.VARINT)
-        duration_at, duration_width = sum(len(f) for f in fixed) + len(duration_key), len(value)
-        fixed.append(duration_key + value)
-    holes = []
+        duration_at, duration_width = sum(len(f) for f in fixed) + len(duration_key), len(varint)
+        fixed.append(duration_key + varint)
+    holes: list[tuple[bytes, Hole]] = []
     for name, value in node_attributes(op):
         if isinstance(value, Hole):
             value_key = wire.key(MEMBER_FIELD[attr_member(name)], wire.LEN if value.as_string else wire.VARINT)

@@ -68,7 +68,8 @@ def find_spans(payload: bytes) -> list[Span] | None:
 
 
 def template_key(payload: bytes, spans: list[Span]) -> tuple[bytes, ...]:
-    key, pos = [], 0
+    key: list[bytes] = []
+    pos = 0
     for at, name, start, stop in spans:
         key += (payload[pos:at - 1], payload[at:start - 1 if name == S.PG_NAME else start])
         pos = stop

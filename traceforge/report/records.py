@@ -104,7 +104,8 @@ def decode_record(node: pb.Node) -> ScanRecord:
     dim = a.get(S.DIM)
     dim = str(dim) if dim is not None else NO_DIM
     step = a.get(S.STEP)
-    ctype, size, tag, traffic_key = -1, 0, 0, None
+    ctype, size, tag = -1, 0, 0
+    traffic_key: tuple | None = None  # (dim, kind, comm_type, size, group name or peer rank)
     if ntype == COLL:
         ctype, size = _int(node, S.COMM_TYPE, a.get(S.COMM_TYPE)), _int(node, S.COMM_SIZE, a.get(S.COMM_SIZE))
         pg = a.get(S.PG_NAME)
@@ -129,6 +130,13 @@ PEER_MAX = 2**31 - 1  # a peer varint above this reads differently as int32 (pro
 _USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
 
 
+def _node_type(record: ScanRecord) -> int:
+    if record.row is None:
+        assert record.wide is not None  # a record holds its numbers in one or the other
+        return record.wide[1]
+    return ROW.unpack(record.row)[1]
+
+
 class PayloadTemplate(NamedTuple):
     record: ScanRecord  # the record of the payload the template was made from
     used: int  # index in the spans of the value the record depends on, -1 for none
@@ -147,7 +155,7 @@ def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: Sca
             return None
     if found:  # a marker inside something else (a node name, another value)
         return None
-    wanted = _USES.get(record.wide[1] if record.row is None else ROW.unpack(record.row)[1])
+    wanted = _USES.get(_node_type(record))
     used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
     return PayloadTemplate(record, used)
 
@@ -161,9 +169,10 @@ def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanR
     if template.used < 0:
         return record
     _, name, start, stop = spans[template.used]
-    target = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
-    if name != S.PG_NAME and target > PEER_MAX:  # protobuf would wrap it to a negative int32
+    target: str | int = payload[start:stop].decode() if name == S.PG_NAME else read_varint(payload, start)[0]
+    if isinstance(target, int) and target > PEER_MAX:  # protobuf would wrap it to a negative int32
         return None
+    assert record.traffic_key is not None  # a template is used only for a record with a value
     return ScanRecord(record.row, record.deps, record.traffic_key[:4] + (target,), record.name, record.dim, record.wide)
 
 
@@ -231,7 +240,7 @@ def _miss(payload: bytes, name: str, offset: int) -> ScanRecord:
     if record is None:
         node = parse_node(payload, offset, name)
         record = decode_record(node)
-        if key is not None and key not in _templates:
+        if key is not None and spans is not None and key not in _templates:
             _templates.remember(key, _make_template(payload, node, spans, record))
     return _volatile.remember(payload, record)
 
@@ -251,7 +260,7 @@ def value_spans(payload: bytes) -> list[ValueSpan] | None:
     [] when it has none; None when unknown (then every byte of it must be treated as fixed)."""
     spans = find_spans(payload)
     if not spans:
-        return spans
+        return None if spans is None else []
     template = _templates.get(template_key(payload, spans))
     if template is None:
         return None

@@ -108,7 +108,7 @@ def scan_records(rank: int, path: Path, records: list[ScanRecord], known_shapes:
     n = len(records)
     traffic_keys = [r.traffic_key for r in records]
     try:
-        table = np.frombuffer(b"".join([r.row for r in records]), ROW_DTYPE)
+        table = np.frombuffer(b"".join([r.row for r in records]), ROW_DTYPE)  # type: ignore[misc]  # None: below
     except TypeError:  # a row is None: a value does not fit the program's arrays
         raise _overflow(rank, path, records) from None
     types = table["type"].astype(np.int8)
@@ -117,7 +117,7 @@ def scan_records(rank: int, path: Path, records: list[ScanRecord], known_shapes:
     traffic = Counter(traffic_keys)  # keys in order of first occurrence, as counting node by node would
     traffic.pop(None, None)
     roles, group_roles, peer_roles, number = _roles(traffic, traffic_keys)
-    role_traffic = tuple((key[:4] + (number[key],), count) for key, count in traffic.items())
+    role_traffic = tuple((key[:4] + (number[key],), count) for key, count in traffic.items() if key is not None)
     deps = np.frombuffer(b"".join([r.deps for r in records]), np.uint64)
     dep_ptr, dep_idx, dangling = _dependencies(table["id"], table["ndeps"], deps)
     program = RankProgram(
@@ -125,13 +125,13 @@ def scan_records(rank: int, path: Path, records: list[ScanRecord], known_shapes:
         table["tag"].astype(np.int64), steps, dep_ptr, dep_idx, names=[], dims=[],
     )
     shape = program.digest()
-    if shape in known_shapes:
-        program = None
-    else:  # names and dims are not part of the shape: only a kept program needs them
+    kept: RankProgram | None = None  # the caller already has the program of a known shape
+    if shape not in known_shapes:  # names and dims are not part of the shape: only a kept program needs them
         program.names, program.dims = [r.name for r in records], [r.dim for r in records]
+        kept = program
     return RankScan(
         rank=rank, nodes=n, compute_micros=_total(durations[types == COMP]), max_step=int(steps.max()) if n else 0,
-        role_traffic=role_traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=program,
+        role_traffic=role_traffic, group_roles=group_roles, peer_roles=peer_roles, shape=shape, program=kept,
         dangling_deps=dangling, has_annotations=bool(table["annotated"].any()),
     )
 

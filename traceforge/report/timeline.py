@@ -74,14 +74,15 @@ def class_split(result: ReplayResult, c: int) -> Split:
     """Compute / exposed comm / idle of class c over the whole replay window."""
     types = result.programs[c].types
     start, finish = result.start[c], result.finish[c]
-    compute, comm = [], []
-    for i, t in enumerate(types.tolist()):
-        if start[i] is None or finish[i] is None:
+    compute: list[tuple[float, float]] = []
+    comm: list[tuple[float, float]] = []
+    for t, s, f in zip(types.tolist(), start, finish, strict=True):
+        if s is None or f is None:
             continue
         if t == COMP:
-            compute.append((start[i], finish[i]))
+            compute.append((s, f))
         elif t in (COLL, SEND, RECV):
-            comm.append((start[i], finish[i]))
+            comm.append((s, f))
     compute_u, comm_u = _union(compute), _union(comm)
     busy = _measure(compute_u)
     return Split(result.makespan, busy, _measure(comm_u) - _overlap(compute_u, comm_u))
@@ -171,28 +172,30 @@ def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
     lanes_end: list[float] = []  # recv/other lanes, greedy
     used = {0: "compute", 1: "comm"}
     for i, kind in enumerate(program.types.tolist()):
-        if steps[i] != first or start[i] is None or finish[i] is None:
+        s, f = start[i], finish[i]
+        if steps[i] != first or s is None or f is None:
             continue
         dim = program.dims[i] or ("compute" if kind == COMP else "comm")
         args: dict = {"node": i}
         if kind in (COLL, SEND, RECV):
             args["comm_size"] = int(program.sizes[i])
+        begin: float = s
         if kind == COMP:
-            tid, begin = 0, start[i]
+            tid = 0
         elif kind in (COLL, SEND):
-            tid, begin = 1, issue[i] if issue[i] is not None else start[i]
+            posted = issue[i]
+            tid, begin = 1, posted if posted is not None else s
         else:
-            begin = start[i]
             lane = next((k for k, end in enumerate(lanes_end) if end <= begin), len(lanes_end))
             if lane == len(lanes_end):
-                lanes_end.append(finish[i])
+                lanes_end.append(f)
             else:
-                lanes_end[lane] = finish[i]
+                lanes_end[lane] = f
             tid = 2 + lane
             used[tid] = f"recv {lane}" if kind == RECV else f"other {lane}"
-        yield _complete(_event_name(program, i), dim, _PID, tid, begin, finish[i], args)
-        if kind == COLL and start[i] > begin:
-            yield _complete("wait for peers", dim, _PID, tid, begin, start[i], {"node": i})
+        yield _complete(_event_name(program, i), dim, _PID, tid, begin, f, args)
+        if kind == COLL and s > begin:
+            yield _complete("wait for peers", dim, _PID, tid, begin, s, {"node": i})
     for tid, label in used.items():
         yield {"name": "thread_name", "ph": "M", "pid": _PID, "tid": tid, "args": {"name": label}}
 

@@ -151,9 +151,10 @@ class _Replay:
         self.gpn = link.gpus_per_node
         self.classes = [_ClassProgram(r, ts.programs[ts.scans[r].shape]) for r in reps]
         sizes = [len(cp.types) for cp in self.classes]
-        self.issue = [[None] * n for n in sizes]
-        self.start = [[None] * n for n in sizes]
-        self.finish = [[None] * n for n in sizes]
+        # Times per class and node, None until it happens.
+        self.issue: list[list[float | None]] = [[None] * n for n in sizes]
+        self.start: list[list[float | None]] = [[None] * n for n in sizes]
+        self.finish: list[list[float | None]] = [[None] * n for n in sizes]
         self.ready_at = [[0.0] * n for n in sizes]
         self.indeg = [list(cp.indeg) for cp in self.classes]
         self.busy = [[False, False] for _ in sizes]  # compute, comm slot
@@ -193,14 +194,16 @@ class _Replay:
         if (c, i) not in self.partner_cache:
             mates, _, _ = self.coll_info[(c, self.classes[c].roles[i])]
             k = self.classes[c].position[i]
-            out: list[tuple[int, int]] | None = []
+            out: list[tuple[int, int]] = []
             for c2, r2 in mates:
                 lst = self.classes[c2].coll_lists.get(r2, [])
                 if k >= len(lst):
-                    out = None  # a member posts fewer collectives on this group: never starts
                     break
                 out.append((c2, lst[k]))
-            self.partner_cache[(c, i)] = out
+            else:
+                self.partner_cache[(c, i)] = out
+                return out
+            self.partner_cache[(c, i)] = None  # a member posts fewer collectives on this group: never starts
         return self.partner_cache[(c, i)]
 
     def matching_send(self, c: int, i: int) -> tuple[int, int] | None:
@@ -240,11 +243,10 @@ class _Replay:
             if self.issue[m[0]][m[1]] is None:
                 self.coll_waiters[m].append((c, i))
                 return
-        t0 = max(self.issue[m[0]][m[1]] for m in mates)
+        t0 = max(self.issue[m[0]][m[1]] or 0.0 for m in mates)  # every mate has issued (checked above)
         cp = self.classes[c]
         _, n, inter = self.coll_info[(c, cp.roles[i])]
         self.start[c][i] = t0
-        assert t0 is not None  # every mate has issued
         if self.network is not None:
             key = (c, cp.roles[i], int(cp.p.ctypes[i]), cp.sizes[i])  # cheap to hash, unlike a 128-rank member tuple
             us = self.coll_us.get(key)
@@ -295,8 +297,8 @@ class _Replay:
             self.finish_recv(c, i, send)
 
     def finish_recv(self, c: int, i: int, send: tuple[int, int]) -> None:
-        posted = self.issue[c][i]
-        s_start, s_end = self.start[send[0]][send[1]], self.finish[send[0]][send[1]]
+        posted, s_start, s_end = self.issue[c][i], self.start[send[0]][send[1]], self.finish[send[0]][send[1]]
+        assert posted is not None and s_start is not None and s_end is not None  # the recv posted, the send done
         self.start[c][i] = max(posted, s_start) if s_end > posted else posted
         self.done_at(c, i, max(posted, s_end))
 
@@ -325,8 +327,8 @@ class _Replay:
             cp = self.classes[c]
             kind = cp.types[i]
             if kind == SEND:
-                for waiter in self.recv_waiters.pop((c, i), ()):
-                    self.finish_recv(*waiter, (c, i))
+                for rc, ri in self.recv_waiters.pop((c, i), ()):
+                    self.finish_recv(rc, ri, (c, i))
             # As ASTRA-sim: the node's dependents join the ready set first, then the freed
             # resource goes to the lowest-id ready node (a send freed by this node's finish can
             # overtake a collective queued earlier with a higher id).

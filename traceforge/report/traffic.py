@@ -8,7 +8,7 @@ scale-out (crossing nodes), the message-size histogram, and the groups it runs o
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name, wire_bytes
@@ -56,7 +56,7 @@ class DimTraffic:
     group_sizes: set[int] = field(default_factory=set)
     crossing: set = field(default_factory=set)  # the groups/pairs that span nodes
     rows: dict[int, RankDimTraffic] = field(default_factory=dict)
-    histogram: Counter = field(default_factory=Counter)  # size bucket -> ops per step, all ranks
+    histogram: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # size bucket -> ops per step, all ranks
 
     def row(self, rank: int) -> RankDimTraffic:
         if rank not in self.rows:
