@@ -66,6 +66,17 @@ def set_int(node: pb.Node, name: str, value: int) -> None:
         a.int64_val = value
 
 
+def swap_collectives(a_id: int, b_id: int) -> Callable[[list[pb.Node]], None]:
+    """An edit that swaps the size and type of two collectives (a rank posting them out of order)."""
+    def swap(nodes: list[pb.Node]) -> None:
+        x, y = (next(n for n in nodes if n.id == i) for i in (a_id, b_id))
+        for name in (S.COMM_SIZE, S.COMM_TYPE):
+            vx, vy = attr(x, name), attr(y, name)
+            set_int(x, name, vy)
+            set_int(y, name, vx)
+    return swap
+
+
 def set_str(node: pb.Node, name: str, value: str) -> None:
     for a in node.attr:
         if a.name == name:

@@ -25,6 +25,7 @@ from mutate import (
     send,
     set_int,
     set_str,
+    swap_collectives,
     write_groups,
     write_set,
 )
@@ -120,15 +121,7 @@ def test_swapped_collectives(make_set):
     on_group = coll_nodes(nodes, group)
     a = on_group[0]
     b = next(n for n in on_group if (attr(n, S.COMM_SIZE), attr(n, S.COMM_TYPE)) != (attr(a, S.COMM_SIZE), attr(a, S.COMM_TYPE)))
-
-    def swap(ns):
-        x, y = (next(n for n in ns if n.id == i) for i in (a.id, b.id))
-        for name in (S.COMM_SIZE, S.COMM_TYPE):
-            vx, vy = attr(x, name), attr(y, name)
-            set_int(x, name, vy)
-            set_int(y, name, vx)
-
-    edit(out, rank, swap)
+    edit(out, rank, swap_collectives(a.id, b.id))
     found = only(check_trace_set(out), "collective")
     assert {(f.rank, f.group, f.node_id) for f in found} == {(rank, group, a.id)}
 

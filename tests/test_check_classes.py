@@ -9,7 +9,7 @@ Expected ranks, groups and peers come from the damage and comm_group.json.
 from __future__ import annotations
 
 import pytest
-from mutate import attr, coll, drop, edit, groups, of_type, read_nodes, set_int, write_set
+from mutate import attr, coll, drop, edit, groups, of_type, read_nodes, set_int, swap_collectives, write_set
 from oracle import load_set
 
 from traceforge import schema as S
@@ -114,15 +114,7 @@ def test_swapped_collectives_on_one_rank(make_set, paths, monkeypatch):
         kinds.setdefault(int(attr(n, S.PG_NAME)), {}).setdefault((attr(n, S.COMM_SIZE), attr(n, S.COMM_TYPE)), n)
     group = next(g for g, k in kinds.items() if sizes[g] > 2 and len(k) > 1)  # a clear minority
     a, b = list(kinds[group].values())[:2]
-
-    def swap(ns):
-        x, y = (next(n for n in ns if n.id == i) for i in (a.id, b.id))
-        for name in (S.COMM_SIZE, S.COMM_TYPE):
-            vx, vy = attr(x, name), attr(y, name)
-            set_int(x, name, vy)
-            set_int(y, name, vx)
-
-    edit(out, rank, swap)
+    edit(out, rank, swap_collectives(a.id, b.id))
     result = both(out, monkeypatch)
     found = [f for f in result.findings if f.kind == "collective"]
     assert {(f.rank, f.group, f.node_id) for f in found} == {(rank, group, a.id)}
