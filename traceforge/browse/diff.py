@@ -20,9 +20,9 @@ from traceforge import schema as S
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
-from traceforge.files import MAX_RANK_FILE_BYTES, input_file_problem
 from traceforge.parallel import fan_out
-from traceforge.read.reader import attr_value, find_rank_files, load_groups, open_trace, parse_node, read_json_file
+from traceforge.read.frame import read_file
+from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_json_file, trace_of
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -135,8 +135,8 @@ def _tally(node: pb.Node, traffic: Counter) -> None:
         traffic[key] += comm_size(node)
 
 
-def _same_file_stats(rank: int, path: Path) -> RankDiff:
-    _, payloads = open_trace(path)
+def _same_file_stats(rank: int, path: Path, data: bytes) -> RankDiff:
+    _, payloads = trace_of(data, str(path))
     traffic: Counter[tuple] = Counter()
     n = 0
     for offset, payload in payloads:
@@ -157,17 +157,11 @@ def compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> R
 def _compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> RankDiff:
     # With identical group maps, identical node bytes mean identical nodes: skip canonicalizing.
     same_groups = groups_a == groups_b
-    for path in (path_a, path_b):
-        problem = input_file_problem(Path(path))
-        if problem:  # a FIFO would hang the read
-            raise TraceReadError(f"trace file {path} {problem}: give a Chakra ET file")
-        if Path(path).stat().st_size > MAX_RANK_FILE_BYTES:  # a huge (sparse) file would be read whole
-            raise TraceReadError(f"trace file {path} is {Path(path).stat().st_size:,} bytes, more than the "
-                                 f"{MAX_RANK_FILE_BYTES:,} a rank file can be")
-    if same_groups and Path(path_a).read_bytes() == Path(path_b).read_bytes():
-        return _same_file_stats(rank, path_a)
-    meta_a, payloads_a = open_trace(path_a)
-    meta_b, payloads_b = open_trace(path_b)
+    data_a, data_b = read_file(path_a), read_file(path_b)  # each read once: regular files, bounded by size
+    if same_groups and data_a == data_b:
+        return _same_file_stats(rank, path_a, data_a)
+    meta_a, payloads_a = trace_of(data_a, str(path_a))
+    meta_b, payloads_b = trace_of(data_b, str(path_b))
     traffic_a: Counter[tuple] = Counter()
     traffic_b: Counter[tuple] = Counter()
     nodes_a = nodes_b = 0

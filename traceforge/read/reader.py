@@ -40,8 +40,12 @@ def parse_metadata(payload: bytes, name: str) -> pb.GlobalMetadata:
 
 def open_trace(path: Path) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, bytes]]]:
     """A file's GlobalMetadata and an iterator over its node payloads (offset, bytes)."""
-    name = str(path)
-    payloads = frames(read_file(path), name)
+    return trace_of(read_file(path), str(path))
+
+
+def trace_of(data: bytes, name: str) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, bytes]]]:
+    """open_trace over bytes already read (frame.read_file)."""
+    payloads = frames(data, name)
     _, first = next(payloads)
     return parse_metadata(first, name), payloads
 
