@@ -20,11 +20,10 @@ from typing import NamedTuple
 from traceforge import schema as S
 from traceforge.check.nodes import COLL, CheckRecord, decode_node
 from traceforge.read.decode import PayloadCache, parse_node
-from traceforge.read.spans import Span, attribute_ranges, find_spans, template_key
+from traceforge.read.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
 from traceforge.wire import read_varint
 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
-INT32_LIMIT = 1 << 31
 
 
 class _Template(NamedTuple):
@@ -46,7 +45,7 @@ def _values(payload: bytes, spans: list[Span]) -> dict[str, int] | None:
             out[name] = int(text)
         else:
             value = read_varint(payload, start)[0]
-            if value >= INT32_LIMIT:
+            if value > INT32_MAX:
                 return None
             out[name] = value
     return out
@@ -68,17 +67,7 @@ def _with_values(record: CheckRecord, values: dict[str, int]) -> CheckRecord:
 def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template | None:
     """A template when the spans are exactly the node's only attribute of each name (checked on
     the wire and against the parsed node, once per template)."""
-    ranges = attribute_ranges(payload)
-    if ranges is None:
-        return None
-    node = parse_node(payload)
-    if len(ranges) != len(node.attr):
-        return None
-    found = {name: (at, stop) for at, name, _, stop in spans}
-    for (first, last), attr in zip(ranges, node.attr, strict=True):
-        if attr.name in (S.PG_NAME, S.COMM_SRC, S.COMM_DST) and found.pop(attr.name, None) != (first, last):
-            return None
-    if found:
+    if not sole_attributes(payload, parse_node(payload), spans):
         return None
     return _Template(record, tuple(name for _, name, _, _ in spans))
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from traceforge import schema as S
 from traceforge import wire
+from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.wire import read_varint
+
+# A peer varint above this reads differently as int32 (protobuf) and as a raw varint.
+INT32_MAX = 2**31 - 1
 
 NAME_KEY = wire.key(S.ATTR_NAME_FIELD, wire.LEN)[0]  # AttributeProto.name, one key byte
 
@@ -100,3 +104,17 @@ def attribute_ranges(payload: bytes) -> list[tuple[int, int]] | None:
     except ValueError:
         return None
     return ranges if pos == end else None
+
+
+def sole_attributes(payload: bytes, node: pb.Node, spans: list[Span]) -> bool:
+    """Whether the found spans are exactly the node's only attribute of each rank-specific name
+    (checked on the wire against the parsed node, once per template): a second attribute of a
+    name, or a marker inside something else (a node name, another value), makes it False."""
+    ranges = attribute_ranges(payload)
+    if ranges is None or len(ranges) != len(node.attr):
+        return False
+    found = {name: (at, stop) for at, name, _, stop in spans}
+    for (first, last), attr in zip(ranges, node.attr, strict=True):
+        if attr.name in RANK_SPECIFIC and found.pop(attr.name, None) != (first, last):
+            return False
+    return not found

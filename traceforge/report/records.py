@@ -32,7 +32,7 @@ from traceforge.errors import TraceReadError
 from traceforge.read.decode import PayloadCache, node_attributes
 from traceforge.read.frame import read_file, split
 from traceforge.read.reader import parse_metadata, parse_node
-from traceforge.read.spans import RANK_SPECIFIC, Span, attribute_ranges, find_spans, template_key
+from traceforge.read.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
 from traceforge.wire import read_varint
 
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
@@ -126,7 +126,7 @@ def decode_record(node: pb.Node) -> ScanRecord:
 
 # -- level 2: templates over the rank-specific values (read/spans.py finds them) --------------
 
-PEER_MAX = 2**31 - 1  # a peer varint above this reads differently as int32 (protobuf) and as a raw varint
+PEER_MAX = INT32_MAX
 _USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
 
 
@@ -145,15 +145,7 @@ class PayloadTemplate(NamedTuple):
 def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: ScanRecord) -> PayloadTemplate | None:
     """A template, if the found spans are exactly the node's only attribute of each rank-specific
     name (checked on the wire, once per template); else None."""
-    attrs = attribute_ranges(payload)
-    if attrs is None or len(attrs) != len(node.attr):
-        return None
-    found = {name: (at, stop) for at, name, _, stop in spans}
-    for (first, last), attr in zip(attrs, node.attr, strict=False):
-        # also fails for a second attribute of the name
-        if attr.name in RANK_SPECIFIC and found.pop(attr.name, None) != (first, last):
-            return None
-    if found:  # a marker inside something else (a node name, another value)
+    if not sole_attributes(payload, node, spans):
         return None
     wanted = _USES.get(_node_type(record))
     used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
