@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_astra import write_fake_astra
 from typer.testing import CliRunner
 
 from traceforge.cli import app, load_commands
@@ -254,31 +255,12 @@ def test_trace_enabled_only_when_asked(make_set):
     assert "trace-enabled" not in json.loads((out / astra.SYSTEM_FILE).read_text())
 
 
-FAKE = """#!/usr/bin/env bash
-for arg in "$@"; do
-  case "$arg" in
-    --workload-configuration=*) test -f "${arg#*=}.0.et" || { echo "no workload ${arg#*=}" >&2; exit 3; } ;;
-    --logging-folder=*) ;;
-    --*=*) test -f "${arg#*=}" || { echo "missing ${arg#*=}" >&2; exit 3; } ;;
-  esac
-done
-prev=""
-for arg in "$@"; do
-  if [ "$prev" = "-topo" ]; then test -f "$arg" || { echo "missing topo $arg" >&2; exit 3; }; fi
-  prev="$arg"
-done
-for i in $(seq 0 $((FAKE_FINISHED - 1))); do echo "[workload] [info] sys[$i] finished, 100 cycles"; done
-"""
-
-
 @pytest.mark.parametrize("backend", ["ns3", "htsim"])
 @pytest.mark.parametrize("finished, rc", [(8, 0), (7, 1)])
 def test_run_script_requires_every_rank_for_every_backend(make_set, tmp_path, backend, finished, rc):
     _, out, doc = make_set()
     write_astra_bundle(out, doc, Cluster(gpus_per_node=4), AstraOptions(astra_sim_backend=backend))
-    fake = tmp_path / "fake"
-    fake.write_text(FAKE)
-    fake.chmod(0o755)
+    fake = write_fake_astra(tmp_path / "fake")
     env = {k: v for k, v in os.environ.items() if k not in ("ASTRA_SIM", "ASTRA_LOG_DIR")}
     done = subprocess.run(["bash", str(out / astra.RUN_SCRIPT), str(fake)], capture_output=True, text=True,
                           env={**env, "FAKE_FINISHED": str(finished)}, cwd=tmp_path, timeout=60)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_astra import write_fake_astra
 
 from traceforge.emit import astra
 from traceforge.emit.astra import Cluster, check_bundle, network_dimensions, write_astra_bundle
@@ -132,25 +133,10 @@ def test_run_script_names_the_trace_set_and_works_from_any_directory(make_set, t
         assert options[key] == name and (where / name).is_file()
 
 
-FAKE_ASTRA = """#!/usr/bin/env bash
-# Stands in for ASTRA-sim: checks that every configuration file exists, then reports ranks.
-for arg in "$@"; do
-  case "$arg" in
-    --workload-configuration=*) test -f "${arg#*=}.0.et" || { echo "no workload ${arg#*=}" >&2; exit 3; } ;;
-    --logging-folder=*) ;;
-    --*=*) test -f "${arg#*=}" || { echo "missing ${arg#*=}" >&2; exit 3; } ;;
-  esac
-done
-for i in $(seq 0 $((FAKE_FINISHED - 1))); do echo "[workload] [info] sys[$i] finished, 100 cycles"; done
-"""
-
-
 @pytest.mark.parametrize("finished, rc", [(8, 0), (7, 1)])
 def test_run_script_requires_every_rank_to_finish(make_set, tmp_path, finished, rc):
     _, out, _, _ = bundle(make_set, Cluster(gpus_per_node=4))
-    fake = tmp_path / "fake-astra"
-    fake.write_text(FAKE_ASTRA)
-    fake.chmod(0o755)
+    fake = write_fake_astra(tmp_path / "fake-astra")
     done = run_script(out, str(fake), env_extra={"FAKE_FINISHED": str(finished)})
     assert done.returncode == rc, done.stderr
     assert len(re.findall(r"sys\[\d+\] finished", done.stdout)) == finished
@@ -159,9 +145,7 @@ def test_run_script_requires_every_rank_to_finish(make_set, tmp_path, finished, 
 
 def test_binary_from_environment(make_set, tmp_path):
     _, out, _, _ = bundle(make_set)
-    fake = tmp_path / "astra"
-    fake.write_text(FAKE_ASTRA)
-    fake.chmod(0o755)
+    fake = write_fake_astra(tmp_path / "astra")
     done = run_script(out, env_extra={"ASTRA_SIM": str(fake), "FAKE_FINISHED": "8"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].split(" && ")[1].startswith(str(fake))
