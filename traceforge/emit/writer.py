@@ -20,7 +20,7 @@ from traceforge.emit.splice import StageEncoder
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
 from traceforge.output import atomic_output_dir
-from traceforge.parallel import cores, fan_out
+from traceforge.parallel import fan_out
 from traceforge.plan.ops import Peer, Program
 from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
@@ -260,7 +260,3 @@ def write_trace_set(
         if finish is not None:
             finish(tmp, header)
         return header
-
-
-def default_jobs() -> int:
-    return cores()
