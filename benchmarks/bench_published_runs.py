@@ -80,6 +80,17 @@ class Run:
     note: str = ""
     extra: list[str] = field(default_factory=list)  # flags that are not part of the layout
 
+    def cost(self) -> float:
+        """A rough cost, to start the longest runs first when measuring several at once: planning
+        grows with micro-batches x layers, writing with every rank's share of them (measured: a
+        530B layout with 280 micro-batches on 35 stages costs more than a 1,024-rank 76B one)."""
+        g = self.spec.get
+        tp, pp, cp = int(g("--tp", 1)), int(g("--pp", 1)), int(g("--cp", 1))
+        dp = self.world // (tp * pp * cp)
+        micro = int(g("--global-batch")) // (int(g("--micro-batch", 1)) * dp)
+        layers = int(g("--layers"))
+        return micro * layers + self.world * micro * layers / pp / 20
+
     @property
     def world(self) -> int:
         return int(self.spec["--world-size"])
@@ -262,12 +273,11 @@ RUNS: list[Run] = [
     narayanan("GPT 18.4B, 256 A100", 6144, 48, 40, 8, 1, 256, 1024, 135),
     narayanan("GPT 39.1B, 512 A100", 8192, 64, 48, 8, 2, 512, 1536, 138),
     narayanan("GPT 76.1B, 1024 A100", 10240, 80, 60, 8, 4, 1024, 1792, 140),
-    *[korthikanti(*args, selective=sel)  # type: ignore[misc]
-      for args in [("22B", 6144, 64, 48, 1, 8, 4, 4, 1, 1.42, 1.10),
-                   ("175B", 12288, 96, 96, 8, 64, 64, 1, 3, 18.13, 13.75),
-                   ("530B", 20480, 128, 105, 35, 280, 280, 1, 3, 49.05, 37.83),
-                   ("1T", 25600, 160, 128, 64, 512, 512, 1, 1, 94.42, 71.49)]
-      for sel in (True, False)],
+    # size, h, heads, layers, pp, GPUs, batch, micro-batch, v, Table 4's full / selective seconds
+    *[korthikanti("22B", 6144, 64, 48, 1, 8, 4, 4, 1, 1.42, 1.10, selective=sel) for sel in (True, False)],
+    *[korthikanti("175B", 12288, 96, 96, 8, 64, 64, 1, 3, 18.13, 13.75, selective=sel) for sel in (True, False)],
+    *[korthikanti("530B", 20480, 128, 105, 35, 280, 280, 1, 3, 49.05, 37.83, selective=sel) for sel in (True, False)],
+    *[korthikanti("1T", 25600, 160, 128, 64, 512, 512, 1, 1, 94.42, 71.49, selective=sel) for sel in (True, False)],
     mtnlg(280, 60.1, 126),
     mtnlg(350, 50.2, 121),
     mtnlg(420, 44.4, 113),
@@ -367,6 +377,18 @@ def print_table(results: list[Result], estimate_name: str) -> None:
               f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * max(map(abs, errors)):.1f}%")
 
 
+def print_markdown(results: list[Result]) -> None:
+    """The same table as docs/published-runs.md shows it."""
+    print("| run | source | layout | count | published | predicted | error | compute / exposed / idle |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if r.failure:
+            print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | failed | | |")
+            continue
+        print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | {r.predicted:.1f} | "
+              f"{100 * (r.error or 0):+.1f}% | {r.compute:.0%} / {r.exposed:.0%} / {r.idle:.0%} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", action="append", metavar="TEXT",
@@ -378,7 +400,12 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the trace sets")
     ap.add_argument("--list", action="store_true", help="print the rows and their generate flags; run nothing")
     ap.add_argument("--gpu-efficiency", type=float, help="the old flat roofline instead of the calibration")
+    ap.add_argument("--markdown", metavar="FILE", help="read a --json FILE and print it as a markdown table; run nothing")
     args = ap.parse_args()
+    if args.markdown:
+        with open(args.markdown) as fh:
+            print_markdown([Result(**row) for row in json.load(fh)["runs"]])
+        return 0
     wanted = [w.strip().lower() for w in args.only or []]
     runs = [r for r in RUNS if not wanted or any(w in (r.name + " " + r.source).lower() for w in wanted)]
     if not runs:
@@ -394,8 +421,11 @@ def main() -> int:
     estimate = ["--estimate", estimate_mode] if estimate_mode else []
     jobs = max(1, args.jobs)
     child_jobs = max(1, (os.cpu_count() or 1) // jobs)
+    # Longest first, so that N workers finish together; the table keeps the order above.
+    order = sorted(range(len(runs)), key=lambda i: -runs[i].cost())
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda r: measure(r, args, child_jobs, estimate), runs))
+        done = dict(zip(order, pool.map(lambda i: measure(runs[i], args, child_jobs, estimate), order), strict=True))
+    results = [done[i] for i in range(len(runs))]
     print_table(results, estimate_mode or "report's default")
     if args.json:
         with open(args.json, "w") as fh:
