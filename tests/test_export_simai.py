@@ -86,7 +86,7 @@ def test_simai_workload_accounts_for_the_stage(make_set, tmp_path, name):
     for n in nodes:
         if n.type == 7:
             a = attrs(n)
-            if a["dim"] in ("emb", "mp", "world", "tpep"):  # left out, with a note
+            if a["dim"] in ("emb", "mp", "world", "tpep", "tpepp"):  # left out, with a note
                 continue
             size = a["comm_size"] * (len(groups[a["pg_name"]]) if a["comm_type"] == 2 else 1)
             group = {"tp": "TP", "ep": "EP", "dp": "DP", "edp": "DP_EP"}[a["dim"]]

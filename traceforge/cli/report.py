@@ -111,12 +111,12 @@ def report(
         raise UserError("give --simulation or --astra-log, not both")
     sim = None
     if simulation is not None:
-        from traceforge.report.simulation import load_simulation
+        from traceforge.simulate.result import load_simulation
 
         sim = load_simulation(simulation)
     elif astra_log is not None:
-        from traceforge.report.astra_log import read_astra_log
-        from traceforge.report.simulation import Simulation
+        from traceforge.simulate.astra_log import read_astra_log
+        from traceforge.simulate.result import Simulation
 
         sim = Simulation.from_log(read_astra_log(astra_log), {})
     main = build(directory)

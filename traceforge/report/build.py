@@ -182,8 +182,8 @@ class Report:
 
     def attach_simulation(self, sim) -> None:
         """Show a simulation of this set beside the estimate; refuse one of another set."""
-        from traceforge.report.sim_view import simulated_view
-        from traceforge.report.simulation import trace_set_identity
+        from traceforge.simulate.result import trace_set_identity
+        from traceforge.simulate.view import simulated_view
 
         if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
             sim.trace_set = trace_set_identity(self.traces.directory, self.world)
@@ -243,7 +243,7 @@ class Report:
             write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
             self.write_timeline(tmp / "timeline.json")
             if self.simulation is not None:
-                from traceforge.report.sim_view import simulated_chrome_trace
+                from traceforge.simulate.view import simulated_chrome_trace
 
                 shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
                     else list(range(min(self.world, 32)))

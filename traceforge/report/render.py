@@ -155,7 +155,7 @@ def simulation_lines(report) -> list[str]:
 
 
 def _span_text(ranks: list[int]) -> str:
-    from traceforge.report.sim_view import _span
+    from traceforge.simulate.view import _span
 
     return _span(ranks)
 def job_table(report) -> Table | None:

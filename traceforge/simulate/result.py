@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceforge.errors import UserError
-from traceforge.report.astra_log import AstraLog
 from traceforge.schema import MANIFEST_FILE
+from traceforge.simulate.astra_log import AstraLog
 
 FORMAT = 1
 SIMULATION_FILE = "simulation.json"

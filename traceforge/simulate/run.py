@@ -27,8 +27,8 @@ from traceforge.emit.astra import (
 )
 from traceforge.errors import UserError
 from traceforge.read.reader import read_json_file
-from traceforge.report.astra_log import FINISHED, AstraLog, read_astra_log
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.simulate.astra_log import FINISHED, AstraLog, read_astra_log
 
 ENV_BINARY = "ASTRA_SIM"
 HOW_TO_GET = (
