@@ -183,7 +183,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
     """Everything in manifest.json but the per-rank rows."""
     used = set(ids)
     kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
-    return {
+    doc = {
         "tool": "traceforge",
         "version": __version__,
         "spec": spec.to_dict(),
@@ -199,6 +199,11 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
         "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
+    if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
+        from traceforge.kernels.times import kernel_time_report
+
+        doc["kernel_times"] = kernel_time_report(spec)
+    return doc
 
 
 def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -> None:

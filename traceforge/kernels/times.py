@@ -87,3 +87,33 @@ def load_kernel_times(path: str) -> KernelTimes:
                             "with its shapes; profile with record_shapes=True (docs/kernel-times.md)")
         return KernelTimes(path, sha, "profile", profile.times, profile)
     return KernelTimes(path, sha, "table", parse_json(doc, str(where)))
+
+
+def kernel_time_report(spec: Any) -> dict[str, Any] | None:
+    """The manifest's ``kernel_times``: what the spec's kernels took from its --kernel-times file."""
+    if not spec.kernel_times:
+        return None
+    from traceforge.plan.compute import CostModel
+
+    model = CostModel(spec)
+    needed = [KernelKey(k.kind, tuple(k.shape), k.dtype) for k in model.kernels]
+    modelled = {KernelKey(k.kind, tuple(k.shape), k.dtype): us for k, us in model.model_micros.items()}
+    return load_kernel_times(spec.kernel_times).coverage(needed, modelled)
+
+
+def summary_lines(doc: dict[str, Any], shown: int = 4) -> list[str]:
+    """generate's summary of a manifest's ``kernel_times``."""
+    matched, modelled = doc["matched"], doc["modelled"]
+    line = (f"  kernel times from {Path(doc['file']).name} ({doc['source']}): {len(matched)} of "
+            f"{len(matched) + len(modelled)} kernels measured")
+    if modelled:
+        names = ", ".join(m["kernel"] for m in modelled[:shown])
+        line += f"; modelled: {names}" + (f" and {len(modelled) - shown} more" if len(modelled) > shown else "")
+    lines = [line]
+    profile = doc.get("profile")
+    if profile:
+        share = profile["attributed_us"] / profile["kernel_us"] * 100 if profile["kernel_us"] else 0.0
+        top = ", ".join(u["name"][:40] for u in profile["unattributed_top"][:3])
+        lines.append(f"    profile: {profile['kernels']:,} kernels, {share:.1f} % of their GPU time attributed"
+                     + (f"; largest left out: {top}" if top else ""))
+    return lines

@@ -1,0 +1,116 @@
+"""--tp-comm-overlap and --fp8 as TransformerEngine runs them (docs/traffic-model.md), checked
+from the written traces with hand arithmetic: message counts and bytes per layer, ring peers from
+the rank order, the dependencies that let a simulator overlap chunk i's GEMM with chunk i+1's
+transfer, and the whole set through `traceforge check` and the oracle's consistency rules."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from cli_runner import invoke, one_line_error
+from oracle import AG, COLL, COMP, RECV, RS, SEND, load_set, peer
+
+from traceforge.check.run import check_trace_set
+
+# demo: gpt, 4 layers, h 512, s 512, b 1, 4 micro-batches, bf16; here tp 4, pp 2, dp 1.
+H, S, B, E, LAYERS, M = 512, 512, 1, 2, 4, 4
+FULL = B * S * H * E  # one activation tensor on a TP rank's group, bf16
+
+
+def layer_nodes(nodes, phase, mb, layer):
+    return [n for n in nodes if n.phase == phase and n.mb == mb and n.attrs.get("layer") == layer]
+
+
+@pytest.mark.parametrize("extra", [{}, {"recompute": "full"}, {"fp8": "hybrid"}])
+def test_overlap_writes_te_rings_and_chunked_reduce_scatters(make_set, extra):
+    tp = 4
+    spec, out, _ = make_set("demo", tp=tp, pp=2, dp=1, sequence_parallel=True, tp_comm_overlap=True, **extra)
+    assert not check_trace_set(out, jobs=1).findings
+    ts = load_set(out)
+    order, sizes = spec.order, {"tp": tp, "pp": 2, "dp": 1}
+    gather = FULL // tp // (E if extra.get("fp8") else 1)  # one shard, FP8 gathers in 1 byte
+    rings_fwd = 2 * (2 if extra.get("recompute") else 1)  # qkv, fc1 (replayed under full recompute)
+    for rank, nodes in ts.nodes.items():
+        layer = 0 if ts.stage(rank) == 0 else LAYERS // 2
+        fwd, bwd = layer_nodes(nodes, "fwd", 1, layer), layer_nodes(nodes, "bwd", 1, layer)
+        # Forward: no AllGather left; tp-1 sends to the next TP rank per ring (qkv, fc1), each a shard.
+        assert not [n for n in fwd if n.type == COLL and n.ctype == AG]
+        sends = [n for n in fwd if n.type == SEND]
+        assert Counter((n.get("comm_dst"), n.size) for n in sends) == {(peer(rank, order, sizes, "tp", 1), gather): 2 * (tp - 1)}
+        recvs = [n for n in fwd if n.type == RECV]
+        assert Counter((n.get("comm_src"), n.size) for n in recvs) == {(peer(rank, order, sizes, "tp", -1), gather): 2 * (tp - 1)}
+        # ReduceScatters after proj and fc2 in 4 chunks of a quarter of the tensor each.
+        assert Counter(n.size for n in fwd if n.type == COLL and n.ctype == RS) == {FULL // 4: 8}
+        # Backward: the proj and fc2 output gradients as rings (and forward rings again under full
+        # recomputation); the qkv/fc1 re-gathers and input-gradient ReduceScatters as without overlap.
+        assert Counter(n.get("comm_dst") for n in bwd if n.type == SEND) == {peer(rank, order, sizes, "tp", 1): (rings_fwd) * (tp - 1)}
+        bwd_colls = Counter((n.ctype, n.size) for n in bwd if n.type == COLL)
+        recomputed_rs = 8 if extra.get("recompute") else 0
+        assert bwd_colls == Counter({(AG, gather): 2, (RS, FULL): 2, (RS, FULL // 4): recomputed_rs}) - Counter()
+
+
+def test_each_gemm_chunk_waits_only_for_its_own_shard(make_set):
+    tp = 4
+    _, out, _ = make_set("demo", tp=tp, pp=2, dp=1, sequence_parallel=True, tp_comm_overlap=True)
+    nodes = load_set(out).nodes[0]
+    by_id = {n.id: n for n in nodes}
+    fwd = layer_nodes(nodes, "fwd", 0, 0)
+    chunks = [n for n in fwd if n.type == COMP and n.name.split("/")[-1].startswith("attn_qkv_")]
+    recvs = [n for n in fwd if n.type == RECV and n.name.endswith("recv_qkv")]
+    assert len(chunks) == tp and len(recvs) == tp - 1
+    assert not [d for d in chunks[0].deps if by_id[d].type == RECV]  # chunk 0 is the local shard
+    for i in range(1, tp):
+        assert recvs[i - 1].id in chunks[i].deps  # chunk i: the shard received in step i-1 ...
+        assert not [r.id for r in recvs[i:] if r.id in chunks[i].deps]  # ... not the later ones
+    # The pipelined ReduceScatter: chunk i's scatter follows chunk i's GEMM; the next GEMM chunk
+    # does not wait for it; the compute after the last chunk waits for all four.
+    gemms = [n for n in fwd if n.type == COMP and n.name.split("/")[-1].startswith("attn_proj_")]
+    scatters = [n for n in fwd if n.type == COLL and n.ctype == RS and "proj" in n.name]
+    assert len(gemms) == len(scatters) == 4
+    for i in range(4):
+        assert gemms[i].id in scatters[i].deps
+        if i < 3:
+            assert scatters[i].id not in gemms[i + 1].deps
+    after = next(n for n in fwd if n.type == COMP and n.id > gemms[-1].id)
+    assert {s.id for s in scatters} <= set(after.deps)
+
+
+def test_overlap_keeps_compute_time(make_set):
+    """Chunking moves no work: each rank's compute sums to the same µs (±1 for rounding)."""
+    base = dict(tp=4, pp=2, dp=1, sequence_parallel=True)
+    _, a, _ = make_set("demo", **base)
+    _, b, _ = make_set("demo", **base, tp_comm_overlap=True)
+    ta, tb = load_set(a), load_set(b)
+    for rank in ta.nodes:
+        total = [sum(n.duration for n in ts.nodes[rank] if n.type == COMP) for ts in (ta, tb)]
+        assert abs(total[0] - total[1]) <= 1, (rank, total)
+
+
+def test_fp8_gathers_one_byte_and_keeps_gradients(make_set):
+    base = dict(sequence_parallel=True)
+    spec, a, _ = make_set("demo", **base)
+    _, b, _ = make_set("demo", **base, fp8="hybrid")
+    ta, tb = load_set(a), load_set(b)
+    t = spec.tp
+    for rank in ta.nodes:
+        def colls(ts, dim):
+            return Counter((n.name.split("/")[-1], n.attrs.get("layer") is not None, n.ctype, n.size)
+                           for n in ts.nodes[rank] if n.type == COLL and n.dim == dim)
+        bf16, fp8 = colls(ta, "tp"), colls(tb, "tp")
+        assert sum(bf16.values()) == sum(fp8.values())
+        for (name, layer, ctype, size), count in bf16.items():
+            in_layer = ctype == AG and layer  # the layers' gathers; embedding, head and batch broadcast stay
+            expect = (name, layer, ctype, size // E if in_layer else size)
+            assert fp8[expect] == count, (name, ctype, size)
+            if in_layer:
+                assert size == FULL // t
+        assert colls(ta, "dp") == colls(tb, "dp")  # gradients and DP traffic as TE keeps them
+
+
+def test_refusals(tmp_path):
+    out = tmp_path / "o"
+    one_line_error(invoke("generate", "-o", out, "--tp-comm-overlap"), "sequence-parallel")
+    one_line_error(invoke("generate", "-o", out, "--fp8", "hybrid", "--gpu", "a100"), "fp8", "a100")
+    one_line_error(invoke("generate", "-o", out, "--fp8", "e5m2"), "fp8")
+    assert not out.exists()
