@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import statistics
+from collections import Counter
 
 import pytest
 from cli_runner import invoke, one_line_error
@@ -202,3 +203,172 @@ def test_spec_records_the_file_by_absolute_path(tmp_path, monkeypatch):
     (tmp_path / "t.csv").write_text("kind,shape,dtype,us\ngemm,1x2x3,bf16,1\n")
     spec = build_spec("demo", overrides={"kernel_times": "t.csv"})
     assert spec.kernel_times == str(tmp_path / "t.csv")
+
+
+# -- the compute model takes them ---------------------------------------------------------------
+
+def _table(path, times: dict[KernelKey, float]) -> str:
+    path.write_text("kind,shape,dtype,us\n" + "".join(f"{k.kind},{'x'.join(map(str, k.shape))},{k.dtype},{us}\n"
+                                                       for k, us in times.items()))
+    return str(path)
+
+
+# demo on rank 0 (gpt, b 1, s 512, h 512, ffn 2048, 8 heads, tp 2, no SP): the kernels by hand.
+T, H, TP = 512, 512, 2
+QKV, PROJ, FC1, FC2 = (T, H, 3 * H // TP), (T, H // TP, H), (T, H, 4 * H // TP), (T, 4 * H // TP, H)
+ATTN = (1, 8 // TP, 512, 512, 64, 64)
+
+
+def _dgrad(shape):
+    t, k, n = shape
+    return (t, n, k)
+
+
+def _wgrad(shape):
+    t, k, n = shape
+    return (k, t, n)
+
+
+def test_measured_kernels_replace_the_model_and_only_them(tmp_path):
+    from traceforge.plan.compute import CostModel
+
+    bf = "bf16"
+    given = {KernelKey("gemm", QKV, bf): 100.0, KernelKey("gemm", PROJ, bf): 50.0,
+             KernelKey("attention_fwd", ATTN, bf): 200.0, KernelKey("bias_dropout_add", (T * H,), bf): 7.0,
+             KernelKey("gemm", (1, 2, 3), bf): 1.0}  # a kernel demo never runs: unused
+    spec = build_spec("demo", overrides={"kernel_times": _table(tmp_path / "t.csv", given)})
+    measured, model = CostModel(spec), CostModel(build_spec("demo"))
+    assert measured.kernels.keys() == model.kernels.keys()
+    for k, cost in measured.kernels.items():
+        key = KernelKey(k.kind, k.shape, k.dtype)
+        assert cost.micros == given.get(key, model.kernels[k].micros), key
+        assert (cost.flops, cost.bytes) == (model.kernels[k].flops, model.kernels[k].bytes)
+    layernorm = model.kernels[next(k for k in model.kernels if k.kind == "layernorm")].micros
+    assert measured.attn_fwd.micros == pytest.approx(7.0 + layernorm + 100.0 + 200.0 + 50.0, abs=1e-9)
+
+
+def test_trace_durations_are_the_table_sums(make_set, tmp_path):
+    """Every kernel demo's first stage runs, at whole µs: each compute node lasts exactly the sum of
+    its kernels (a layer's kernels as Megatron runs them; docs/simulation.md)."""
+    bf = "bf16"
+    us = {"gemm": 10, "attention_fwd": 30, "attention_bwd": 70, "bias_dropout_add": 3, "layernorm": 2,
+          "bias_gelu": 4, "bias_gelu_bwd": 5, "layernorm_bwd": 6, "bias_dropout_add_bwd": 1, "embedding": 8,
+          "embedding_bwd": 9}
+    keys = [KernelKey("gemm", s, bf) for shape in (QKV, PROJ, FC1, FC2) for s in (shape, _dgrad(shape), _wgrad(shape))]
+    keys += [KernelKey("attention_fwd", ATTN, bf), KernelKey("attention_bwd", ATTN, bf)]
+    keys += [KernelKey(kind, (T * H * (2 if kind.startswith("bias_gelu") else 1),), bf)
+             for kind in us if kind not in ("gemm", "attention_fwd", "attention_bwd")]
+    path = _table(tmp_path / "t.json.csv", {k: float(us[k.kind]) for k in keys})
+    spec, out, doc = make_set("demo", kernel_times=path)
+    norm, norm_bwd = us["bias_dropout_add"] + us["layernorm"], us["layernorm_bwd"] + us["bias_dropout_add_bwd"]
+    expect = {
+        "embed": us["embedding"],
+        "attn": norm + 10 + us["attention_fwd"] + 10,
+        "mlp": norm + 10 + us["bias_gelu"] + 10,
+        "mlp_dgrad": 10 + us["bias_gelu_bwd"] + 10 + norm_bwd,
+        "mlp_wgrad": 20,
+        "attn_dgrad": 10 + us["attention_bwd"] + 10 + norm_bwd,
+        "attn_wgrad": 20,
+        "embed_wgrad": us["embedding_bwd"],
+    }
+    from oracle import COMP, load_set
+    seen = Counter()
+    for n in load_set(out).nodes[0]:
+        what = n.name.split("/")[-1]
+        if n.type == COMP and what in expect:
+            assert n.duration == expect[what], (n.name, n.duration)
+            seen[what] += 1
+    assert set(seen) == set(expect)
+    matched = {m["kernel"] for m in doc["kernel_times"]["matched"]}
+    assert matched == {str(k) for k in keys if k.kind not in ("embedding", "embedding_bwd")} | {
+        str(KernelKey("embedding", (T * H,), bf)), str(KernelKey("embedding_bwd", (T * H,), bf))}
+    # The last stage's LM head and cross-entropy were not in the table: modelled.
+    assert {m["kernel"].split()[0] for m in doc["kernel_times"]["modelled"]} == {"gemm", "cross_entropy", "cross_entropy_bwd"}
+
+
+def test_profile_import_end_to_end(tmp_path):
+    """A synthetic step profile holding two of demo's kernels: those two are measured (the median
+    of their calls), every other kernel keeps the model's time, and generate says so."""
+    from traceforge.plan.compute import CostModel
+
+    p = Profile()
+    for us in (90.0, 95.0, 120.0):  # qkv forward, three layers
+        p.op("aten::addmm", [[768], [T, H], [H, 768]], [("sm90_xmma_gemm", us)],
+             parent="aten::linear", parent_dims=[[1, T, H], [768, H], [768]])
+    p.op("aten::_scaled_dot_product_flash_attention", [[1, 4, 512, 64]] * 3, [("flash_fwd_kernel", 210.0)])
+    p.op("nccl:all_reduce", [[T, H]], [("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 400.0)])
+    path = p.write(tmp_path / "step.pt.trace.json")
+    result = invoke("generate", "-o", tmp_path / "out", "--kernel-times", path)
+    assert result.exit_code == 0, result.stderr
+    assert "2 of 21 kernels measured" in result.stdout
+    assert "ncclDevKernel_AllReduce" in result.stdout  # the largest kernel left out
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())["kernel_times"]
+    assert doc["source"] == "profile" and doc["unused"] == 0
+    assert {m["kernel"]: m["us"] for m in doc["matched"]} == {"gemm 512x512x768 bf16": 95.0,
+                                                              "attention_fwd 1x4x512x512x64x64 bf16": 210.0}
+    assert len(doc["modelled"]) == 19
+    assert doc["profile"]["kernel_us"] == 90 + 95 + 120 + 210 + 400 and doc["profile"]["attributed_us"] == 515
+    measured, model = CostModel(build_spec("demo", overrides={"kernel_times": path})), CostModel(build_spec("demo"))
+    for k, cost in measured.kernels.items():
+        want = {("gemm", (T, H, 768)): 95.0, ("attention_fwd", ATTN): 210.0}.get((k.kind, k.shape), model.kernels[k].micros)
+        assert cost.micros == want
+
+
+# -- calibrate ------------------------------------------------------------------------------------
+
+def test_calibrate_measures_what_the_spec_prices(tmp_path):
+    from traceforge.cli.calibrate import write_table
+    from traceforge.kernels.measure import MEASURED_KINDS, needed_kernels
+
+    spec = build_spec("llama3-8b", overrides={"layers": 2, "tp": 2, "pp": 1, "dp": 1, "world_size": 2, "global_batch": 1,
+                                              "seq_len": 1024})
+    keys = needed_kernels(spec)
+    timed: list[KernelKey] = []
+
+    def fake(key: KernelKey) -> float:
+        timed.append(key)
+        return 1.0 + sum(key.shape) % 997 / 8  # any positive time, one per shape
+
+    for name in ("cal.csv", "cal.json"):
+        write_table(tmp_path / name, spec, keys, fake, "FakeGPU", quiet=True)
+        table = load_kernel_times.__wrapped__(str(tmp_path / name))
+        assert table.times == {k: pytest.approx(fake(k), abs=1e-3) for k in keys if k.kind in MEASURED_KINDS}
+    assert {k.kind for k in keys} - set(MEASURED_KINDS) == {"embedding", "embedding_bwd", "cross_entropy", "cross_entropy_bwd"}
+    assert len(set(timed)) == len({k for k in keys if k.kind in MEASURED_KINDS})
+    # The written table feeds generate: every measured kernel matched, only the unmeasured modelled.
+    result = invoke("generate", "-o", tmp_path / "out", "-p", "llama3-8b", "--layers", 2, "--tp", 2, "--pp", 1, "--dp", 1,
+                    "--world-size", 2, "--global-batch", 1, "--seq-len", 1024, "--kernel-times", tmp_path / "cal.json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())["kernel_times"]
+    assert len(doc["matched"]) == len(table.times)
+    assert {m["kernel"].split()[0] for m in doc["modelled"]} == {"embedding", "embedding_bwd", "cross_entropy", "cross_entropy_bwd"}
+
+
+def test_calibrate_without_torch_or_cuda_says_so(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    one_line_error(invoke("calibrate", "-o", tmp_path / "t.csv"), "PyTorch", "traceforge[calibrate]")
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(is_available=lambda: False)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    one_line_error(invoke("calibrate", "-o", tmp_path / "t.csv"), "CUDA")
+    one_line_error(invoke("calibrate", "-o", tmp_path / "t.txt"), ".csv or .json")
+    assert not list(tmp_path.iterdir())
+
+
+def test_calibrate_replaces_only_a_table(tmp_path, monkeypatch):
+    from traceforge.cli import calibrate as cli
+
+    monkeypatch.setattr("traceforge.kernels.measure.torch_timer", lambda spec, w, r: (lambda key: 2.0, "FakeGPU"))
+    path = tmp_path / "t.csv"
+    path.write_text("my notes, not a table\n")
+    one_line_error(invoke("calibrate", "-o", path), "did not write")
+    assert path.read_text() == "my notes, not a table\n"
+    path.write_text("kind,shape,dtype,us\ngemm,1x2x3,bf16,1\n")
+    result = invoke("calibrate", "-o", path)
+    assert result.exit_code == 0, result.stderr
+    assert "FakeGPU" in result.stdout
+    assert len(load_kernel_times.__wrapped__(str(path)).times) > 10
+    assert cli.MAX_REPEAT > 0

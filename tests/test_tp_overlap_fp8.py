@@ -9,13 +9,19 @@ from collections import Counter
 
 import pytest
 from cli_runner import invoke, one_line_error
-from oracle import AG, COLL, COMP, RECV, RS, SEND, load_set, peer
+from oracle import AG, COLL, COMP, RECV, RS, SEND, coord_of, load_set, rank_of
 
 from traceforge.check.run import check_trace_set
 
 # demo: gpt, 4 layers, h 512, s 512, b 1, 4 micro-batches, bf16; here tp 4, pp 2, dp 1.
 H, S, B, E, LAYERS, M = 512, 512, 1, 2, 4, 4
 FULL = B * S * H * E  # one activation tensor on a TP rank's group, bf16
+
+
+def ring(rank: int, order: str, sizes: dict[str, int], delta: int) -> int:
+    """The TP ring neighbour delta positions on, wrapping around (rank-order arithmetic)."""
+    c = coord_of(rank, order, sizes)
+    return rank_of({**c, "tp": (c["tp"] + delta) % sizes["tp"]}, order, sizes)
 
 
 def layer_nodes(nodes, phase, mb, layer):
@@ -37,14 +43,14 @@ def test_overlap_writes_te_rings_and_chunked_reduce_scatters(make_set, extra):
         # Forward: no AllGather left; tp-1 sends to the next TP rank per ring (qkv, fc1), each a shard.
         assert not [n for n in fwd if n.type == COLL and n.ctype == AG]
         sends = [n for n in fwd if n.type == SEND]
-        assert Counter((n.get("comm_dst"), n.size) for n in sends) == {(peer(rank, order, sizes, "tp", 1), gather): 2 * (tp - 1)}
+        assert Counter((n.get("comm_dst"), n.size) for n in sends) == {(ring(rank, order, sizes, 1), gather): 2 * (tp - 1)}
         recvs = [n for n in fwd if n.type == RECV]
-        assert Counter((n.get("comm_src"), n.size) for n in recvs) == {(peer(rank, order, sizes, "tp", -1), gather): 2 * (tp - 1)}
+        assert Counter((n.get("comm_src"), n.size) for n in recvs) == {(ring(rank, order, sizes, -1), gather): 2 * (tp - 1)}
         # ReduceScatters after proj and fc2 in 4 chunks of a quarter of the tensor each.
         assert Counter(n.size for n in fwd if n.type == COLL and n.ctype == RS) == {FULL // 4: 8}
         # Backward: the proj and fc2 output gradients as rings (and forward rings again under full
         # recomputation); the qkv/fc1 re-gathers and input-gradient ReduceScatters as without overlap.
-        assert Counter(n.get("comm_dst") for n in bwd if n.type == SEND) == {peer(rank, order, sizes, "tp", 1): (rings_fwd) * (tp - 1)}
+        assert Counter(n.get("comm_dst") for n in bwd if n.type == SEND) == {ring(rank, order, sizes, 1): (rings_fwd) * (tp - 1)}
         bwd_colls = Counter((n.ctype, n.size) for n in bwd if n.type == COLL)
         recomputed_rs = 8 if extra.get("recompute") else 0
         assert bwd_colls == Counter({(AG, gather): 2, (RS, FULL): 2, (RS, FULL // 4): recomputed_rs}) - Counter()
