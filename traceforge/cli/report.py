@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
 from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
@@ -91,6 +91,8 @@ def report(
     from traceforge.report.render import render_comparison
     from traceforge.report.timing_replay import LinkModel
 
+    if out_dir is None:
+        answer_to_stdout("the report")
     jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)
     notes: list[str] = []

@@ -26,6 +26,9 @@ from traceforge.emit.astra import (
     SYSTEM_FILE,
 )
 from traceforge.errors import UserError
+from traceforge.files import read_json
+from traceforge.output import atomic_output_dir, is_simulator_log
+from traceforge.parallel import kill_group
 from traceforge.read.reader import read_json_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.simulate.astra_log import FINISHED, AstraLog, read_astra_log
@@ -82,12 +85,11 @@ def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path
             f"{directory} has no ASTRA-sim bundle ({', '.join(missing)} missing); write it with "
             f"'traceforge generate ... --astra-sim -o {directory}'"
         )
-    prefix = manifest.get("prefix", "workload") if isinstance(manifest, dict) else "workload"
-    groups = (
-        (manifest.get("files", {}) or {}).get("comm_groups", COMM_GROUP_FILE)
-        if isinstance(manifest, dict)
-        else COMM_GROUP_FILE
-    )
+    prefix = manifest.get("prefix") if isinstance(manifest, dict) else None
+    prefix = prefix if isinstance(prefix, str) and "/" not in prefix else "workload"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    groups = files.get("comm_groups") if isinstance(files, dict) else None
+    groups = groups if isinstance(groups, str) and "/" not in groups else COMM_GROUP_FILE
     return [
         binary,
         f"--workload-configuration={directory / prefix}",
@@ -97,6 +99,18 @@ def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path
         f"--network-configuration={directory / NETWORK_FILE}",
         f"--logging-folder={log_dir}",
     ]
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """A simulator's words as one safe line: control and non-printable characters as '?', cut to
+    ``limit`` characters (a crashing binary can print anything, and we echo it in an error)."""
+    clean = "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text.strip())
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
+
+# After the simulator exits, how long something it started may keep its stdout open before the
+# group is killed: output written by then is kept, and the run's answer does not wait on it.
+DRAIN_SECONDS = 2.0
 
 
 def run_astra(
@@ -110,62 +124,87 @@ def run_astra(
 ) -> RunResult:
     """Run ASTRA-sim, tee its output to log_dir/stdout.txt, report ranks finished as they come.
 
+    The logging folder is written all or nothing (output.atomic_output_dir) and replaces only a
+    simulator's logging folder; the simulator runs in its own process group, killed whole on a
+    timeout, an error or our own signal (parallel.kill_group), and the timeout holds even when it
+    closed its stdout and runs on.
     trace: run with a copy of the system input that has "trace-enabled": 1 (per-node times)."""
     log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for old in list(log_dir.glob("log*.log")) + list(log_dir.glob("err*.log")):
-        old.unlink()  # spdlog appends; a previous run's lines would count as this run's
-    system_file = None
+    system: dict | None = None
     if trace:
-        try:
-            system = json.loads((Path(directory) / SYSTEM_FILE).read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(
-                f"{Path(directory) / SYSTEM_FILE}: cannot read ({exc}); rewrite the bundle with --astra-sim"
-            ) from None
-        system_file = (log_dir / "astra_system.trace.json").resolve()
-        system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
-    command = astra_command(Path(directory).resolve(), binary, log_dir.resolve(), system_file)
-    started = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=directory, text=True, errors="replace"
-        )
-    except OSError as exc:
-        raise SimulatorError(f"cannot start {binary}: {exc.strerror or exc}; {HOW_TO_GET}") from None
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    finished, timed_out, done = 0, False, False
-    with open(log_dir / "stdout.txt", "w") as tee:
-        while not done:
-            left = timeout - (time.monotonic() - started)
-            if left <= 0:
-                timed_out = True
-                proc.kill()  # our own child, by its handle
-                break
-            try:
-                line = lines.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if line is None:
-                done = True
-                continue
-            tee.write(line)
-            if FINISHED.search(line):
-                finished += 1
-                if progress:
-                    progress(finished, world, time.monotonic() - started)
-    code = proc.wait()
-    seconds = time.monotonic() - started
+        doc = read_json(Path(directory) / SYSTEM_FILE, "ASTRA-sim system input", "rewrite the bundle with --astra-sim")
+        if not isinstance(doc, dict):
+            raise UserError(f"{Path(directory) / SYSTEM_FILE}: not a JSON object; rewrite the bundle with --astra-sim")
+        system = doc
+    with atomic_output_dir(log_dir, True, inputs=[directory], replaces=is_simulator_log) as tmp:
+        system_file = None
+        if system is not None:
+            system_file = (tmp / "astra_system.trace.json").resolve()
+            system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
+        command = astra_command(Path(directory).resolve(), binary, tmp.resolve(), system_file)
+        code, seconds, timed_out = _run_bounded(command, directory, tmp / "stdout.txt", world, timeout, progress)
+    command[-1] = f"--logging-folder={log_dir.resolve()}"  # where its logs are now
     try:
         log = read_astra_log(log_dir)
     except UserError:  # nothing ASTRA-sim wrote: the caller reports the failure
         log = AstraLog(str(log_dir))
     return RunResult(command, None if timed_out else code, seconds, timed_out, log_dir, log)
+
+
+def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, timeout: float,
+                 progress: Callable[[int, int, float], None] | None) -> tuple[int | None, float, bool]:
+    """Run command in its own process group with its output teed to tee_path; (exit code,
+    seconds, timed out). Whatever happens here (a timeout, an exception, SIGTERM/SIGHUP raised
+    in this thread), the whole group is killed before returning."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+            start_new_session=True,  # its own group: our terminal's signals reach us, and we kill it whole
+        )
+    except OSError as exc:
+        raise SimulatorError(f"cannot start {command[0]}: {exc.strerror or exc}; {HOW_TO_GET}") from None
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            lines.put(raw.decode("utf-8", "replace"))
+        lines.put(None)
+
+    finished, timed_out, eof = 0, False, False
+    exited_at: float | None = None
+    try:
+        threading.Thread(target=pump, daemon=True).start()
+        with open(tee_path, "w", encoding="utf-8") as tee:
+            while True:
+                now = time.monotonic()
+                if now - started >= timeout:
+                    timed_out = True
+                    break
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and (eof or now - exited_at >= DRAIN_SECONDS):
+                    break  # it exited (what it left running may hold the pipe open: not waited for)
+                wait = max(0.01, min(timeout - (now - started), 0.2))
+                if eof:  # it closed its output but may run on: the timeout still holds
+                    time.sleep(wait)
+                    continue
+                try:
+                    line = lines.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    eof = True
+                    continue
+                tee.write(line)
+                if FINISHED.search(line):
+                    finished += 1
+                    if progress:
+                        progress(finished, world, time.monotonic() - started)
+    finally:
+        kill_group(proc.pid)  # the simulator and anything it started, finished or not
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return proc.returncode, time.monotonic() - started, timed_out
