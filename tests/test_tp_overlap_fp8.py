@@ -99,11 +99,12 @@ def test_fp8_gathers_one_byte_and_keeps_gradients(make_set):
     _, b, _ = make_set("demo", **base, fp8="hybrid")
     ta, tb = load_set(a), load_set(b)
     t = spec.tp
+    def colls(ts, rank, dim):
+        return Counter((n.name.split("/")[-1], n.attrs.get("layer") is not None, n.ctype, n.size)
+                       for n in ts.nodes[rank] if n.type == COLL and n.dim == dim)
+
     for rank in ta.nodes:
-        def colls(ts, dim):
-            return Counter((n.name.split("/")[-1], n.attrs.get("layer") is not None, n.ctype, n.size)
-                           for n in ts.nodes[rank] if n.type == COLL and n.dim == dim)
-        bf16, fp8 = colls(ta, "tp"), colls(tb, "tp")
+        bf16, fp8 = colls(ta, rank, "tp"), colls(tb, rank, "tp")
         assert sum(bf16.values()) == sum(fp8.values())
         for (name, layer, ctype, size), count in bf16.items():
             in_layer = ctype == AG and layer  # the layers' gathers; embedding, head and batch broadcast stay
@@ -111,7 +112,7 @@ def test_fp8_gathers_one_byte_and_keeps_gradients(make_set):
             assert fp8[expect] == count, (name, ctype, size)
             if in_layer:
                 assert size == FULL // t
-        assert colls(ta, "dp") == colls(tb, "dp")  # gradients and DP traffic as TE keeps them
+        assert colls(ta, rank, "dp") == colls(tb, rank, "dp")  # gradients and DP traffic as TE keeps them
 
 
 def test_refusals(tmp_path):
@@ -120,3 +121,30 @@ def test_refusals(tmp_path):
     one_line_error(invoke("generate", "-o", out, "--fp8", "hybrid", "--gpu", "a100"), "fp8", "a100")
     one_line_error(invoke("generate", "-o", out, "--fp8", "e5m2"), "fp8")
     assert not out.exists()
+
+
+def test_fp8_gemms_at_the_fp8_rate():
+    """Layer GEMMs are FP8 kernels at 1,979 TFLOP/s dense (H100) times their own fraction; the LM
+    head stays bf16 (Megatron's output layer is not a TE module)."""
+    from traceforge.hardware import FP8, GPUS
+    from traceforge.plan.compute import CostModel, Kernel
+    from traceforge.spec import build_spec
+
+    over = dict(tp=1, pp=1, dp=1, world_size=1, global_batch=1, layers=1)
+    tokens, h = 8192, 4096  # llama3-8b: s 8192, b 1; qkv out = (32 + 2*8) heads x 128
+    qkv = (tokens, h, (32 + 2 * 8) * 128)
+    flat_fp8 = CostModel(build_spec("llama3-8b", overrides={**over, "fp8": "hybrid", "gpu_efficiency": 1.0}))
+    gemm = flat_fp8.kernels[Kernel("gemm", qkv, "fp8")]
+    m, k, n = qkv
+    assert gemm.flops == 2 * m * k * n
+    assert gemm.bytes == m * k + k * n + 2 * m * n  # FP8 operands, bf16 output
+    assert gemm.micros == pytest.approx(2 * m * k * n / 1979e6, rel=1e-12)  # compute-bound at the FP8 peak
+    assert not [kk for kk in flat_fp8.kernels if kk.kind == "gemm" and kk.dtype == "bf16" and kk.shape[2] != 128256 and
+                kk.shape[1] != 128256 and kk.shape[0] != h]  # only the head's GEMMs stay bf16
+    assert Kernel("gemm", (tokens, h, 128256), "bf16") in flat_fp8.kernels
+    # Calibrated: the same GEMM in bf16 and in FP8 differ by the peaks times their fractions.
+    bf16 = CostModel(build_spec("llama3-8b", overrides=over)).kernels[Kernel("gemm", qkv, "bf16")]
+    fp8 = CostModel(build_spec("llama3-8b", overrides={**over, "fp8": "hybrid"})).kernels[Kernel("gemm", qkv, "fp8")]
+    h100 = GPUS["h100"]
+    assert h100.calibration is not None
+    assert bf16.micros / fp8.micros == pytest.approx(FP8["h100"].peak_tflops * FP8["h100"].gemm / (989.0 * h100.calibration.gemm), rel=1e-9)
