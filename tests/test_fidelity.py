@@ -1,4 +1,6 @@
-"""Issue 6 modes, each checked from first principles on the written traces.
+"""The parallelism and schedule modes (interleaved 1F1B, recompute, distributed optimizer, HSDP,
+ZeRO-3, bucket overlap, context and expert parallelism), each checked from first principles on
+the written traces.
 
 Expectations are computed here from the spec numbers (docs/traffic-model.md formulas and the
 README's mode descriptions), not from the planner's arithmetic.
@@ -398,7 +400,7 @@ def test_expert_and_context_refusals(bad, match):
 
 
 def test_overlapped_buckets_start_before_backward_ends_on_the_timeline(make_set, tmp_path):
-    """Issue 6: with --overlap-grad-reduce the analytical timeline shows DP buckets running
+    """With --overlap-grad-reduce the analytical timeline shows DP buckets running
     while the last micro-batch's backward still computes; without it they wait for its end."""
     from traceforge.report.build import build_report
 
