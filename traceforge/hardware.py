@@ -71,13 +71,13 @@ GPUS = {
 DEFAULT_FLAT_EFFICIENCY = 0.5
 
 
-def wave_efficiency(m: int, n: int, cal: Calibration) -> float:
-    """The fraction of the SMs' tile work that is useful for an m x n GEMM output, with the best
-    of the calibration's tiles: ceil(m/tm)*ceil(n/tn) tiles run in waves of `sms`; the last wave
-    and the tiles' overhang past m and n are idle work."""
+def wave_efficiency(m: int, n: int, cal: Calibration, batch: int = 1) -> float:
+    """The fraction of the SMs' tile work that is useful for `batch` m x n GEMM outputs, with the
+    best of the calibration's tiles: batch*ceil(m/tm)*ceil(n/tn) tiles run in waves of `sms`; the
+    last wave and the tiles' overhang past m and n are idle work."""
     best = 0.0
     for tm, tn, rel in cal.tiles:
-        tiles = -(-m // tm) * -(-n // tn)
+        tiles = batch * -(-m // tm) * -(-n // tn)
         waves = -(-tiles // cal.sms)
-        best = max(best, rel * (m * n) / (waves * cal.sms * tm * tn))
+        best = max(best, rel * (batch * m * n) / (waves * cal.sms * tm * tn))
     return best

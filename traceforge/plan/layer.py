@@ -56,8 +56,8 @@ class LayerTemplate:
             dgrad = cost.attn_dgrad + cost.core if recompute_core else cost.attn_dgrad
             self.qkv_tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
             return
-        b.compute("attn_proj_dgrad", cost.proj)
+        b.compute("attn_proj_dgrad", cost.proj_dgrad)
         if recompute_core:
             self.cp.forward(b, cost.core, recompute=True)
         self.cp.backward(b, cost.attn_core_bwd)
-        self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))
+        self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv_dgrad + cost.norm_bwd), ("attn_wgrad", cost.attn_wgrad))
