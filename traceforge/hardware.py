@@ -81,3 +81,22 @@ def wave_efficiency(m: int, n: int, cal: Calibration, batch: int = 1) -> float:
         waves = -(-tiles // cal.sms)
         best = max(best, rel * (batch * m * n) / (waves * cal.sms * tm * tn))
     return best
+
+
+# -- FP8 (TransformerEngine --fp8): the GPUs with FP8 tensor cores -------------------------------
+# Dense FP8 peak (NVIDIA H100/H200 SXM datasheets: 1,979 TFLOP/s; B200: 4,500) and the fraction
+# of it a large FP8 GEMM sustains: 8192x8192x8192 on H800 SXM (the same FP8 peak) runs at
+# 1,461-1,507 TFLOP/s (tile-ai/tilelang benchmark/matmul_fp8), DeepGEMM at up to 1,550.
+# Wave quantization applies as for bf16 (the same tiles). Only the GPUs listed here take --fp8.
+
+@dataclass(frozen=True)
+class Fp8:
+    peak_tflops: float
+    gemm: float
+
+
+FP8 = {
+    "h100": Fp8(peak_tflops=1979.0, gemm=0.74),
+    "h200": Fp8(peak_tflops=1979.0, gemm=0.74),
+    "b200": Fp8(peak_tflops=4500.0, gemm=0.70),
+}

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, GPUS, wave_efficiency
+from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
+from traceforge.kernels.keys import KernelKey
+from traceforge.kernels.times import load_kernel_times
 from traceforge.model import local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import DTYPE_BYTES, Spec
 
@@ -34,6 +36,7 @@ ATTENTION_BACKWARD_FACTOR = 2.5
 FP32 = 4
 
 GEMM, BMM = "gemm", "bmm"
+FP8_DTYPE = "fp8"  # TransformerEngine's FP8 GEMMs (--fp8)
 ATTENTION_FWD, ATTENTION_BWD = "attention_fwd", "attention_bwd"
 
 # Element-wise kernels: HBM passes per element (a pass reads or writes the whole tensor once)
@@ -121,6 +124,11 @@ class CostModel:
         self.flops_per_us = spec.gpu_tflops * 1e6 * flat
         self.bytes_per_us = spec.gpu_hbm_gbps * 1e3 * (flat if self.cal is None else self.cal.memory)
         self.kernels: dict[Kernel, Cost] = {}  # every kernel priced, in first-use order
+        # --kernel-times: a measured time replaces the model's per kernel (price); --fp8: the layers'
+        # GEMMs are TransformerEngine's FP8 GEMMs (router and LM head stay in the model dtype).
+        self.measured = load_kernel_times(spec.kernel_times) if spec.kernel_times else None
+        self.model_micros: dict[Kernel, float] = {}  # the model's time of every kernel priced
+        self.layer_dtype = FP8_DTYPE if spec.fp8 != "none" else spec.dtype
         s, t = spec, spec.tp
         T = local_tokens(s)  # tokens per micro-batch on this rank (b*s/cp)
         # The residual stream (dropout, residual adds, norms) is sequence-sharded under SP.
@@ -159,7 +167,7 @@ class CostModel:
         moe_tokens = T // t if t > 1 else T
         routed = moe_tokens * s.top_k  # dispatched token copies per rank
         mf = s.moe_ffn_hidden
-        router = self.linear(moe_tokens, h, s.experts) if s.experts else NO_LINEAR
+        router = self.linear(moe_tokens, h, s.experts, s.dtype) if s.experts else NO_LINEAR
         self.router, self.router_bwd = router.fwd, router.dgrad + router.wgrad
         experts = (self.linear(routed * t, h, gated * mf // t) + self.linear(routed * t, mf // t, h)) if s.experts else NO_LINEAR
         expert_act = self.elementwise(act, routed * mf) if s.experts else NOTHING
@@ -177,7 +185,7 @@ class CostModel:
         vocab = padded_vocab(s) // t
         self.embed = self.elementwise("embedding", T * h)
         self.embed_bwd = self.elementwise("embedding_bwd", T * h)
-        head = self.linear(T, h, vocab)
+        head = self.linear(T, h, vocab, s.dtype)
         self.head = (self.elementwise("layernorm", T_sp * h) + head.fwd
                      + self.elementwise("cross_entropy", T * vocab))
         self.head_dgrad = (self.elementwise("cross_entropy_bwd", T * vocab) + head.dgrad
@@ -189,10 +197,17 @@ class CostModel:
         """The one place a kernel is timed; every kernel the model creates passes here."""
         cost = self.kernels.get(k)
         if cost is None:
-            cost = self.kernels[k] = self._roofline(k)
+            cost = self._roofline(k)
+            self.model_micros[k] = cost.micros
+            measured = self.measured.micros(KernelKey(k.kind, k.shape, k.dtype)) if self.measured else None
+            if measured is not None:  # FLOPs and bytes stay the model's; the time is the GPU's
+                cost = Cost(cost.flops, cost.bytes, measured)
+            self.kernels[k] = cost
         return cost
 
     def _roofline(self, k: Kernel) -> Cost:
+        if k.dtype == FP8_DTYPE:
+            return self._fp8_gemm(k)
         e = DTYPE_BYTES[k.dtype]
         if k.kind in (GEMM, BMM):
             batch, m, kk, n = k.shape if k.kind == BMM else (1, *k.shape)
@@ -218,14 +233,24 @@ class CostModel:
         flops_per_us = self.flops_per_us * (1.0 if rate is None else rate)
         return Cost(int(flops), int(nbytes), max(flops / flops_per_us, nbytes / self.bytes_per_us))
 
-    def gemm(self, m: int, k: int, n: int, batch: int = 1) -> Cost:
-        if batch > 1:
-            return self.price(Kernel(BMM, (batch, m, k, n), self.spec.dtype))
-        return self.price(Kernel(GEMM, (m, k, n), self.spec.dtype))
+    def _fp8_gemm(self, k: Kernel) -> Cost:
+        """A TransformerEngine FP8 GEMM: 1-byte operands, output in the model dtype, at the GPU's
+        FP8 peak (scaled with --gpu-tflops) times its own calibrated fraction (hardware.FP8)."""
+        fp8, m, kk, n = FP8[self.spec.gpu], *k.shape
+        speedup = fp8.peak_tflops / GPUS[self.spec.gpu].peak_tflops[self.spec.dtype]
+        rate = speedup * (1.0 if self.cal is None else fp8.gemm * wave_efficiency(m, n, self.cal))
+        return self._time(2 * m * kk * n, m * kk + kk * n + m * n * DTYPE_BYTES[self.spec.dtype], rate)
 
-    def linear(self, tokens: int, k: int, n: int) -> Linear:
-        """Input tokens x k times weight k x n: forward, input-gradient and weight-gradient GEMMs."""
-        return Linear(self.gemm(tokens, k, n), self.gemm(tokens, n, k), self.gemm(k, tokens, n))
+    def gemm(self, m: int, k: int, n: int, batch: int = 1, dtype: str | None = None) -> Cost:
+        if batch > 1:
+            return self.price(Kernel(BMM, (batch, m, k, n), dtype or self.spec.dtype))
+        return self.price(Kernel(GEMM, (m, k, n), dtype or self.spec.dtype))
+
+    def linear(self, tokens: int, k: int, n: int, dtype: str | None = None) -> Linear:
+        """Input tokens x k times weight k x n: forward, input-gradient and weight-gradient GEMMs
+        (a transformer layer's in FP8 under --fp8)."""
+        dtype = dtype or self.layer_dtype
+        return Linear(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), self.gemm(k, tokens, n, dtype=dtype))
 
     def elementwise(self, kind: str, elements: int, dtype: str | None = None) -> Cost:
         return self.price(Kernel(kind, (elements,), dtype or self.spec.dtype))
