@@ -95,11 +95,15 @@ class Run:
     def world(self) -> int:
         return int(self.spec["--world-size"])
 
-    def flags(self) -> list[str]:
+    def spec_flags(self) -> list[str]:
+        """The spec alone (model, layout, GPU model, kernels): what `traceforge memory` takes."""
         out: list[str] = []
         for flag, value in self.spec.items():
             out += [flag] if value is None else [flag, str(value)]
-        return out + self.machine + self.extra
+        return out + self.machine[:2] + self.extra  # machine[:2] is --gpu NAME
+
+    def flags(self) -> list[str]:
+        return self.spec_flags() + self.machine[2:]
 
     def layout(self) -> str:
         """TP, PP, DP (CP, EP, virtual stages), micro and global batch, sequence, recompute and
@@ -315,6 +319,8 @@ class Result:
     compute: float | None = None
     exposed: float | None = None
     idle: float | None = None
+    memory_gb: float | None = None  # traceforge memory's peak per GPU (the published run did fit)
+    fits: bool | None = None
     seconds: float = 0.0
     note: str = ""
     failure: str = ""
@@ -335,7 +341,11 @@ def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[st
     t0 = time.perf_counter()
     try:
         extra = ["--gpu-efficiency", str(args.gpu_efficiency)] if args.gpu_efficiency else []
-        run(tf + ["generate", *r.flags(), *extra, "--astra-sim", "-o", out, "--force", "-j", str(child_jobs)])
+        mem = json.loads(run(tf + ["memory", *r.spec_flags(), "--json"]))
+        res.memory_gb, res.fits = mem["peak_bytes"] / 1e9, bool(mem["fits"])
+        # --allow-oom: a published run ran, whatever the memory model says (its verdict is a column)
+        run(tf + ["generate", *r.flags(), *extra, "--allow-oom", "--astra-sim", "-o", out, "--force",
+                  "-j", str(child_jobs)])
         doc = json.loads(run(tf + ["report", out, "--json", "--timeline-ranks", "1", "-j", str(child_jobs),
                                    *estimate]))
         crit = doc["timeline"]["critical"]
@@ -360,7 +370,7 @@ def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[st
 def print_table(results: list[Result], estimate_name: str) -> None:
     print(f"estimate: {estimate_name}")
     head = (f"{'run':38} {'source':38} {'layout':62} {'count':5} {'published':>9} {'predicted':>9} {'error':>7}  "
-            f"{'step s':>7} {'comp':>5} {'expo':>5} {'idle':>5} {'secs':>5}")
+            f"{'step s':>7} {'comp':>5} {'expo':>5} {'idle':>5} {'mem GB':>7} {'secs':>5}")
     print(head)
     for r in results:
         left = f"{r.name:38} {r.source:38} {r.layout:62} {r.counting:5} {r.published:>9.1f}"
@@ -368,25 +378,30 @@ def print_table(results: list[Result], estimate_name: str) -> None:
             print(f"{left} failed: {r.failure}")
             continue
         assert r.predicted is not None and r.error is not None and r.step_s is not None
+        mem = f"{r.memory_gb:.0f}{'' if r.fits else '!'}" if r.memory_gb is not None else "?"
         print(f"{left} {r.predicted:>9.1f} {100 * r.error:>+6.1f}%  {r.step_s:>7.2f} {r.compute:>5.0%} "
-              f"{r.exposed:>5.0%} {r.idle:>5.0%} {r.seconds:>5.0f}")
+              f"{r.exposed:>5.0%} {r.idle:>5.0%} {mem:>7} {r.seconds:>5.0f}")
     errors = [r.error for r in results if r.error is not None]
     if errors:
         within: Callable[[float], int] = lambda x: sum(abs(e) <= x for e in errors)  # noqa: E731
         print(f"{len(errors)} runs: {within(0.10)} within +-10%, {within(0.15)} within +-15%; "
               f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * max(map(abs, errors)):.1f}%")
+    over = [r.name for r in results if r.fits is False]
+    if over:
+        print(f"mem GB: traceforge memory's peak per GPU; '!' = above the GPU's memory although the run ran: {len(over)}")
 
 
 def print_markdown(results: list[Result]) -> None:
     """The same table as docs/published-runs.md shows it."""
-    print("| run | source | layout | count | published | predicted | error | compute / exposed / idle |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | source | layout | count | published | predicted | error | compute / exposed / idle | memory GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if r.failure:
-            print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | failed | | |")
+            print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | failed | | | |")
             continue
         print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | {r.predicted:.1f} | "
-              f"{100 * (r.error or 0):+.1f}% | {r.compute:.0%} / {r.exposed:.0%} / {r.idle:.0%} |")
+              f"{100 * (r.error or 0):+.1f}% | {r.compute:.0%} / {r.exposed:.0%} / {r.idle:.0%} | "
+              f"{'' if r.memory_gb is None else f'{r.memory_gb:.0f}' + ('' if r.fits else ' (over)')} |")
 
 
 def main() -> int:
