@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -438,14 +439,27 @@ def main() -> int:
     child_jobs = max(1, (os.cpu_count() or 1) // jobs)
     # Longest first, so that N workers finish together; the table keeps the order above.
     order = sorted(range(len(runs)), key=lambda i: -runs[i].cost())
+    done: dict[int, Result] = {}
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        result = measure(runs[i], args, child_jobs, estimate)
+        with lock:  # the JSON holds every finished row, so a stopped run keeps what it measured
+            done[i] = result
+            if args.json:
+                save_json(args.json, estimate_mode, [done[k] for k in sorted(done)])
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = dict(zip(order, pool.map(lambda i: measure(runs[i], args, child_jobs, estimate), order), strict=True))
-    results = [done[i] for i in range(len(runs))]
-    print_table(results, estimate_mode or "report's default")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"estimate": estimate_mode or "default", "runs": [asdict(r) for r in results]}, fh, indent=1)
+        list(pool.map(one, order))
+    print_table([done[i] for i in range(len(runs))], estimate_mode or "report's default")
     return 0
+
+
+def save_json(path: str, estimate_mode: str | None, results: list[Result]) -> None:
+    tmp = path + ".partial"
+    with open(tmp, "w") as fh:
+        json.dump({"estimate": estimate_mode or "default", "runs": [asdict(r) for r in results]}, fh, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
