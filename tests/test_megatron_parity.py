@@ -338,3 +338,20 @@ def test_moe_expert_optimizer_reduces_its_own_statistics(make_set):
                      and n.name.split("_ar_")[-1] != "rerun_check"]
             got = [(n.name.split("_ar_")[-1], tuple(sorted(ts.groups[n.group]))) for n in stats]
             assert got == expected(rank), (mode, dtype, rank)
+
+
+def test_learned_position_table_has_max_position_embeddings_rows(make_set):
+    """language_module/gpt_model.py: LanguageModelEmbedding's position table is
+    max_position_embeddings x h (replicated over TP), so stage 0's DP gradient AllReduce grows by
+    (1024 - 512) * 512 fp32 gradients when the table has 1024 rows for 512-token sequences."""
+    _, base, _ = make_set("demo")
+    _, wide, doc = make_set("demo", max_position_embeddings=1024)
+    assert doc["spec"]["max_position_embeddings"] == 1024
+    a, b = load_set(base), load_set(wide)
+    for rank in range(8):
+        grads = [sum(n.size for n in colls(ts.nodes[rank], "dp", AR) if n.size > 8) for ts in (a, b)]
+        stage0 = coords(a, rank)["pp"] == 0
+        assert grads[1] - grads[0] == ((1024 - 512) * 512 * 4 if stage0 else 0), rank
+    with pytest.raises(SpecError, match="at least seq_len"):
+        build_spec("demo", overrides=dict(max_position_embeddings=511))
+    assert build_spec("demo", overrides=dict(seq_len=1024)).max_position_embeddings == 1024  # follows seq_len

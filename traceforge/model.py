@@ -227,7 +227,7 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
     final_norm = 2 * h if spec.arch == "gpt" else h
     embedding = 0
     if first:
-        positions = spec.seq_len * h if spec.arch == "gpt" else 0  # learned, replicated
+        positions = spec.max_position_embeddings * h if spec.arch == "gpt" else 0  # learned, replicated
         embedding = word + positions
     head = 0
     if last:
@@ -251,7 +251,7 @@ def total_params(spec: Spec) -> int:
         n += lp.split + lp.replicated + lp.expert * spec.ep
     n += spec.vocab * h + (2 * h if spec.arch == "gpt" else h)  # word embedding, final norm
     if spec.arch == "gpt":
-        n += spec.seq_len * h
+        n += spec.max_position_embeddings * h
     if not spec.tied_embeddings:
         n += spec.vocab * h
     return n
@@ -327,7 +327,7 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
     if chunk.first:
         out.append(("embed", Param("word_embeddings", word, shared_embedding=shared)))
         if spec.arch == "gpt":
-            out.append(("embed", Param("position_embeddings", spec.seq_len * h)))
+            out.append(("embed", Param("position_embeddings", spec.max_position_embeddings * h)))
     for layer in chunk.layers:
         out += [(f"L{layer}", p) for p in layer_param_list(spec, layer)]
     if chunk.last:

@@ -84,6 +84,7 @@ FIELDS: tuple[Field, ...] = (
     Field("v_head_dim", int, "MLA: per-head value channels (default 128).", minimum=0),
     Field("vocab", int, "Vocabulary size (padded to a multiple of 128*tp, as Megatron does)."),
     Field("seq_len", int, "Sequence length s in tokens."),
+    Field("max_position_embeddings", int, "Rows of a gpt model's learned position-embedding table, Megatron's --max-position-embeddings (default seq_len; at least seq_len; no parameters with llama's rotary embeddings)."),
     Field("tied_embeddings", bool, "Share input embedding and LM head weights (default: gpt yes, llama no).",
           bool_flags=("--tied-embeddings", "--untied-embeddings")),
     # parallelism
@@ -187,6 +188,7 @@ class Spec:
     v_head_dim: int
     vocab: int
     seq_len: int
+    max_position_embeddings: int
     tied_embeddings: bool
     tp: int
     cp: int
@@ -475,7 +477,7 @@ def build_spec(
 
 
 # Defaults computed from another field (see _model): derived -> the field it follows.
-DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads"}
+DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads", "max_position_embeddings": "seq_len"}
 
 
 def preset_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
@@ -539,8 +541,13 @@ def _model(r: _Raw, _: dict) -> dict:
     elif kv_heads != heads:
         raise SpecError(f"multi-head latent attention has no key/value head groups: drop kv_heads ({kv_heads}) or set it to heads ({heads})")
     ffn_hidden = r.get("ffn_hidden", 4 * hidden)
+    positions = r.get("max_position_embeddings", seq_len)
+    if positions < seq_len:
+        raise SpecError(f"max_position_embeddings ({positions}) must be at least seq_len ({seq_len}): "
+                        "every token of a sequence looks up its position")
     return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
                 kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
+                max_position_embeddings=positions,
                 tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
 
 
