@@ -212,3 +212,32 @@ def test_routing_counts_that_do_not_fit_are_named_truly(tmp_path, value, dtype, 
         with pytest.raises(SpecError) as info:
             build_spec("demo", overrides=dict(small, moe_routing=f"trace:{path}"))
     assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_error_path_needs_no_open_when_every_open_fails(tmp_path):
+    """From the 3rd output file on every open() fails (an audit hook refuses it): the error is
+    still one line, not an ImportError from a lazily imported module on the way out."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(f'''
+import sys
+seen = [0]
+def hook(event, args):
+    if event == "open":
+        if ".partial-" in str(args[0]):
+            seen[0] += 1
+        if seen[0] >= 3:
+            raise PermissionError(13, "Permission denied (injected)", str(args[0]))
+from traceforge.cli import main
+sys.argv = ["traceforge", "generate", "-q", "-j", "1", "-o", {str(tmp_path / "out")!r}]
+sys.addaudithook(hook)
+main()
+''')
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Permission denied (injected)" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
