@@ -241,3 +241,15 @@ main()
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Permission denied (injected)" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bw, written", [(0.001, None), (0.3, None), (25, 200), (12.5, 100)])
+def test_htsim_bandwidth_is_whole_gbps_or_refused(tmp_path, bw, written):
+    out = tmp_path / "h"
+    res = invoke("generate", *SMALL, "-o", out, "--astra-sim", "--astra-sim-backend", "htsim", "--scale-out-bw", bw)
+    if written is None:
+        one_line_error(res, "whole Gb/s", "--scale-out-bw")
+        assert not out.exists()
+    else:
+        assert res.exit_code == 0, res.output
+        assert f"Downlink_speed_Gbps {written}\n" in (out / "astra_htsim.topo").read_text()  # GB/s x 8
