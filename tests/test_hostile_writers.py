@@ -253,3 +253,88 @@ def test_htsim_bandwidth_is_whole_gbps_or_refused(tmp_path, bw, written):
     else:
         assert res.exit_code == 0, res.output
         assert f"Downlink_speed_Gbps {written}\n" in (out / "astra_htsim.topo").read_text()  # GB/s x 8
+
+
+# -- older commands: side files we wrote are input once on disk ---------------------------------
+
+
+@pytest.mark.parametrize("forge, field", [
+    (lambda d: d["spec"].update(tp="two"), "spec.tp"),
+    (lambda d: d["spec"].update(pp=None), "spec.pp"),
+    (lambda d: d.update(world_size="8x"), "world_size"),
+    (lambda d: d["spec"].update(compute_jitter=float("inf")), "Infinity"),
+    (lambda d: d.update(spec=[1, 2]), "spec"),
+])
+@pytest.mark.parametrize("command", ["report", "diff"])
+def test_forged_manifest_field_is_one_line(make_set, tmp_path, forge, field, command):
+    _, a, _ = make_set("demo")
+    _, b, _ = make_set("demo")
+    doc = json.loads((b / "manifest.json").read_text())
+    forge(doc)
+    (b / "manifest.json").write_text(json.dumps(doc))
+    args = {"report": ("report", b, "--no-timeline"), "diff": ("diff", a, b)}[command]
+    one_line_error(invoke(*args), "manifest.json", field)
+
+
+def test_show_survives_a_forged_manifest_spec(make_set):
+    _, a, _ = make_set("demo")
+    doc = json.loads((a / "manifest.json").read_text())
+    doc["spec"]["tp"] = "two"
+    (a / "manifest.json").write_text(json.dumps(doc))
+    res = invoke("show", a, "--rank", "1", "--range", "0:2")
+    assert res.exit_code == 0 and res.output.startswith("# rank 1: "), res.output  # only the coordinates go
+
+
+@pytest.mark.parametrize("content", ["metadata only", "one zero byte"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_report_reads_a_rank_file_without_nodes(make_set, content, as_json):
+    from traceforge.read.frame import frames
+    from traceforge.wire import varint
+
+    _, a, _ = make_set("demo")
+    path = a / "workload.3.et"
+    if content == "metadata only":
+        _, meta = next(frames(path.read_bytes()))
+        path.write_bytes(varint(len(meta)) + bytes(meta))
+    else:
+        path.write_bytes(b"\x00")
+    res = invoke("report", a, "--no-timeline", *(("--json",) if as_json else ()))
+    assert res.exit_code == 0, res.output  # no traceback; check names the empty rank
+    check = invoke("check", a)
+    assert check.exit_code != 0 and "workload.3.et" in check.output
+
+
+def test_show_json_prints_a_list_valued_attribute_as_a_list(make_set):
+    _, a, _ = make_set("demo")
+
+    def listify(nodes):
+        coll = next(n for n in nodes if n.type == pb.COMM_COLL_NODE)
+        for x in coll.attr:
+            if x.name == "comm_size":
+                coll.attr.remove(x)
+                break
+        coll.attr.add(name="comm_size", int64_list=pb.Int64List(values=[1, 2, 3]))
+        for x in coll.attr:
+            if x.name == "comm_type":
+                coll.attr.remove(x)
+                break
+        coll.attr.add(name="comm_type", int64_list=pb.Int64List(values=[0]))
+    edit(a, 1, listify)
+    res = invoke("show", a, "--rank", "1", "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert rows[0]["comm_size"] == [1, 2, 3] and rows[0]["comm_type"] == "[0]"
+
+
+@pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"),
+                                  ("report", "{d}", "--json", "--no-timeline")])
+def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):
+    import subprocess
+    import sys
+
+    _, a, _ = make_set("demo")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "traceforge", *(x.format(d=a) for x in args)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)},
+                          pass_fds=(), close_fds=True, preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2 and "stdout is closed" in done.stderr, done.stderr

@@ -32,6 +32,7 @@ SIMULATED_COLLS = frozenset((0, 2, 6, 7))  # ALL_REDUCE, ALL_GATHER, ALL_TO_ALL,
 BROADCAST = 5
 TAG_LIMIT = S.TAG_LIMIT  # ASTRA-sim's NATIVE send/recv tags live in [0, 5e8)
 UINT32 = 1 << 32
+MAX_COMM_SIZE = (1 << 62) - 1  # bytes; the limit report reads (report/records.py) and int64 arrays hold
 MAX_DURATION = S.MAX_STEP_MICROS + 1  # µs; the limit generate keeps to (schema.py): x1000 in ns stays < 2^63
 WORLD = 0  # group id of "all ranks" (pg_name absent, empty or "0")
 
@@ -97,6 +98,10 @@ def _validate(ntype: int, attrs: dict, problems: list[Problem]) -> tuple | None:
     size = _int(attrs, S.COMM_SIZE, label, problems)
     if size is not None and size <= 0:
         problems.append((ERROR, "attribute", f"{label} has comm_size {size}; it must be a positive byte count"))
+        size = None
+    elif size is not None and size > MAX_COMM_SIZE:  # a uint64 of 2^63 is a huge count, not a negative one
+        problems.append((ERROR, "attribute", f"{label} has comm_size {size:,}, past {MAX_COMM_SIZE:,} bytes (2^62 - 1): "
+                                             "ASTRA-sim's 64-bit byte and time arithmetic overflows; write the real size"))
         size = None
     if ntype == COLL:
         ctype = _int(attrs, S.COMM_TYPE, label, problems)

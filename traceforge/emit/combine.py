@@ -25,7 +25,7 @@ from traceforge.errors import UserError
 from traceforge.files import read_json
 from traceforge.output import atomic_output_dir, check_prefix
 from traceforge.read.frame import frames, read_file
-from traceforge.read.reader import find_rank_files, load_groups, read_json_file
+from traceforge.read.reader import find_rank_files, load_groups, read_manifest
 from traceforge.schema import COMM_DST, COMM_GROUP_FILE, COMM_SRC, MANIFEST_FILE, PG_NAME
 from traceforge.wire import varint
 
@@ -70,7 +70,7 @@ def load_job(directory: Path) -> Job:
             raise UserError(f"trace set {directory}: group {name!r} in {COMM_GROUP_FILE} is not a decimal id; "
                             "combine renumbers decimal ids only")
         groups[int(name)] = tuple(int(r) for r in members)
-    manifest = read_json_file(directory / MANIFEST_FILE)
+    manifest = read_manifest(directory)
     return Job(directory, prefix, files, groups, manifest if isinstance(manifest, dict) else None)
 
 

@@ -29,8 +29,8 @@ from traceforge.errors import UserError
 from traceforge.files import read_json
 from traceforge.output import atomic_output_dir, is_simulator_log
 from traceforge.parallel import kill_group, release_signals, signals_held
-from traceforge.read.reader import read_json_file
-from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.read.reader import read_manifest
+from traceforge.schema import COMM_GROUP_FILE
 from traceforge.simulate.astra_log import FINISHED, AstraLog, read_astra_log
 
 ENV_BINARY = "ASTRA_SIM"
@@ -78,7 +78,7 @@ class RunResult:
 
 def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path | None = None) -> list[str]:
     directory = Path(directory)
-    manifest = read_json_file(directory / MANIFEST_FILE) or {}
+    manifest = read_manifest(directory) or {}
     missing = [name for name in BUNDLE_FILES if not (directory / name).is_file()]
     if missing:
         raise UserError(
