@@ -338,3 +338,14 @@ def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):
                           stderr=subprocess.PIPE, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)},
                           pass_fds=(), close_fds=True, preexec_fn=lambda: os.close(1))
     assert done.returncode == 2 and "stdout is closed" in done.stderr, done.stderr
+
+
+def test_straggler_on_jitter_is_refused_without_a_numpy_cast_warning(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "invalid value encountered in cast" would be a traceback
+        res = invoke("generate", "-q", "-o", tmp_path / "s", "--straggler", "1:1000", "--compute-jitter", "10",
+                     "--num-microbatches", "100")
+    one_line_error(res, "µs per step")
+    assert not (tmp_path / "s").exists()
