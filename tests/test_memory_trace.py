@@ -24,6 +24,9 @@ SCHEDULES = [
     ["--schedule", "interleaved", "--virtual-stages", "2", "--pp", "4", "--layers", "8", "--dp", "1"],
     ["--schedule", "zbv"],
     ["--schedule", "zb-h1"],
+    ["--schedule", "interleaved-zb", "--virtual-stages", "2", "--pp", "4", "--layers", "8", "--dp", "1"],
+    ["--schedule", "dualpipev", "--num-microbatches", "8"],
+    ["--recompute", "selective", "--attention", "unfused", "--sequence-parallel"],
     ["--recompute", "full", "--steps", "2"],
 ]
 
