@@ -203,6 +203,11 @@ class Layout:
         return self._ring("cp")
 
     @cached_property
+    def tensor_peers(self) -> tuple[np.ndarray, np.ndarray]:
+        """(next, prev) in each rank's tensor-parallel ring."""
+        return self._ring("tp")
+
+    @cached_property
     def ep_peers(self) -> np.ndarray:
         """(world, ep): the member of each rank's EP group at each EP rank (itself at its own)."""
         if self.expert is None:

@@ -166,6 +166,13 @@ FIELDS: tuple[Field, ...] = (
           ("flash", "unfused")),
     Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom).",
           minimum=1e-3, maximum=1),
+    # measured kernel times and TransformerEngine's overlap and FP8 (docs/kernel-times.md, docs/traffic-model.md)
+    Field("kernel_times", str, "Measured kernel times that replace the compute model per kernel: a table (kind, shape, dtype, us; CSV or JSON) or a PyTorch profiler trace of one step (docs/kernel-times.md).",
+          keep_case=True),
+    Field("tp_comm_overlap", bool, "TransformerEngine's TP communication overlap (userbuffers): SP AllGathers as ring exchanges and ReduceScatters in chunks, pipelined with their GEMMs; needs --sequence-parallel.",
+          bool_flags=("--tp-comm-overlap", "--no-tp-comm-overlap")),
+    Field("fp8", str, "TransformerEngine FP8 GEMMs (recipe hybrid: E4M3 forward, E5M2 gradients; or e4m3): layer GEMMs at the GPU's FP8 rate, SP AllGathers in 1-byte elements; none by default.",
+          ("none", "hybrid", "e4m3")),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -239,6 +246,10 @@ class Spec:
     gpu_hbm_gbps: float
     gpu_efficiency: float | None  # None: the preset's per-kernel calibration (hardware.py)
     attention: str
+    # measured kernel times, TransformerEngine overlap and FP8 (_engine)
+    kernel_times: str | None
+    tp_comm_overlap: bool
+    fp8: str
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -510,7 +521,7 @@ class _Raw:
 def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
     r = _Raw(raw_values, explicit)
     values: dict[str, Any] = {"preset": preset_name}
-    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu):
+    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu, _engine):
         values.update(section(r, values))
     return Spec(**values)
 
@@ -908,6 +919,36 @@ def _gpu(r: _Raw, v: dict) -> dict:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
                 gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"))
+
+
+def _engine(r: _Raw, v: dict) -> dict:
+    """Measured kernel times (read and checked now, recorded by absolute path so a manifest's spec
+    rebuilds anywhere) and TransformerEngine's TP overlap and FP8 (plan/tensor.py)."""
+    from traceforge.hardware import FP8
+    from traceforge.kernels.times import load_kernel_times
+    from traceforge.plan.tensor import overlap_tags
+
+    path = r.get("kernel_times")
+    if path is not None:
+        path = str(Path(path).expanduser().resolve())
+        load_kernel_times(path)
+    overlap = bool(r.get("tp_comm_overlap"))
+    if overlap:
+        if not v["sequence_parallel"] or v["tp"] < 2:
+            raise SpecError("tp_comm_overlap overlaps sequence parallelism's AllGather/ReduceScatter with the GEMMs: "
+                            "give --sequence-parallel and tp > 1, or drop --tp-comm-overlap")
+        if v["kv_lora_rank"]:
+            raise SpecError("tp_comm_overlap with multi-head latent attention is not modelled: drop --tp-comm-overlap or --kv-lora-rank")
+        if overlap_tags(v["steps"], v["num_microbatches"], v["layers"], v["tp"]) >= MAX_TAG:
+            raise SpecError(f"steps ({v['steps']}) x micro-batches ({v['num_microbatches']}) x layers ({v['layers']}) x tp make too many "
+                            f"TP ring transfers for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
+    fp8 = r.get("fp8", "none")
+    if fp8 != "none":
+        if v["gpu"] not in FP8:
+            raise SpecError(f"fp8 needs a GPU with FP8 tensor cores ({', '.join(FP8)}); {v['gpu']} has none: drop --fp8 or pick --gpu")
+        if v["dtype"] == "fp32":
+            raise SpecError("fp8 runs the GEMMs of a bf16 or fp16 model (TransformerEngine): use --dtype bf16")
+    return dict(kernel_times=path, tp_comm_overlap=overlap, fp8=fp8)
 
 
 def _divisors(n: int) -> str:

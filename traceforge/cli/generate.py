@@ -225,6 +225,11 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
     if preset_fields:
         out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
                   markup=False, soft_wrap=True)
+    if doc.get("kernel_times"):
+        from traceforge.kernels.times import summary_lines
+
+        for line in summary_lines(doc["kernel_times"]):
+            out.print(line, markup=False, soft_wrap=True)
 
 
 def _inserted_note(inserted: list[str] | None) -> str:

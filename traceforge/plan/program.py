@@ -55,7 +55,8 @@ class StagePlanner:
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
         self.params = stage_params(spec, stage)
-        self.layer = LayerTemplate(spec, self.tp, self.cost, variant)
+        # The layers' linear modules are TransformerEngine's (FP8 gathers, userbuffers overlap).
+        self.layer = LayerTemplate(spec, TensorParallel.for_layers(spec), self.cost, variant)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
         self.sync = SyncCollectives(b, spec, stage)
