@@ -15,6 +15,7 @@ the seconds the hardware replay's report took. Scratch goes to $TMPDIR and is de
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -48,10 +49,13 @@ VARIANTS = [("astra-sim (bundle)", []), ("astra-sim --alpha-beta", ["--estimate"
 
 
 def main() -> int:
-    sets = SETS + (BIG if "--big" in sys.argv else [])
-    if "--only" in sys.argv:
-        want = sys.argv[sys.argv.index("--only") + 1]
-        sets = [s for s in sets if want in s[0]]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--big", action="store_true", help="Add gpt3-175b (1,536 ranks, about 2 GB of scratch per set).")
+    parser.add_argument("--only", metavar="NAME", help="Only the sets whose name contains NAME.")
+    args = parser.parse_args()
+    sets = SETS + (BIG if args.big else [])
+    if args.only:
+        sets = [s for s in sets if args.only in s[0]]
     tf = [sys.executable, "-m", "traceforge"]
     print("| set | ranks | " + " | ".join(f"{v} ms (exposed)" for v, _ in VARIANTS) + " | hardware s |")
     print("|---|---:|" + "---:|" * len(VARIANTS) + "---:|")
