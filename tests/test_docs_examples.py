@@ -12,7 +12,8 @@ The rule for what is run and what is only parsed (one rule, no per-example excep
   the same `build_spec` the command uses, so an impossible combination fails here;
 - it is also *run* in process (tests/cli_runner.py) and must exit 0, unless it
   - writes more than RUN_MAX_RANKS ranks (`generate -p llama3-405b`: parsed and validated only),
-  - needs a program traceforge does not ship (`simulate`, anything with `--astra-sim-bin`),
+  - needs what traceforge does not ship (`simulate`'s simulator, `calibrate`'s PyTorch and GPU,
+    anything with `--astra-sim-bin`),
   - names a placeholder (an upper-case word such as DIR, `$VAR` not in ENV_VALUES, /path/to,
     or an absolute path, which is outside the temporary folder), or
   - names a path an earlier parsed-only example would have written;
@@ -62,8 +63,9 @@ PROPS = {
 # Programs the docs show that traceforge does not ship; they are not run.
 EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical"}
 PYTHON_EXTERNAL_MODULES = {"pytest", "grpc_tools.protoc", "venv"}
-# Flags of commands that need a simulator binary: parsed, never run.
-NEEDS_BINARY = {"simulate"}
+# Commands that need what traceforge does not ship (a simulator binary; PyTorch and a GPU):
+# parsed, never run.
+NEEDS_BINARY = {"simulate", "calibrate"}
 BINARY_FLAGS = {"--astra-sim-bin"}
 
 load_commands()
