@@ -271,3 +271,10 @@ def test_no_kernel_is_quicker_than_the_launch_floor():
     assert cost.norm.micros == 2 * LAUNCH_FLOOR_US  # two kernels, two launches
     flat = CostModel(spec(seq_len=8, hidden=256, heads=2, kv_heads=2, ffn_hidden=1024, vocab=1024, gpu_efficiency=0.5))
     assert min(c.micros for c in flat.kernels.values()) < LAUNCH_FLOOR_US  # the flat roofline has none
+
+
+def test_every_kernel_kind_has_a_key_shape_for_measured_times():
+    from traceforge.kernels.keys import SHAPES
+    from traceforge.plan.compute import ELEMENTWISE
+
+    assert set(ELEMENTWISE) <= set(SHAPES) and all(SHAPES[k] == ("elements",) for k in ELEMENTWISE)
