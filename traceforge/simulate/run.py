@@ -143,7 +143,8 @@ def run_astra(
             system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
         command = astra_command(Path(directory).resolve(), binary, tmp.resolve(), system_file)
         code, seconds, timed_out = _run_bounded(command, directory, tmp / "stdout.txt", world, timeout, progress)
-    command[-1] = f"--logging-folder={log_dir.resolve()}"  # where its logs are now
+    # The command as it ran, naming where its logs (and a --trace system input) are now.
+    command = [part.replace(str(tmp.resolve()), str(log_dir.resolve())) for part in command]
     try:
         log = read_astra_log(log_dir)
     except UserError:  # nothing ASTRA-sim wrote: the caller reports the failure
