@@ -349,3 +349,14 @@ def test_straggler_on_jitter_is_refused_without_a_numpy_cast_warning(tmp_path):
                      "--num-microbatches", "100")
     one_line_error(res, "µs per step")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "missing/x.csv"])
+def test_calibrate_refuses_its_output_before_measuring(make_set, tmp_path, target):
+    _, a, _ = make_set("demo")
+    path = a / target
+    before = path.read_bytes() if path.exists() else None
+    res = invoke("calibrate", "-o", path)  # refused before PyTorch is even looked for
+    one_line_error(res, "-o/--out")
+    assert "PyTorch" not in res.stderr
+    assert (path.read_bytes() if path.exists() else None) == before
