@@ -40,7 +40,7 @@ def summaries(directory, world, templates: bool, monkeypatch):
 
 def comparable(s):
     return (s.rank, s.nodes, s.fatal, s.blocking, s.digest, s.groups, s.peers, s.size, s.sha256,
-            [(f.kind, f.rank, f.node, f.message) for f in s.findings])
+            [(f.kind, f.rank, f.node_id, f.message, f.severity) for f in s.findings])
 
 
 def test_matched_ranks_get_the_full_checks_summary(make_set, monkeypatch):
