@@ -662,6 +662,8 @@ def _batch(r: _Raw, v: dict) -> dict:
         raise SpecError("neither global_batch nor num_microbatches is set: give --global-batch or --num-microbatches")
     tp, seq_len = v["tp"], v["seq_len"]
     sp = bool(r.get("sequence_parallel"))
+    if sp and tp == 1 and "sequence_parallel" not in r.explicit:
+        sp = False  # a preset's sequence parallelism goes with its TP: --tp 1 turns it off
     if sp and tp == 1:
         raise SpecError("sequence_parallel needs tp > 1 (it shards activations across the TP group): raise --tp or drop --sequence-parallel")
     if sp and (seq_len // v["cp"]) % tp:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 
 from traceforge.cli import app, out, user_errors
-from traceforge.cli.generate import _spec_options
+from traceforge.cli.generate import spec_parameters
 from traceforge.errors import UserError
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.measure import Timer
@@ -76,5 +76,5 @@ def _options() -> list[inspect.Parameter]:
     ]
 
 
-calibrate.__signature__ = inspect.Signature(_options() + _spec_options())  # type: ignore[attr-defined]
+calibrate.__signature__ = inspect.Signature(_options() + spec_parameters())  # type: ignore[attr-defined]
 app.command("calibrate")(user_errors(calibrate))

@@ -55,5 +55,6 @@ def peak(passes: Sequence[Pass], chunks: Sequence[PassBytes]) -> tuple[int, str]
     if best is None:
         return 0, "no passes"
     chunk = f" of chunk {best.chunk}" if len(chunks) > 1 else ""
-    held = "micro-batch" if best.live == 1 else "micro-batches"
-    return best.peak, f"{KIND_NAMES[best.kind]} of micro-batch {best.microbatch}{chunk}, {best.live} {held} held"
+    noun = "micro-batch chunk" if len(chunks) > 1 else "micro-batch"  # interleaved: a micro-batch per chunk
+    plural = "" if best.live == 1 else ("s" if len(chunks) > 1 else "es")
+    return best.peak, f"{KIND_NAMES[best.kind]} of micro-batch {best.microbatch}{chunk}, {best.live} {noun}{plural} held"
