@@ -24,7 +24,7 @@ from traceforge.parallel import fan_out
 from traceforge.read.decode import PayloadCache
 from traceforge.read.file_shape import Shapes
 from traceforge.read.frame import frames, read_file
-from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_json_file, trace_of
+from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_manifest, trace_of
 from traceforge.read.spans import find_spans, sole_attributes, template_key
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
@@ -48,7 +48,7 @@ class TraceFiles:
 def open_set(directory: Path, prefix: str | None = None) -> TraceFiles:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    manifest = read_json_file(directory / MANIFEST_FILE)
+    manifest = read_manifest(directory)
     return TraceFiles(directory, prefix, files, manifest if isinstance(manifest, dict) else None, load_groups(directory))
 
 
