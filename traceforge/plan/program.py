@@ -33,8 +33,8 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     first, last = embedding_stages(spec)
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
              "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
-             "tpep": spec.tp * spec.ep, "amax": spec.tp * spec.cp * spec.dp, "tpepp": spec.tp * spec.ep * spec.pp, "epx": spec.moe_router_num_groups,
-             "epn": spec.ep // spec.moe_router_num_groups}
+             "tpep": spec.tp * spec.ep, "tpepp": spec.tp * spec.ep * spec.pp, "epx": spec.moe_router_num_groups,
+             "epn": spec.ep // spec.moe_router_num_groups, "amax": spec.tp * spec.cp * spec.dp}
     if spec.dp_mode == "hsdp":
         assert spec.shard_size is not None  # the spec requires it with hsdp
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
