@@ -326,7 +326,7 @@ def test_show_json_prints_a_list_valued_attribute_as_a_list(make_set):
     assert rows[0]["comm_size"] == [1, 2, 3] and rows[0]["comm_type"] == "[0]"
 
 
-@pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"),
+@pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"), ("presets",),
                                   ("report", "{d}", "--json", "--no-timeline")])
 def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):
     import subprocess
