@@ -23,7 +23,7 @@ from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuil
 from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
 from traceforge.plan.routing import BALANCED
 from traceforge.plan.sync import SyncCollectives
-from traceforge.plan.tensor import TensorParallel
+from traceforge.plan.tensor import TensorParallel, fp8_amax_reduction
 from traceforge.spec import Spec
 
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
@@ -36,7 +36,7 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
              "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
              "tpep": spec.tp * spec.ep, "tpepp": spec.tp * spec.ep * spec.pp, "epx": spec.moe_router_num_groups,
-             "epn": spec.ep // spec.moe_router_num_groups}
+             "epn": spec.ep // spec.moe_router_num_groups, "amax": spec.tp * spec.cp * spec.dp}
     if spec.dp_mode == "hsdp":
         assert spec.shard_size is not None  # the spec requires it with hsdp
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
@@ -117,6 +117,7 @@ class StagePlanner:
             self.dp.before_forward_unit(chunk.index, name)
             self.dp.before_unit(name, n, units[i + 1][:2] if i + 1 < len(units) else None)
             body()
+        fp8_amax_reduction(self.b, self.spec, chunk, "fwd")
 
     def backward_compute(self, chunk: Chunk, mb: int, input_only: bool) -> list[tuple[tuple[int, ...], str, int]]:
         """The backward's compute; input_only keeps the weight-gradient GEMMs for a W pass.
@@ -140,6 +141,7 @@ class StagePlanner:
                 done.append((b.cursor, name, n))
             else:
                 self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
+        fp8_amax_reduction(b, self.spec, chunk, "bwd")
         return done
 
     def reduce_gradients(self, chunk: Chunk, mb: int, done: list[tuple[tuple[int, ...], str, int]]) -> None:
