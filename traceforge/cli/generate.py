@@ -7,7 +7,6 @@ validation never drift apart.
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 import time
 from pathlib import Path
@@ -16,21 +15,12 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.errors import UserError
+from traceforge.output import check_prefix
 from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
 
 # -- generate -------------------------------------------------------------------------------
-
-_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$", re.ASCII)
-
-
-def check_prefix(prefix: str) -> None:
-    """A prefix every tool (ours, ASTRA-sim's, a shell) reads back: letters, digits, _ . + -."""
-    if not _PREFIX.match(prefix):
-        raise UserError(f"--prefix {prefix!r} must be 1-200 letters, digits, '_', '.', '+' or '-' "
-                        "(not starting with '.', '+' or '-')")
-
 
 def spec_parameters() -> list[inspect.Parameter]:
     """One option per spec.FIELDS entry (generate and memory take the same spec flags)."""
@@ -289,6 +279,7 @@ def presets() -> None:
     from traceforge.model import active_params, total_params
     from traceforge.presets import PRESETS
 
+    answer_to_stdout("the presets")
     table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
     for col in ("preset", "arch", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp/cp/pp/dp/ep",
                 "experts", "GPUs", "global batch", "m"):

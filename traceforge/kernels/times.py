@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from traceforge.errors import SpecError
-from traceforge.files import MAX_JSON_FILE_BYTES, read_regular_file
+from traceforge.files import read_regular_file
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.kineto import Profile, read_profile
 from traceforge.kernels.table import parse_csv, parse_json
 
 FIX = "give a kernel-time table (.csv or .json) or a PyTorch profiler trace (.json, .json.gz); see docs/kernel-times.md"
-MAX_KERNEL_FILE_BYTES = MAX_JSON_FILE_BYTES  # a one-step profile of a large model is hundreds of MB
+# A one-step profile with shapes is tens to a few hundred MB; parsing JSON costs ~10x its size in memory.
+MAX_KERNEL_FILE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
