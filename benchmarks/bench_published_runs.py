@@ -349,6 +349,9 @@ def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[st
                   "-j", str(child_jobs)])
         doc = json.loads(run(tf + ["report", out, "--json", "--timeline-ranks", "1", "-j", str(child_jobs),
                                    *estimate]))
+        if not doc.get("timeline"):  # e.g. more distinct rank programs than report replays
+            notes = [n for n in doc.get("notes", []) if "timeline" in n]
+            raise RuntimeError("; ".join(notes) or "report gave no timeline")
         crit = doc["timeline"]["critical"]
         total = crit["time_us"]
         res.step_s = total / 1e6
