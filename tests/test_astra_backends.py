@@ -294,7 +294,8 @@ def test_ns3_refuses_messages_beyond_its_int(tmp_path):
     sequences of 8,192 tokens is 16 * 8192 * 12288 * 2 = 3,221,225,472 bytes."""
     load_commands()
     target = tmp_path / "out"
-    big = ["-p", "gpt3-175b", "--seq-len", "8192", "--micro-batch", "16", "--num-microbatches", "16"]
+    # --allow-oom: this test is about ns-3's message sizes, not whether the run fits a GPU (it does not).
+    big = ["-p", "gpt3-175b", "--seq-len", "8192", "--micro-batch", "16", "--num-microbatches", "16", "--allow-oom"]
     result = CliRunner().invoke(app, ["generate", "-o", str(target), "-q", "--astra-sim", "--astra-sim-backend", "ns3",
                                       *big])
     assert result.exit_code == 2 and "ns-3 backend can count" in result.output, result.output

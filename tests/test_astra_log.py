@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from traceforge.errors import UserError
-from traceforge.report.astra_log import read_astra_log
-from traceforge.report.simulation import Simulation, load_simulation, trace_set_identity
+from traceforge.simulate.astra_log import read_astra_log
+from traceforge.simulate.result import Simulation, load_simulation, trace_set_identity
 
 LOGS = Path(__file__).parent / "data" / "astra_logs"
 

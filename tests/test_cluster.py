@@ -44,9 +44,9 @@ def test_both_commands_parse_the_same_flags_to_the_same_cluster(tmp_path, monkey
         seen["generate"] = cluster
         return real_write(out_dir, manifest, cluster, options)
 
-    def record_machine(directory, cluster, given, astra_model):
+    def record_machine(directory, cluster, given, astra_model, *mode):
         seen["report"] = cluster
-        return real_machine(directory, cluster, given, astra_model)
+        return real_machine(directory, cluster, given, astra_model, *mode)
 
     monkeypatch.setattr(astra, "write_astra_bundle", record_write)
     monkeypatch.setattr(report_cli, "machine_for", record_machine)

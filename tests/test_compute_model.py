@@ -91,16 +91,25 @@ def test_attention_at_flashattention_rates_and_backward_slower_per_flop():
 
 def test_unfused_attention_pays_for_its_scores_in_hbm():
     flash, unfused = CostModel(spec()).core, CostModel(spec(attention="unfused")).core
-    scores = 32 * 4096 * 4096 * 2  # heads x s x s x 2 bytes
-    assert unfused.bytes == 5 * scores and unfused.flops == 2 * flash.flops  # no causal skip
+    scores = 32 * 4096 * 4096  # heads x s x s
+    q = k = v = o = 32 * 4096 * 128  # heads x s x head_dim
+    # QK^T and PV batched GEMMs (operands and output), softmax read+write, dropout read+write+mask
+    gemm_bytes = 2 * (q + k + scores) + 2 * (scores + v + o)
+    assert unfused.bytes == gemm_bytes + 2 * 2 * scores + (2 * 2 + 1) * scores
+    cost = CostModel(spec(attention="unfused"))
+    bmm = [c for k, c in cost.kernels.items() if k.kind == "bmm" and k.shape in ((32, 4096, 128, 4096), (32, 4096, 4096, 128))]
+    assert len(bmm) == 2 and sum(c.flops for c in bmm) == 2 * flash.flops  # QK^T and PV, no causal skip
     assert unfused.micros > flash.micros
 
 
 def test_elementwise_runs_at_hbm_speed():
     cost = CostModel(spec())
+    # bias-dropout-add (3 passes) then the norm (2 passes) over the b*s x h activation
     assert cost.norm.micros == pytest.approx(5 * 4096 * 4096 * 2 / (3350e9 * H100.memory) * 1e6)
     opt = cost.optimizer(10**9)
-    assert opt.micros == pytest.approx(32e9 / (3350e9 * H100.memory) * 1e6)
+    # Adam: grad-norm read, p/g/m/v read, p/m/v written (fp32), bf16 parameter copy written
+    assert opt.bytes == (9 * 4 + 2) * 10**9
+    assert opt.micros == pytest.approx(38e9 / (3350e9 * H100.memory) * 1e6)
 
 
 def test_flat_override_is_the_plain_roofline():
@@ -114,3 +123,95 @@ def test_flat_override_is_the_plain_roofline():
 def test_custom_gpu_without_efficiency_is_flat_half():
     s = spec(gpu="custom", gpu_tflops=100.0, gpu_hbm_gbps=1e9)
     assert s.gpu_efficiency == 0.5 and CostModel(s).cal is None
+
+
+# -- attention sized by the query heads (GQA, MLA) ------------------------------------------------
+
+def nemotron_like(**overrides):
+    """One Nemotron-4-340B-shaped layer: 96 query heads of 192 channels, 8 KV heads, tp 8."""
+    base = dict(arch="llama", layers=1, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728, seq_len=4096,
+                vocab=256000, tp=8, pp=1, dp=1, world_size=8, micro_batch=1, global_batch=1)
+    return build_spec("demo", overrides={**base, **overrides})
+
+
+def test_gqa_projection_and_pv_use_every_query_head():
+    cost = CostModel(nemotron_like())
+    T, s, h, t = 4096, 4096, 18432, 8
+    q = 96 * 192  # query channels = attention output channels
+    kv = 8 * 192  # one of K or V
+    assert cost.qkv.flops == 2 * T * h * (q + 2 * kv) // t
+    assert cost.proj.flops == 2 * T * q * h // t  # the output projection maps all heads' values back
+    assert cost.core.flops == 2 * T * s * (q + q) // t // 2  # QK^T and PV per query head, causal half
+    attention = cost.qkv.flops + cost.core.flops + cost.proj.flops
+    assert attention / 1e9 == pytest.approx(831.1, abs=0.1)  # the issue's ~831 GFLOP (477 before)
+
+
+def test_mla_value_product_and_projection_use_v_head_dim_times_heads():
+    s = build_spec("demo", overrides=dict(arch="llama", layers=1, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192,
+                                          seq_len=2048, vocab=32000, tp=2, pp=1, dp=1, world_size=2, micro_batch=1,
+                                          global_batch=1, kv_lora_rank=512, q_lora_rank=0, qk_nope_head_dim=128,
+                                          qk_rope_head_dim=64, v_head_dim=96))
+    cost = CostModel(s)
+    T, h, t = 2048, 2048, 2
+    assert cost.proj.flops == 2 * T * (16 * 96) * h // t
+    assert cost.core.flops == 2 * T * 2048 * 16 * ((128 + 64) + 96) // t // 2
+
+
+def test_backward_gemms_have_the_transposed_shapes_and_equal_flops():
+    cost = CostModel(nemotron_like())
+    T, h, q, t = 4096, 18432, 96 * 192, 8
+    gemms = {k.shape for k in cost.kernels if k.kind == "gemm"}
+    assert {(T, q // t, h), (T, h, q // t), (q // t, T, h)} <= gemms  # proj forward, dgrad, wgrad
+    assert cost.proj.flops == cost.proj_dgrad.flops == cost.proj_wgrad.flops
+
+
+# -- the residual stream on the sequence shard (SP) and the context shard (CP) -------------------
+
+def test_sequence_parallel_norms_run_on_the_sequence_shard():
+    full = CostModel(nemotron_like(sequence_parallel=False))
+    sp = CostModel(nemotron_like(sequence_parallel=True))
+    T, h, t = 4096, 18432, 8
+    # bias-dropout-add 3 passes + norm 2 passes (forward); norm 3 + dropout 2 (backward), bf16
+    assert full.norm.bytes == 5 * T * h * 2 and sp.norm.bytes == 5 * (T // t) * h * 2
+    assert sp.norm_bwd.bytes == 5 * (T // t) * h * 2
+    # the MLP activation runs on all tokens but this rank's f/t channels either way
+    assert sp.act.bytes == full.act.bytes == 3 * T * 73728 // t * 2
+    assert sp.fc1.flops == full.fc1.flops
+
+
+def test_context_parallel_elementwise_on_the_context_shard():
+    cp = CostModel(nemotron_like(cp=2, world_size=16, sequence_parallel=True))
+    T, h, t = 4096 // 2, 18432, 8
+    assert cp.norm.bytes == 5 * (T // t) * h * 2
+    # its s/cp queries against all s keys, causal half
+    assert cp.core.flops == 2 * T * 4096 * (2 * 96 * 192) // t // 2
+
+
+# -- model edges ----------------------------------------------------------------------------------
+
+def test_head_is_final_norm_gemm_and_fp32_cross_entropy_and_backward_does_not_repeat_it():
+    s = spec(sequence_parallel=True, tp=2, world_size=8, dp=4)
+    cost = CostModel(s)
+    T, h, v = 4096, 4096, 32000 // 2  # 32,000 is a multiple of 128*2: no padding
+    logits = T * v
+    assert cost.head.flops >= 2 * T * h * v
+    gemm_bytes = (T * h + h * v + T * v) * 2
+    # norm on the sequence shard; cross-entropy: bf16 read, 9 fp32 passes
+    assert cost.head.bytes == 2 * (T // 2) * h * 2 + gemm_bytes + logits * (2 + 9 * 4)
+    assert cost.head_dgrad.bytes == logits * (2 + 3 * 4) + gemm_bytes + 3 * (T // 2) * h * 2
+    assert cost.head_wgrad.bytes == gemm_bytes and cost.head_wgrad.flops == 2 * T * h * v
+
+
+def test_every_kernel_is_listed_once_with_kind_shape_and_dtype():
+    cost = CostModel(spec(arch="gpt", sequence_parallel=True, tp=2, world_size=8, dp=4))
+    kinds = {k.kind for k in cost.kernels}
+    assert {"gemm", "attention_fwd", "attention_bwd", "layernorm", "bias_dropout_add", "bias_gelu",
+            "cross_entropy", "embedding"} <= kinds
+    assert all(k.dtype == "bf16" for k in cost.kernels)
+    before = len(cost.kernels)
+    cost.optimizer(1000)
+    assert len(cost.kernels) == before + 1 and any(k.kind == "adam" and k.shape == (1000,) for k in cost.kernels)
+    # a node's cost is the sum of the kernels it names
+    attn = cost.attn_fwd
+    parts = [cost.kernels[k] for k in cost.kernels if k.kind in ("bias_dropout_add", "layernorm", "attention_fwd")]
+    assert attn.flops == sum(p.flops for p in parts) + cost.qkv.flops + cost.proj.flops

@@ -86,7 +86,7 @@ def test_simai_workload_accounts_for_the_stage(make_set, tmp_path, name):
     for n in nodes:
         if n.type == 7:
             a = attrs(n)
-            if a["dim"] in ("emb", "mp", "world", "tpep"):  # left out, with a note
+            if a["dim"] in ("emb", "mp", "world", "tpep", "tpepp"):  # left out, with a note
                 continue
             size = a["comm_size"] * (len(groups[a["pg_name"]]) if a["comm_type"] == 2 else 1)
             group = {"tp": "TP", "ep": "EP", "dp": "DP", "edp": "DP_EP"}[a["dim"]]
@@ -155,3 +155,33 @@ def test_simai_analytical_runs_the_workload(make_set, tmp_path, name):
     assert done.returncode == 0, done.stdout[-2000:]
     result = (root / "results" / f"{tag}EndToEnd.csv").read_text().splitlines()
     assert float(result[1].split(",")[-1]) > 0
+
+
+def test_lines_are_named_after_what_they_hold_and_step_work_is_not_bubble(make_set, tmp_path):
+    """Each micro-batch line is named after the forward collective that ends it; the end-of-step
+    lines (DP reductions, optimizer) are named embedding_layer, the one name SimAI's report
+    (Layer.cc) leaves out of its pipeline-bubble estimate."""
+    _, out, doc = make_set()
+    done = export(out, tmp_path / "s", "--stage", "1")
+    assert done.exit_code == 0, done.output
+    _, rows = parse(tmp_path / "s" / "workload.simai.txt")
+    nodes = read_trace(out / f"workload.{stage_rank(doc, 1)}.et").nodes
+    for mb in range(4):
+        forward = [n.name.split("/", 2)[2].replace("/", "_") for n in nodes
+                   if n.type == 7 and n.name.startswith(f"fwd/mb{mb}/")]
+        named = [r[0][len(f"mb{mb}_"):] for r in rows if r[0].startswith(f"mb{mb}_") and r[3] != "NONE"]
+        assert named == forward and forward, mb
+    step = [r for r in rows if r[0] == "embedding_layer"]
+    optimizer = next(n for n in nodes if n.name == "step/optimizer")
+    assert step == rows[:len(step)] and all(not r[0].startswith("embedding") for r in rows[len(step):])
+    assert any(1000 * optimizer.duration_micros in (int(r[5]), int(r[8])) for r in step)
+    assert sum(int(r[10]) for r in step) == sum(int(r[10]) for r in rows)  # all DP work is step work
+
+
+def test_pipeline_message_past_stoi_is_refused(make_set, tmp_path):
+    """SimAI parses pp_comm with std::stoi: b*s*h*2 = 131072*8192*2 = 2^31 bytes does not fit."""
+    _, out, _ = make_set(layers=2, hidden=8192, ffn_hidden=8192, heads=64, kv_heads=64, vocab=1024, seq_len=131072,
+                         tp=1, pp=2, dp=1, global_batch=1)
+    done = export(out, tmp_path / "s")
+    assert done.exit_code == 2 and "2,147,483,648 bytes" in done.output and "std::stoi" in done.output, done.output
+    assert not (tmp_path / "s").exists()

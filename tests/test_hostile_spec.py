@@ -54,9 +54,12 @@ def test_refused_before_planning(tmp_path, monkeypatch, case):
 
 def test_memory_past_the_gpu_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    done = invoke("generate", "-q", "-o", "out", "--vocab", "2000000000", "--hidden", "512")
+    args = ("generate", "-q", "-o", "out", "--vocab", "2000000000", "--hidden", "512")
+    one_line_error(invoke(*args), "stage", "GB per GPU", "h100", "--allow-oom")  # refused before writing
+    assert not Path("out").exists()
+    done = invoke(*args, "--allow-oom")
     assert done.exit_code == 0, done.stderr
-    assert "each GPU would hold" in done.stderr and "GB" in done.stderr and "h100" in done.stderr
+    assert "writing anyway (--allow-oom)" in done.stderr and "h100" in done.stderr and Path("out/manifest.json").exists()
 
 
 def test_pipeline_stages_are_linear_in_pp():

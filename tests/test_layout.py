@@ -11,7 +11,7 @@ from traceforge.emit.writer import write_trace_set
 from traceforge.layout import Layout
 from traceforge.spec import build_spec
 
-KIND_ORDER = ("tp", "pp", "dp", "emb", "mp")  # mp (tp x pp) comes after every older kind
+KIND_ORDER = ("tp", "pp", "dp", "emb", "mp", "world")  # mp (tp x pp), then world, after every older kind
 
 
 def groups_of(layout: Layout, kind: str) -> set[tuple[int, ...]]:
@@ -27,6 +27,11 @@ def mp_groups(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
     """Megatron's model-parallel group: the tp x pp ranks of one DP replica (equal dp)."""
     return {tuple(sorted(rank_of({"tp": t, "pp": p, "dp": d}, order, sizes)
                          for t in range(sizes["tp"]) for p in range(sizes["pp"]))) for d in range(sizes["dp"])}
+
+
+def world_group(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
+    """One group of every rank (the rerun state machine's check)."""
+    return {tuple(range(sizes["tp"] * sizes["pp"] * sizes["dp"]))}
 
 
 def emb_groups(order: str, sizes: dict[str, int]) -> set[tuple[int, ...]]:
@@ -109,7 +114,7 @@ def expected_ids(order: str, sizes: dict[str, int]) -> dict[str, dict[tuple[int,
     """README: group ids are >= 1, in kind order (tp, pp, dp, emb), then by first rank."""
     out, next_id = {}, 1
     for kind in KIND_ORDER:
-        special = {"emb": emb_groups, "mp": mp_groups}
+        special = {"emb": emb_groups, "mp": mp_groups, "world": world_group}
         groups = special[kind](order, sizes) if kind in special else expected_groups(order, sizes, kind)
         ordered = sorted(groups, key=lambda g: min(g))
         out[kind] = {g: next_id + i for i, g in enumerate(ordered)}
@@ -146,7 +151,7 @@ def test_comm_group_file_is_exactly_the_groups_used(sets, name):
     # Ids and members as README defines them; pp groups carry only p2p, so they take ids
     # but never appear in the file.
     ids = expected_ids(order, sizes)
-    expected = {i: g for kind in ("tp", "dp", "emb", "mp") for g, i in ids[kind].items()}
+    expected = {i: g for kind in ("tp", "dp", "emb", "mp", "world") for g, i in ids[kind].items()}
     assert {i: tuple(sorted(r)) for i, r in ts.groups.items()} == expected
 
 
@@ -159,6 +164,7 @@ def test_each_collective_names_the_ranks_own_group(sets, name):
         mine = {dim: next(g for g in expected_groups(order, sizes, dim) if rank in g) for dim in ("tp", "dp")}
         mine["emb"] = next((g for g in emb if rank in g), None)
         mine["mp"] = next(g for g in mp_groups(order, sizes) if rank in g)
+        mine["world"] = next(iter(world_group(order, sizes)))
         for n in nodes:
             if n.type == COLL:
                 assert tuple(sorted(ts.groups[n.group])) == mine[n.dim], (rank, n.name)

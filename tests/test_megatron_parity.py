@@ -192,7 +192,9 @@ def test_sync_collectives_groups_sizes_and_places(make_set):
     """Batch broadcast (megatron/core/utils.py get_batch_on_this_tp_rank) before the first
     compute of each forward on the first and last stage; grad norm (clip_grads.py) over the
     model-parallel group (tp x pp, parallel_state.py) before the optimizer; update-ok and
-    grad-norm max after it, and on the last stage the logging loss over DP (training.py)."""
+    grad-norm max after it, on the last stage the logging loss over DP, then the learning rate
+    over tp x pp (training.py); the rerun check over all ranks (rerun_state_machine.py) between
+    the last gradient traffic and the optimizer."""
     _, out, _ = make_set("demo")
     ts = load_set(out)
     bs = 512
@@ -207,11 +209,16 @@ def test_sync_collectives_groups_sizes_and_places(make_set):
             assert nxt.phase == "fwd" and nxt.mb == n.mb
         mp = colls(nodes, "mp")
         assert {ts.groups[n.group] for n in mp} == {ranks_at(ts, dp=c["dp"])}  # tp x pp of my replica
-        assert [n.size for n in mp] == [4, 4, 4]
+        assert [n.size for n in mp] == [4, 4, 4, 4]
+        assert [n.name.rsplit("_ar_", 1)[1] for n in mp] == ["grad_norm", "update_ok", "grad_norm_max", "learning_rate"]
         optimizer = next(n for n in nodes if n.type == COMP and n.phase == "step")
         assert mp[0].id < optimizer.id < mp[1].id
         loss = [n for n in colls(nodes, "dp", AR) if n.size == 8]
-        assert len(loss) == (1 if last else 0) and all(n.id > optimizer.id for n in loss)
+        assert len(loss) == (1 if last else 0) and all(mp[2].id < n.id < mp[3].id for n in loss)
+        rerun = colls(nodes, "world")
+        assert [(n.size, ts.groups[n.group]) for n in rerun] == [(4, tuple(range(8)))]
+        gradients = [n for n in nodes if n.type == COLL and n.dim in ("dp", "emb") and n.id < optimizer.id]
+        assert max(n.id for n in gradients) < rerun[0].id < mp[0].id
 
 
 def test_sharded_optimizer_reduces_statistics_over_every_rank_and_fp16_checks_found_inf(make_set):
@@ -223,20 +230,21 @@ def test_sharded_optimizer_reduces_statistics_over_every_rank_and_fp16_checks_fo
         for nodes in ts.nodes.values():
             world = colls(nodes, "world")
             assert {ts.groups[n.group] for n in world} == {tuple(range(8))}
-            assert [n.size for n in world] == [4] * before_optimizer
+            assert [n.size for n in world] == [4] * (1 + before_optimizer)  # the rerun check first
 
 
 def test_no_sync_collectives_removes_exactly_them(make_set):
-    """Per step, m = 4: stage 0 ranks lose 3 broadcasts per micro-batch and 3 mp AllReduces,
-    stage 1 ranks the same and the loss AllReduce; without the mask one broadcast fewer each."""
+    """Per step, m = 4: stage 0 ranks lose 3 broadcasts per micro-batch, 4 mp AllReduces and the
+    rerun check, stage 1 ranks the same and the loss AllReduce; without the mask one broadcast
+    fewer each."""
     m = 4
     _, on, doc_on = make_set("demo")
     _, off, doc_off = make_set("demo", sync_collectives=False)
     _, nomask, doc_nomask = make_set("demo", attention_mask_in_dataloader=False)
-    assert doc_on["totals"]["nodes"] - doc_off["totals"]["nodes"] == 4 * (3 * m + 3) + 4 * (3 * m + 4)
+    assert doc_on["totals"]["nodes"] - doc_off["totals"]["nodes"] == 4 * (3 * m + 5) + 4 * (3 * m + 6)
     assert doc_on["totals"]["nodes"] - doc_nomask["totals"]["nodes"] == 8 * m
     ts = load_set(off)
-    assert not [n for nodes in ts.nodes.values() for n in nodes if "bcast" in n.name or n.dim == "mp"]
+    assert not [n for nodes in ts.nodes.values() for n in nodes if "bcast" in n.name or n.dim in ("mp", "world")]
 
 
 def test_single_stage_broadcasts_all_five_tensors(make_set):
@@ -293,3 +301,57 @@ def test_new_traffic_runs_to_completion_in_both_replay_models(make_set, extra):
     _, out, _ = make_set("demo", **extra)
     for model in ("general", "astra-sim"):
         assert check_trace_set(out, model=model, jobs=1).findings == [], model
+
+
+def test_moe_expert_optimizer_reduces_its_own_statistics(make_set):
+    """optimizer/__init__.py get_megatron_optimizer: expert parameters get their own optimizer,
+    chained to the dense one (ChainedOptimizer, optimizer.py). prepare_grads checks found-inf per
+    optimizer over its statistics group; get_grad_norm reduces once when both share the group
+    (distributed optimizer: the same dist-opt group) and once per optimizer otherwise, the expert
+    one over the expert grid's tp-ep-pp group (parallel_state.py)."""
+    moe = dict(arch="llama", layers=4, hidden=256, ffn_hidden=512, heads=8, kv_heads=8, vocab=1000, seq_len=256,
+               tied_embeddings=False, experts=8, top_k=2, tp=2, sequence_parallel=True, pp=2, dp=4, ep=2,
+               order="megatron", num_microbatches=2)
+    # Megatron order tp-cp-ep-dp-pp: rank = tp + 2*(ep + 2*edp) + 8*pp, so the tp x ep x pp
+    # groups of the expert grid are the 8 ranks of equal expert-data-parallel coordinate edp.
+    def tpepp(rank: int) -> tuple[int, ...]:
+        return tuple(r for r in range(16) if (r // 4) % 2 == (rank // 4) % 2)
+
+    def mp(rank: int) -> tuple[int, ...]:  # tp x pp of the dense grid: equal dp = (rank // 2) % 4
+        return tuple(r for r in range(16) if (r // 2) % 4 == (rank // 2) % 4)
+
+    everyone = tuple(range(16))
+    cases = {  # (dp_mode, dtype) -> [(name, group)] before the optimizer, in order
+        ("ddp", "bf16"): lambda r: [("grad_norm", mp(r)), ("grad_norm_experts", tpepp(r))],
+        ("ddp", "fp16"): lambda r: [("found_inf", mp(r)), ("found_inf_experts", tpepp(r)),
+                                    ("grad_norm", mp(r)), ("grad_norm_experts", tpepp(r))],
+        ("dist-opt", "bf16"): lambda r: [("grad_norm", everyone)],
+        ("dist-opt", "fp16"): lambda r: [("found_inf", everyone), ("found_inf_experts", everyone),
+                                         ("grad_norm", everyone)],
+    }
+    for (mode, dtype), expected in cases.items():
+        _, out, _ = make_set("demo", **moe, dp_mode=mode, dtype=dtype)
+        ts = load_set(out)
+        for rank, nodes in ts.nodes.items():
+            optimizer = next(n for n in nodes if n.type == COMP and n.phase == "step")
+            stats = [n for n in nodes if n.type == COLL and n.size == 4 and n.id < optimizer.id
+                     and n.name.split("_ar_")[-1] != "rerun_check"]
+            got = [(n.name.split("_ar_")[-1], tuple(sorted(ts.groups[n.group]))) for n in stats]
+            assert got == expected(rank), (mode, dtype, rank)
+
+
+def test_learned_position_table_has_max_position_embeddings_rows(make_set):
+    """language_module/gpt_model.py: LanguageModelEmbedding's position table is
+    max_position_embeddings x h (replicated over TP), so stage 0's DP gradient AllReduce grows by
+    (1024 - 512) * 512 fp32 gradients when the table has 1024 rows for 512-token sequences."""
+    _, base, _ = make_set("demo")
+    _, wide, doc = make_set("demo", max_position_embeddings=1024)
+    assert doc["spec"]["max_position_embeddings"] == 1024
+    a, b = load_set(base), load_set(wide)
+    for rank in range(8):
+        grads = [sum(n.size for n in colls(ts.nodes[rank], "dp", AR) if n.size > 8) for ts in (a, b)]
+        stage0 = coords(a, rank)["pp"] == 0
+        assert grads[1] - grads[0] == ((1024 - 512) * 512 * 4 if stage0 else 0), rank
+    with pytest.raises(SpecError, match="at least seq_len"):
+        build_spec("demo", overrides=dict(max_position_embeddings=511))
+    assert build_spec("demo", overrides=dict(seq_len=1024)).max_position_embeddings == 1024  # follows seq_len

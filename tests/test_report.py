@@ -368,7 +368,7 @@ def test_sync_collectives_in_report(make_set):
     broadcasts, written as AllGathers of ceil(N/t) bytes per rank (stage 0: tokens and position
     ids, int64, b*s*8 = 4,096 B, and the b*s*s bool attention mask, 262,144 B; stage 1: labels,
     the fp32 loss mask 2,048 B, and the mask), 4 micro-batches; the model-parallel group
-    (tp x pp, 4 ranks) gets the grad-norm, update-ok and grad-norm-max AllReduces of 4 B; the
+    (tp x pp, 4 ranks) gets the grad-norm, update-ok, grad-norm-max and learning-rate AllReduces of 4 B; the
     last stage's DP group the logging loss, 8 B."""
     _, out, _ = make_set()
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
@@ -378,7 +378,7 @@ def test_sync_collectives_in_report(make_set):
         tp = report.dim("tp").rows[rank]
         assert tp.bytes_by_type["AllGather"] == M * sum(n // 2 for n in bcast)
         mp = report.dim("mp").rows[rank]
-        assert (mp.ops, mp.bytes_by_type) == (3, {"AllReduce": 12})
+        assert (mp.ops, mp.bytes_by_type) == (4, {"AllReduce": 16})
         dp = report.dim("dp").rows[rank]
         assert dp.ops == (1 if stage == 0 else 2)
     assert report.dim("mp").group_sizes == {4}

@@ -46,8 +46,13 @@ def test_merge_names_the_missing_shard(tmp_path):
 
 
 def test_merge_refuses_mixed_specs(tmp_path):
+    other = build_spec("demo", overrides={**SPEC, "dp_mode": "zero1"})
     write_shard(build_spec("demo", overrides=SPEC), tmp_path, 0, 2)
-    write_shard(build_spec("demo", overrides={**SPEC, "dp_mode": "zero1"}), tmp_path, 1, 2)
+    with pytest.raises(UserError, match="another spec"):  # refused when written into one folder
+        write_shard(other, tmp_path, 1, 2)
+    write_shard(other, tmp_path / "elsewhere", 1, 2)
+    for path in (tmp_path / "elsewhere").iterdir():  # ... and when copied together afterwards
+        path.rename(tmp_path / path.name)
     with pytest.raises(UserError, match="different spec"):
         merge_shards(tmp_path)
 

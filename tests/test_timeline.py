@@ -79,7 +79,7 @@ def test_one_send_or_collective_in_flight_per_rank(tmp_path):
     r0 = [node(0, SEND, comm_src=0, comm_dst=1, comm_size=1_000_000, comm_tag=1), node(1, COLL, **ar)]
     r1 = [node(0, RECV, comm_src=0, comm_dst=1, comm_size=1_000_000, comm_tag=1), node(1, COLL, **ar)]
     d = write_set(tmp_path / "s", [r0, r1], {"1": [0, 1]})
-    report = build_report(d, gpus_per_node=1, link=LINK, jobs=1)
+    report = build_report(d, gpus_per_node=1, link=LINK, jobs=1, estimate="astra-sim")
     rep = report.replay
     c0, c1 = rep.color
     assert rep.issue[c0][1] == pytest.approx(1002) and rep.issue[c1][1] == pytest.approx(0)

@@ -301,6 +301,9 @@ class M:
             # With per-unit sharding (zero3) only this rank's shard of the gradient is left.
             shards = self.d if self.mode == "zero3" else 1
             out.append(("emb", "ALL_REDUCE", -(-self.Vp // self.t * self.h * self.g // shards)))
+        if self.sync and self.t * self.p * self.d > 1:
+            # The rerun state machine's validate_results check: one int32 over every rank.
+            out.append(("world", "ALL_REDUCE", 4))
         if self.sync:
             # Gradient statistics (optimizer.py, clip_grads.py): found-inf only with fp16 loss
             # scaling, then the squared norm, one fp32 each, over the model-parallel group
@@ -316,6 +319,8 @@ class M:
             # the last stage's logging loss, [sum, tokens] in fp32, over DP.
             out += [("mp", "ALL_REDUCE", 4)] * 2 if self.t * self.p > 1 else []
             out += [("dp", "ALL_REDUCE", 8)] if self.d > 1 and stage == self.p - 1 else []
+            # training_log: the learning rate, fp32 MAX over the model-parallel group.
+            out += [("mp", "ALL_REDUCE", 4)] if self.t * self.p > 1 else []
         return out
 
     def p2p_per_step(self, rank: int, stage: int) -> Counter:
@@ -478,9 +483,11 @@ def test_demo_literal_numbers(sets):
     # Synchronising collectives: per micro-batch TP rank 0 broadcasts (an AllGather of N/2 B from
     #   each rank) tokens and position ids, 512 int64 = 4,096 B, on stage 0; labels (4,096 B) and
     #   the fp32 loss mask (2,048 B) on stage 1; the 512x512 bool attention mask (262,144 B) on
-    #   both. Per step: grad norm, update-ok, grad-norm max, 4 B each, over tp x pp (4 ranks);
-    #   stage 1 also reduces the logging loss (2 fp32) over DP.
-    mp = ("mp", "ALL_REDUCE"), (3, 12)
+    #   both. Per step: grad norm, update-ok, grad-norm max and learning rate, 4 B each, over
+    #   tp x pp (4 ranks); the rerun check, one int32 over all 8 ranks; stage 1 also reduces the
+    #   logging loss (2 fp32) over DP.
+    mp = ("mp", "ALL_REDUCE"), (4, 16)
+    world = ("world", "ALL_REDUCE"), (1, 4)
     for rank in (0, 1, 4, 5):
         got = collective_totals(ts.nodes[rank])
         assert got == {
@@ -489,6 +496,7 @@ def test_demo_literal_numbers(sets):
             ("dp", "ALL_REDUCE"): (1, 3_679_744 * 4),
             ("emb", "ALL_REDUCE"): (1, 512 * 512 * 4),
             mp[0]: mp[1],
+            world[0]: world[1],
         }, rank
         assert p2p_counter(rank, ts.nodes[rank]) == {("send", "fwd", rank + 2, act): 4, ("recv", "bwd", rank + 2, act): 4}
     for rank in (2, 3, 6, 7):
@@ -499,6 +507,7 @@ def test_demo_literal_numbers(sets):
             ("dp", "ALL_REDUCE"): (2, 3_418_624 * 4 + 8),
             ("emb", "ALL_REDUCE"): (1, 512 * 512 * 4),
             mp[0]: mp[1],
+            world[0]: world[1],
         }, rank
         assert p2p_counter(rank, ts.nodes[rank]) == {("recv", "fwd", rank - 2, act): 4, ("send", "bwd", rank - 2, act): 4}
 

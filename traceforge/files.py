@@ -6,8 +6,10 @@ loop is not "missing". Every refusal names the path and what it is instead.
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
+from typing import NoReturn
 
 from traceforge.errors import UserError
 
@@ -45,3 +47,66 @@ def read_regular_file(path: Path, what: str, limit: int, fix: str, error: type[U
         raise error(f"{what} {path} is {size:,} bytes, more than the {limit:,} it can be: {fix}")
     with open(path, "rb") as f:
         return f.read(limit + 1)
+
+
+INT64_MAX = (1 << 63) - 1  # simulators count time in signed/unsigned 64-bit ticks
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_FILE_BYTES,
+              error: type[UserError] = UserError) -> object:
+    """A JSON file through the one bounded reader: a regular file, at most ``limit`` bytes, UTF-8,
+    nesting no deeper than Python's parser takes (100,000-deep brackets are one line, not a
+    RecursionError), and no NaN or Infinity (not JSON, and no count or time is one)."""
+    data = read_regular_file(path, what, limit, fix, error)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise error(f"{what} {path}: JSON nested too deeply to be a {what}; {fix}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise error(f"{what} {path}: not valid JSON ({' '.join(str(exc).split())[:200]}); {fix}") from None
+
+
+class Fields:
+    """The schema check of a side file's fields: every value a reader uses is checked for its
+    type and range here, and a wrong one is one line naming the file and the field."""
+
+    def __init__(self, path: Path | str, fix: str, error: type[UserError] = UserError) -> None:
+        self.path, self.fix, self.error = path, fix, error
+
+    def fail(self, where: str, value: object, expected: str) -> NoReturn:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise self.error(f"{self.path}: {where} is {shown}, expected {expected}; {self.fix}")
+
+    def mapping(self, value: object, where: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, value, "an object")
+        return value
+
+    def items(self, value: object, where: str) -> list:
+        if not isinstance(value, list):
+            self.fail(where, value, "a list")
+        return value
+
+    def text(self, value: object, where: str, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            self.fail(where, value, "a string")
+        return value
+
+    def whole(self, value: object, where: str, low: int = 0, high: int = INT64_MAX) -> int:
+        """An integer (not a bool, not a float) in [low, high]."""
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(where, value, f"a whole number in {low:,}..{high:,}")
+        return value
+
+    def number(self, value: object, where: str, low: float = 0.0, high: float = float(INT64_MAX)) -> float:
+        """A finite number in [low, high]."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            self.fail(where, value, f"a number in {low:g}..{high:g}")
+        return float(value)

@@ -71,13 +71,32 @@ GPUS = {
 DEFAULT_FLAT_EFFICIENCY = 0.5
 
 
-def wave_efficiency(m: int, n: int, cal: Calibration) -> float:
-    """The fraction of the SMs' tile work that is useful for an m x n GEMM output, with the best
-    of the calibration's tiles: ceil(m/tm)*ceil(n/tn) tiles run in waves of `sms`; the last wave
-    and the tiles' overhang past m and n are idle work."""
+def wave_efficiency(m: int, n: int, cal: Calibration, batch: int = 1) -> float:
+    """The fraction of the SMs' tile work that is useful for `batch` m x n GEMM outputs, with the
+    best of the calibration's tiles: batch*ceil(m/tm)*ceil(n/tn) tiles run in waves of `sms`; the
+    last wave and the tiles' overhang past m and n are idle work."""
     best = 0.0
     for tm, tn, rel in cal.tiles:
-        tiles = -(-m // tm) * -(-n // tn)
+        tiles = batch * -(-m // tm) * -(-n // tn)
         waves = -(-tiles // cal.sms)
-        best = max(best, rel * (m * n) / (waves * cal.sms * tm * tn))
+        best = max(best, rel * (batch * m * n) / (waves * cal.sms * tm * tn))
     return best
+
+
+# -- FP8 (TransformerEngine --fp8): the GPUs with FP8 tensor cores -------------------------------
+# Dense FP8 peak (NVIDIA H100/H200 SXM datasheets: 1,979 TFLOP/s; B200: 4,500) and the fraction
+# of it a large FP8 GEMM sustains: 8192x8192x8192 on H800 SXM (the same FP8 peak) runs at
+# 1,461-1,507 TFLOP/s (tile-ai/tilelang benchmark/matmul_fp8), DeepGEMM at up to 1,550.
+# Wave quantization applies as for bf16 (the same tiles). Only the GPUs listed here take --fp8.
+
+@dataclass(frozen=True)
+class Fp8:
+    peak_tflops: float
+    gemm: float
+
+
+FP8 = {
+    "h100": Fp8(peak_tflops=1979.0, gemm=0.74),
+    "h200": Fp8(peak_tflops=1979.0, gemm=0.74),
+    "b200": Fp8(peak_tflops=4500.0, gemm=0.70),
+}

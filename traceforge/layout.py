@@ -29,7 +29,9 @@ from traceforge.spec import KNOWN_DIMS, Spec
 # expert grid (the MoE dispatcher's routing-count AllGather).
 # epx/epn: node-limited routing's two-step dispatch, the EP group cut into G routing groups (nodes)
 # of ep/G consecutive EP ranks: epn the ranks of one node, epx the ranks at one position of every node.
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn")
+# tpepp: tp x ep x pp of the expert grid (parallel_state.py 'tp-ep-pp'), where the expert optimizer
+# of a replicated (ddp) optimizer reduces its gradient statistics.
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn", "tpepp")
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class Layout:
             blocks = ep_rows.reshape(len(ep_rows), self.ep_groups, -1)  # (groups, nodes, per node)
             rows = blocks.reshape(-1, blocks.shape[2]) if kind == "epn" else blocks.transpose(0, 2, 1).reshape(-1, self.ep_groups)
             return rows[np.argsort(rows[:, 0], kind="stable")]
-        return self.expert.rows({"ep": ("ep",), "edp": ("dp",), "tpep": ("tp", "ep")}[kind])
+        return self.expert.rows({"ep": ("ep",), "edp": ("dp",), "tpep": ("tp", "ep"), "tpepp": ("tp", "ep", "pp")}[kind])
 
     @cached_property
     def group_rows(self) -> dict[str, tuple[int, np.ndarray]]:
@@ -199,6 +201,11 @@ class Layout:
     def context_peers(self) -> tuple[np.ndarray, np.ndarray]:
         """(next, prev) in each rank's context-parallel ring."""
         return self._ring("cp")
+
+    @cached_property
+    def tensor_peers(self) -> tuple[np.ndarray, np.ndarray]:
+        """(next, prev) in each rank's tensor-parallel ring."""
+        return self._ring("tp")
 
     @cached_property
     def ep_peers(self) -> np.ndarray:

@@ -227,7 +227,7 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
     final_norm = 2 * h if spec.arch == "gpt" else h
     embedding = 0
     if first:
-        positions = spec.seq_len * h if spec.arch == "gpt" else 0  # learned, replicated
+        positions = spec.max_position_embeddings * h if spec.arch == "gpt" else 0  # learned, replicated
         embedding = word + positions
     head = 0
     if last:
@@ -251,7 +251,7 @@ def total_params(spec: Spec) -> int:
         n += lp.split + lp.replicated + lp.expert * spec.ep
     n += spec.vocab * h + (2 * h if spec.arch == "gpt" else h)  # word embedding, final norm
     if spec.arch == "gpt":
-        n += spec.seq_len * h
+        n += spec.max_position_embeddings * h
     if not spec.tied_embeddings:
         n += spec.vocab * h
     return n
@@ -327,7 +327,7 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
     if chunk.first:
         out.append(("embed", Param("word_embeddings", word, shared_embedding=shared)))
         if spec.arch == "gpt":
-            out.append(("embed", Param("position_embeddings", spec.seq_len * h)))
+            out.append(("embed", Param("position_embeddings", spec.max_position_embeddings * h)))
     for layer in chunk.layers:
         out += [(f"L{layer}", p) for p in layer_param_list(spec, layer)]
     if chunk.last:
@@ -337,32 +337,3 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
         if not (spec.tied_embeddings and spec.pp == 1):  # tied with p == 1: the embedding serves
             out.append(("head", Param("output_layer", word, shared_embedding=shared)))
     return out
-# GPU memory, GB (vendors' datasheets, SXM parts): what a rank's model state is compared to.
-GPU_MEMORY_GB = {"h100": 80, "h200": 141, "a100": 80, "b200": 192}
-# Past this multiple of the GPU's memory (or 64 TiB for a custom GPU) a spec is a mistake.
-ABSURD_MEMORY_FACTOR = 1000
-
-
-def rank_state_bytes(spec: Spec) -> int:
-    """Weights and gradients one rank holds on its largest stage, plus one micro-batch's hidden
-    states (optimizer state and activations kept for backward come on top)."""
-    largest = max(stage_params(spec, s).total + stage_params(spec, s).expert_total for s in range(spec.pp))
-    sharded = spec.dp_mode in ("zero3", "hsdp")
-    weights = largest // spec.dp if sharded else largest
-    return weights * (spec.act_bytes + spec.grad_bytes) + activation_bytes(spec)
-
-
-def memory_notes(spec: Spec) -> list[str]:
-    """A note when a rank's weights and gradients alone exceed the GPU's memory; a SpecError
-    when they exceed it absurdly (a typo such as --vocab 10**12)."""
-    from traceforge.errors import SpecError
-
-    held = rank_state_bytes(spec)
-    memory = GPU_MEMORY_GB.get(spec.gpu)
-    limit = (memory * 1e9 if memory else 64 * 2**40) * (ABSURD_MEMORY_FACTOR if memory else 1)
-    what = f"each GPU would hold {held / 1e9:,.1f} GB of weights, gradients and one micro-batch's activations"
-    if held > limit:
-        raise SpecError(f"{what}, far beyond any GPU: check --vocab, --hidden, --ffn-hidden and --layers, or raise --tp/--pp")
-    if memory and held > memory * 1e9:
-        return [f"{what}, more than the {spec.gpu}'s {memory} GB: raise --tp/--pp or shard with --dp-mode"]
-    return []

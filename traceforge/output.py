@@ -24,7 +24,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from traceforge.errors import UserError
@@ -36,7 +36,11 @@ _RENAME_EXCHANGE = 2
 # What a report or an export writes (report.json marks a report; <prefix>.<rank>.json an export).
 _REPORT_MARK = "report.json"
 _EXPORT_FILE = re.compile(r"^.+\.[0-9]+\.json$", re.ASCII)
+_ONE_FILE_EXPORT = re.compile(r"^[^.].*\.(goal|simai\.txt)$", re.ASCII)  # export --format goal|simai
 _SHARD_FILE = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
+# What a simulator run leaves in its logging folder (ASTRA-sim's spdlog files, our tee of its
+# output, the trace-enabled system input, htsim's output): `simulate --log-dir` replaces only these.
+_SIMULATOR_LOG = re.compile(r"^(stdout\.txt|(log|err)(\.[0-9]+)?\.log|astra_system\.trace\.json|htsim\.dat)$", re.ASCII)
 
 
 def _within(path: Path, ancestor: Path) -> bool:
@@ -71,7 +75,15 @@ def is_traceforge_output(directory: Path) -> bool:
         return True
     if _REPORT_MARK in names and (directory / "traffic_by_dimension.csv").is_file():
         return True
+    if len(names) == 1 and _ONE_FILE_EXPORT.match(names[0]):
+        return True
     return bool(names) and all(n == COMM_GROUP_FILE or _EXPORT_FILE.match(n) for n in names)
+
+
+def is_simulator_log(directory: Path) -> bool:
+    """True when a directory holds only what a simulator run writes into its logging folder."""
+    names = [p.name for p in directory.iterdir()]
+    return bool(names) and all(_SIMULATOR_LOG.match(n) and (directory / n).is_file() for n in names)
 
 
 def _protected(target: Path) -> str | None:
@@ -86,13 +98,21 @@ def _protected(target: Path) -> str | None:
     return None
 
 
-def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = ()) -> Path:
+def _stale_pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(_temp_stem(target))}\.(?P<kind>partial|old)-(?P<pid>[0-9]+)$")
+
+
+def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (),
+                     replaces: Callable[[Path], bool] = is_traceforge_output) -> Path:
     """Refuse an OUT we must not write or replace; return the real directory to write (a
-    symlink to a directory is written through)."""
+    symlink to a directory is written through). First, whatever the answer, what a killed run
+    left beside OUT is cleaned up: its partial output goes, an old set comes back."""
     out = Path(out)
+    target = out.resolve()
+    with contextlib.suppress(OSError):  # a parent we cannot list is refused below, or by the write
+        remove_stale(target.parent, _stale_pattern(target), target)
     if out.exists() and not out.is_dir():
         raise UserError(f"output path {out} exists and is not a directory: choose another -o/--out")
-    target = out.resolve()
     why = _protected(target)
     if why:
         raise UserError(f"output directory {out} is {why}: choose a new directory for -o/--out")
@@ -102,7 +122,7 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = ()) -> Pat
     if target.is_dir() and any(target.iterdir()):
         if not force:
             raise UserError(f"output directory {out} is not empty: choose another -o/--out, or pass --force to replace it")
-        if not is_traceforge_output(target):
+        if not replaces(target):
             raise UserError(f"output directory {out} holds files traceforge did not write; --force only replaces a "
                             "trace set, report or export of ours: choose another -o/--out")
     return target
@@ -159,14 +179,13 @@ def _commit(tmp: Path, target: Path, force: bool, out: Path, trash: Path) -> Non
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_bytes: int = 0) -> Iterator[Path]:
-    """Yield a hidden directory to write; move it to OUT when the block completes."""
+def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_bytes: int = 0,
+                      replaces: Callable[[Path], bool] = is_traceforge_output) -> Iterator[Path]:
+    """Yield a hidden directory to write; move it to OUT when the block completes. ``replaces``
+    recognizes what --force may replace (by default any output of ours)."""
     out = Path(out)
-    real = out.resolve()
-    stem = _temp_stem(real)
-    # First what a killed run left beside OUT: its partial output goes, an old set comes back.
-    remove_stale(real.parent, re.compile(rf"^{re.escape(stem)}\.(?P<kind>partial|old)-(?P<pid>[0-9]+)$"), real)
-    target = check_output_dir(out, force, inputs)
+    target = check_output_dir(out, force, inputs, replaces)
+    stem = _temp_stem(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     if need_bytes:
         free = shutil.disk_usage(target.parent).free
@@ -186,3 +205,90 @@ def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_
             trash.rename(target)  # a failed --force run keeps the old OUT
         raise
 
+
+
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$", re.ASCII)
+
+
+def check_prefix(prefix: str) -> None:
+    """A trace-file prefix is a plain name every tool (ours, ASTRA-sim's, a shell) reads back:
+    letters, digits, _ . + -, so `<prefix>.<rank>.et` can only land inside OUT."""
+    if not _PREFIX.match(prefix):
+        raise UserError(f"--prefix {prefix!r} must be 1-200 letters, digits, '_', '.', '+' or '-' "
+                        "(not starting with '.', '+' or '-')")
+
+
+def check_output_file(path: Path, is_ours: Callable[[Path], bool], inputs: Iterable[Path] = (),
+                      own_names: Iterable[str] = (), flag: str = "-o/--out") -> Path:
+    """Refuse a file we must not write: anything but a regular file, a file traceforge did not
+    write (``is_ours`` recognizes one of this command's own), and inside an input directory any
+    name but the command's own (``own_names``): a set's rank files and manifest stay as they are."""
+    path = Path(path)
+    real = path.resolve()
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        raise UserError(f"{flag} {path} exists and is not a regular file: choose another path")
+    if not real.parent.is_dir():
+        raise UserError(f"{flag} {path}: no such directory {path.parent}; create it or choose another path")
+    for source in inputs:
+        source = Path(source).resolve()
+        if _within(real, source) and not (real.parent == source and real.name in set(own_names)):
+            raise UserError(f"{flag} {path} is inside the input {source}, which it would change: write it elsewhere"
+                            + (f" or as {source / next(iter(own_names))}" if own_names else ""))
+    if real.exists():
+        try:
+            ours = is_ours(real)
+        except OSError:
+            ours = False
+        if not ours:
+            raise UserError(f"{flag} {path} exists and traceforge did not write it: choose another path")
+    return real
+
+
+def write_output_file(path: Path, text: str, is_ours: Callable[[Path], bool], inputs: Iterable[Path] = (),
+                      own_names: Iterable[str] = (), flag: str = "-o/--out") -> Path:
+    """Write one output file all or nothing (a hidden sibling, renamed over it at the end),
+    after check_output_file."""
+    real = check_output_file(path, is_ours, inputs, own_names, flag)
+    stem = _temp_stem(real)
+    remove_stale(real.parent, re.compile(rf"^{re.escape(stem)}\.(?P<kind>partial)-(?P<pid>[0-9]+)$"))
+    tmp = real.parent / f"{stem}.partial-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return real
+
+
+def check_shard_dir(out: Path, force: bool, rank_files: Iterable[str], listed: Collection[str],
+                    other_spec: str | None) -> Path:
+    """The output rule for `generate --shard K/N -o OUT`. Shards share OUT, so it may hold other
+    shards' files, but it is never home, `/`, cwd or a parent of one; a rank file this shard writes
+    replaces only one a manifest of ours in OUT lists (``listed``), and only with --force; and
+    shards of two specs never mix: ``other_spec`` names a manifest in OUT written with another
+    spec, which refuses the shard with or without --force."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path {out} exists and is not a directory: choose another -o/--out")
+    target = out.resolve()
+    why = _protected(target)
+    if why:
+        raise UserError(f"output directory {out} is {why}: choose a new directory for -o/--out")
+    if other_spec is not None:
+        raise UserError(f"{other_spec} was written with another spec or prefix; shards of two specs never share "
+                        "a folder: choose another -o/--out, or remove that set first")
+    if not target.is_dir():
+        return target
+    for name in rank_files:
+        path = target / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if not path.is_file() or name not in listed:
+            raise UserError(f"{path} exists and traceforge did not write it; a shard never replaces another tool's "
+                            "files: choose another -o/--out")
+        if not force:
+            raise UserError(f"{path} exists: this shard was written already; pass --force to write it again")
+    return target

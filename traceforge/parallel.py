@@ -1,19 +1,26 @@
-"""One way to fan work out to processes, and one default worker count.
+"""One way to fan work out to processes, one rule for every child process, one default worker count.
+
+Every child traceforge starts (these workers, a simulator) runs in its own process group and is
+killed with its whole group when the run ends early (an error, Ctrl-C, SIGTERM, SIGHUP): a
+terminal's signal to our group never reaches a child half-way, and nothing a child started
+outlives us. Workers also die with their parent (Linux: PR_SET_PDEATHSIG), even on kill -9.
 
 Workers are forked (they inherit the caller's module state: planned programs, open sets), so
-callers put what the workers need in a module global before calling ``fan_out``. Workers
-ignore Ctrl-C and die with their parent (Linux: PR_SET_PDEATHSIG); when the parent stops
-early (an error, Ctrl-C, SIGTERM) the pool is terminated at once instead of draining its
-queue, so no chunk is written after the run gave up.
+callers put what the workers need in a module global before calling ``fan_out``. Each worker
+has its own pipe and takes one item at a time: no lock is shared between processes, so a
+worker that dies at any instant (a signal, the OOM killer) cannot hang the others or the
+parent, as a dead worker holding multiprocessing.Pool's queue lock hangs Pool.terminate().
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
 from typing import TypeVar
 
 from traceforge.errors import UserError
@@ -22,6 +29,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _PR_SET_PDEATHSIG = 1
+AHEAD = 4  # items dispatched per worker beyond the next result due: bounds the results held for order
 
 
 def cores() -> int:
@@ -41,26 +49,116 @@ def resolve_jobs(jobs: int | None, flag: str = "--jobs") -> int:
     return min(jobs, cores())
 
 
-def _init_worker(then: Callable[[], None] | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:  # die with the parent, even on kill -9 (Linux only; elsewhere best effort)
+def kill_group(pgid: int) -> None:
+    """SIGKILL a child's whole process group (the child and whatever it started); gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def die_with_parent() -> None:
+    """In a child: the kernel kills us when the parent dies, even by kill -9 (Linux; elsewhere
+    best effort)."""
+    try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _init_worker(then: Callable[[], None] | None = None) -> None:
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # our own group (the parent sets it too: whichever runs first)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it kills us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    die_with_parent()
     if then is not None:
         then()
+
+
+def _worker(conn: Connection, func: Callable, initializer: Callable[[], None] | None) -> None:
+    _init_worker(initializer)
+    while True:
+        try:
+            item = conn.recv()
+        except (EOFError, OSError):  # the parent is done with us
+            return
+        try:
+            reply = ("ok", func(item))
+        except BaseException as exc:  # the parent re-raises it
+            reply = ("error", exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # a result or an exception that does not pickle
+            conn.send(("error", RuntimeError(f"a worker's answer could not be sent back: {exc!r}")))
 
 
 def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
             initializer: Callable[[], None] | None = None) -> Iterator[R]:
     """func over items in ``jobs`` forked processes, results in item order; ``initializer`` runs
-    once in each worker first. Stopping the iteration early, or any exception in the caller,
-    kills the workers at once."""
-    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_init_worker, initargs=(initializer,))
+    once in each worker first. A worker's exception is raised here; a worker that dies is an
+    error naming its exit; stopping the iteration early, or any exception in the caller, kills
+    every worker's process group at once."""
+    ctx = multiprocessing.get_context("fork")
+    workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
     try:
-        yield from pool.imap(func, items)
+        for _ in range(max(1, jobs)):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(theirs, func, initializer), daemon=True)
+            proc.start()
+            theirs.close()
+            pid = proc.pid
+            assert pid is not None  # started
+            with contextlib.suppress(OSError):  # the child may have done it, or already exited
+                os.setpgid(pid, pid)
+            workers.append((proc, mine))
+        yield from _dispatch(items, workers)
     finally:  # done, failed or abandoned: every result is in, or none is wanted any more
-        pool.terminate()
-        pool.join()
+        for child, conn in workers:
+            if child.pid is not None:
+                kill_group(child.pid)
+            conn.close()
+        for child, _ in workers:
+            child.join()
+
+
+def _dispatch(items: Iterable[T], workers: list) -> Iterator:
+    source = iter(items)
+    idle = [conn for _, conn in workers]
+    proc_of = {id(conn): proc for proc, conn in workers}
+    busy: dict[int, tuple[Connection, int]] = {}  # id(conn) -> (conn, item index)
+    done: dict[int, object] = {}
+    sent = due = 0
+    exhausted = False
+    while True:
+        while idle and not exhausted and sent < due + AHEAD * len(workers):
+            try:
+                item = next(source)
+            except StopIteration:
+                exhausted = True
+                break
+            conn = idle.pop()
+            conn.send(item)
+            busy[id(conn)] = (conn, sent)
+            sent += 1
+        if due in done:
+            yield done.pop(due)
+            due += 1
+            continue
+        if not busy:
+            return
+        for conn in wait([c for c, _ in busy.values()]):
+            assert isinstance(conn, Connection)
+            try:
+                kind, value = conn.recv()
+            except (EOFError, OSError):
+                proc = proc_of[id(conn)]
+                proc.join(1)
+                how = f"signal {-proc.exitcode}" if proc.exitcode and proc.exitcode < 0 else f"exit {proc.exitcode}"
+                raise UserError(f"a worker process died ({how}); nothing was written: rerun, or lower --jobs "
+                                "if the machine ran out of memory") from None
+            _, index = busy.pop(id(conn))
+            idle.append(conn)
+            if kind == "error":
+                raise value
+            done[index] = value

@@ -84,6 +84,7 @@ FIELDS: tuple[Field, ...] = (
     Field("v_head_dim", int, "MLA: per-head value channels (default 128).", minimum=0),
     Field("vocab", int, "Vocabulary size (padded to a multiple of 128*tp, as Megatron does)."),
     Field("seq_len", int, "Sequence length s in tokens."),
+    Field("max_position_embeddings", int, "Rows of a gpt model's learned position-embedding table, Megatron's --max-position-embeddings (default seq_len; at least seq_len; no parameters with llama's rotary embeddings)."),
     Field("tied_embeddings", bool, "Share input embedding and LM head weights (default: gpt yes, llama no).",
           bool_flags=("--tied-embeddings", "--untied-embeddings")),
     # parallelism
@@ -165,6 +166,13 @@ FIELDS: tuple[Field, ...] = (
           ("flash", "unfused")),
     Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom).",
           minimum=1e-3, maximum=1),
+    # measured kernel times and TransformerEngine's overlap and FP8 (docs/kernel-times.md, docs/traffic-model.md)
+    Field("kernel_times", str, "Measured kernel times that replace the compute model per kernel: a table (kind, shape, dtype, us; CSV or JSON) or a PyTorch profiler trace of one step (docs/kernel-times.md).",
+          keep_case=True),
+    Field("tp_comm_overlap", bool, "TransformerEngine's TP communication overlap (userbuffers): SP AllGathers as ring exchanges and ReduceScatters in chunks, pipelined with their GEMMs; needs --sequence-parallel.",
+          bool_flags=("--tp-comm-overlap", "--no-tp-comm-overlap")),
+    Field("fp8", str, "TransformerEngine FP8 GEMMs (recipe hybrid: E4M3 forward, E5M2 gradients; or e4m3): layer GEMMs at the GPU's FP8 rate, SP AllGathers in 1-byte elements; none by default.",
+          ("none", "hybrid", "e4m3")),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -187,6 +195,7 @@ class Spec:
     v_head_dim: int
     vocab: int
     seq_len: int
+    max_position_embeddings: int
     tied_embeddings: bool
     tp: int
     cp: int
@@ -237,6 +246,10 @@ class Spec:
     gpu_hbm_gbps: float
     gpu_efficiency: float | None  # None: the preset's per-kernel calibration (hardware.py)
     attention: str
+    # measured kernel times, TransformerEngine overlap and FP8 (_engine)
+    kernel_times: str | None
+    tp_comm_overlap: bool
+    fp8: str
     preset: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -518,7 +531,7 @@ class _Reads(dict):
 
 
 # Defaults computed from another field (see _model): derived -> the field it follows.
-DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads"}
+DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads", "max_position_embeddings": "seq_len"}
 
 
 def preset_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
@@ -551,7 +564,7 @@ class _Raw:
 def _normalize(raw_values: dict[str, Any], explicit: Mapping[str, Any], preset_name: str) -> Spec:
     r = _Raw(raw_values, explicit)
     values: dict[str, Any] = {"preset": preset_name}
-    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu):
+    for section in (_model, _parallel, _batch, _experts, _modes, _routing, _variation, _gpu, _engine):
         values.update(section(r, values))
     return Spec(**values)
 
@@ -582,8 +595,13 @@ def _model(r: _Raw, _: dict) -> dict:
     elif kv_heads != heads:
         raise SpecError(f"multi-head latent attention has no key/value head groups: drop kv_heads ({kv_heads}) or set it to heads ({heads})")
     ffn_hidden = r.get("ffn_hidden", 4 * hidden)
+    positions = r.get("max_position_embeddings", seq_len)
+    if positions < seq_len:
+        raise SpecError(f"max_position_embeddings ({positions}) must be at least seq_len ({seq_len}): "
+                        "every token of a sequence looks up its position")
     return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
                 kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
+                max_position_embeddings=positions,
                 tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
 
 
@@ -687,6 +705,8 @@ def _batch(r: _Raw, v: dict) -> dict:
         raise SpecError("neither global_batch nor num_microbatches is set: give --global-batch or --num-microbatches")
     tp, seq_len = v["tp"], v["seq_len"]
     sp = bool(r.get("sequence_parallel"))
+    if sp and tp == 1 and "sequence_parallel" not in r.explicit:
+        sp = False  # a preset's sequence parallelism goes with its TP: --tp 1 turns it off
     if sp and tp == 1:
         raise SpecError("sequence_parallel needs tp > 1 (it shards activations across the TP group): raise --tp or drop --sequence-parallel")
     if sp and (seq_len // v["cp"]) % tp:
@@ -944,6 +964,36 @@ def _gpu(r: _Raw, v: dict) -> dict:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
                 gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"))
+
+
+def _engine(r: _Raw, v: dict) -> dict:
+    """Measured kernel times (read and checked now, recorded by absolute path so a manifest's spec
+    rebuilds anywhere) and TransformerEngine's TP overlap and FP8 (plan/tensor.py)."""
+    from traceforge.hardware import FP8
+    from traceforge.kernels.times import load_kernel_times
+    from traceforge.plan.tensor import overlap_tags
+
+    path = r.get("kernel_times")
+    if path is not None:
+        path = str(Path(path).expanduser().resolve())
+        load_kernel_times(path)
+    overlap = bool(r.get("tp_comm_overlap"))
+    if overlap:
+        if not v["sequence_parallel"] or v["tp"] < 2:
+            raise SpecError("tp_comm_overlap overlaps sequence parallelism's AllGather/ReduceScatter with the GEMMs: "
+                            "give --sequence-parallel and tp > 1, or drop --tp-comm-overlap")
+        if v["kv_lora_rank"]:
+            raise SpecError("tp_comm_overlap with multi-head latent attention is not modelled: drop --tp-comm-overlap or --kv-lora-rank")
+        if overlap_tags(v["steps"], v["num_microbatches"], v["layers"], v["tp"]) >= MAX_TAG:
+            raise SpecError(f"steps ({v['steps']}) x micro-batches ({v['num_microbatches']}) x layers ({v['layers']}) x tp make too many "
+                            f"TP ring transfers for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
+    fp8 = r.get("fp8", "none")
+    if fp8 != "none":
+        if v["gpu"] not in FP8:
+            raise SpecError(f"fp8 needs a GPU with FP8 tensor cores ({', '.join(FP8)}); {v['gpu']} has none: drop --fp8 or pick --gpu")
+        if v["dtype"] == "fp32":
+            raise SpecError("fp8 runs the GEMMs of a bf16 or fp16 model (TransformerEngine): use --dtype bf16")
+    return dict(kernel_times=path, tp_comm_overlap=overlap, fp8=fp8)
 
 
 def _divisors(n: int) -> str:

@@ -21,7 +21,14 @@ What we write: one pipeline stage's program (--stage, default the one with the m
 as every rank's. Its steps' end-of-step work (DP reductions, the SP TP AllReduce, the optimizer,
 parameter AllGathers) comes first, as lines whose backward parts run last; then one block per
 micro-batch: the forward cut after each forward collective and the backward after each backward
-collective, a collective per line, the two paired bottom-up. What it cannot carry, refused:
+collective, a collective per line, the two paired bottom-up. A line is named after what it
+holds (`mb3_L7_tp_ar_proj`: micro-batch 3, layer 7, the forward collective that ends it;
+`mb3_bwd_L7_tp_ar_qkv_dgrad` where only a backward part is). SimAI estimates the pipeline
+bubble from the compute and exposed TP/EP time of every line but one named `embedding_layer`
+(Layer.cc, report: pre_bubble_time, scaled by (pp-1)/(ga*vpp)), so the end-of-step lines take
+that name: the optimizer and the DP tail run once a step, not once per micro-batch, and are
+not bubble. The header's pp_comm is parsed with std::stoi (Workload.cc), so a pipeline message
+of 2^31 bytes or more is refused. What it cannot carry, refused:
 context parallelism (ring attention's Send/Recv), DP collectives in the forward (ZeRO-3, FSDP,
 HSDP parameter gathers). What it cannot carry, dropped with a note: the tied-embedding AllReduce
 and the small synchronising collectives (grad-norm, found-inf, routing counts) between the first
@@ -44,6 +51,8 @@ from traceforge.schema import MANIFEST_FILE
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 TYPES = {0: "ALLREDUCE", 2: "ALLGATHER", 6: "ALLTOALL", 7: "REDUCESCATTER"}
 NONE = "NONE"
+STEP_LINE = "embedding_layer"  # the one line name SimAI leaves out of its bubble estimate
+STOI_MAX = 2**31 - 1  # SimAI reads pp_comm with std::stoi
 
 
 @dataclass
@@ -88,7 +97,7 @@ def _slot(phase: str, dim: str, where: str) -> tuple[str, str] | None:
             raise UserError(f"{where}: an expert-DP collective in the forward; SimAI's forward slot holds TP, EP or "
                             "expert-DP only as _DP_EP and this one cannot be placed")
         return "_DP_EP", "wg"
-    if dim in ("emb", "mp", "world", "tpep"):  # tied-embedding sync and the tiny synchronising collectives
+    if dim in ("emb", "mp", "world", "tpep", "tpepp"):  # tied-embedding sync and the tiny synchronising collectives
         return None
     if dim == "dp" and not forward:
         return "", "wg"
@@ -136,6 +145,12 @@ def _items(path: Path, groups: dict) -> tuple[dict[tuple[str, int], list[Item]],
     return items, pp_bytes, dropped
 
 
+def _label(item: Item) -> str:
+    """A node name without its phase and micro-batch ('fwd/mb3/L7/tp_ar_proj' -> 'L7_tp_ar_proj')."""
+    parts = item.name.split("/")
+    return "_".join(p for p in parts if p not in ("fwd", "bwd", "step") and not (p.startswith("mb") and p[2:].isdigit()))
+
+
 def _line(name: str, fwd: Item | None, bwd: Item | None) -> str:
     f_ns, f_type, f_size = (fwd.compute_ns, fwd.comm[0], fwd.comm[1]) if fwd and fwd.comm else \
         ((fwd.compute_ns if fwd else 0), NONE, 0)
@@ -153,14 +168,21 @@ def _line(name: str, fwd: Item | None, bwd: Item | None) -> str:
     return f"{label} -1 " + " ".join(str(x) for x in fields) + " 0"
 
 
-def _block(name: str, forward: list[Item], backward: list[Item]) -> list[str]:
-    """Forward items top-down; backward items bottom-up (SimAI runs the backward last line first)."""
+def _block(name: str | None, forward: list[Item], backward: list[Item]) -> list[str]:
+    """Forward items top-down; backward items bottom-up (SimAI runs the backward last line first).
+    Each line is named `name_<what it holds>`, or exactly STEP_LINE when name is None."""
     n = max(len(forward), len(backward), 1)
     lines = []
     for j in range(n):
         k = n - 1 - j  # this line's backward part runs k-th
-        lines.append(_line(f"{name}_{j}", forward[j] if j < len(forward) else None,
-                           backward[k] if k < len(backward) else None))
+        fwd, bwd = forward[j] if j < len(forward) else None, backward[k] if k < len(backward) else None
+        if name is None:
+            label = STEP_LINE
+        elif fwd is not None:
+            label = f"{name}_{_label(fwd)}"
+        else:
+            label = f"{name}_bwd_{_label(bwd)}" if bwd is not None else f"{name}_idle"
+        lines.append(_line(label, fwd, bwd))
     return lines
 
 
@@ -185,8 +207,12 @@ def simai_workload(directory: Path, prefix: str | None = None, stage: int | None
         raise UserError(f"--stage {stage} is not a pipeline stage of this set (0..{pp - 1})")
     rank = stages[stage]
     items, pp_bytes, dropped = _items(files[rank], groups)
+    if pp > 1 and pp_bytes > STOI_MAX:
+        raise UserError(f"{directory}: a pipeline message of {pp_bytes:,} bytes is more than SimAI reads in pp_comm "
+                        f"(std::stoi, at most {STOI_MAX:,}); lower --micro-batch or --seq-len, or raise --tp with "
+                        "--sequence-parallel, to export this layout")
     m = int(spec["num_microbatches"])
-    lines = _block("step", [], items.get(("step", -1), []))
+    lines = _block(None, [], items.get(("step", -1), []))
     for mb in range(m):
         if ("fwd", mb) in items or ("bwd", mb) in items:
             lines += _block(f"mb{mb}", items.get(("fwd", mb), []), items.get(("bwd", mb), []))

@@ -25,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Plan the communication of 3D-parallel LLM training and write per-GPU Chakra execution traces.",
 )
+STDOUT_CLOSED = sys.stdout is None  # `>&-`: a command whose answer is stdout has nowhere to put it
 if sys.stdout is None or sys.stderr is None:  # started with a stream closed (`>&-`): discard that output
     sys.stdout = sys.stdout or open(os.devnull, "w")  # noqa: SIM115
     sys.stderr = sys.stderr or open(os.devnull, "w")  # noqa: SIM115
@@ -34,11 +35,23 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so output in progress is removed as for Ctrl-C."""
+    """SIGTERM or SIGHUP (a closed terminal, an ssh drop), raised where the program is, so output
+    in progress is removed and children are killed as for Ctrl-C."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.exit_code = 128 + signum  # 143 SIGTERM, 129 SIGHUP
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+def answer_to_stdout(what: str) -> None:
+    """Refuse a run whose answer is stdout when stdout was closed: exit 0 having said nothing
+    would read as an empty answer."""
+    if STDOUT_CLOSED:
+        raise UserError(f"stdout is closed: nowhere to print {what}; redirect stdout to a file or a pipe")
 
 
 def fail(message: str, code: int) -> None:
@@ -63,7 +76,7 @@ def user_errors(func: Callable) -> Callable:
             fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
         except KeyboardInterrupt as exc:
             err.print("traceforge: interrupted; nothing was written", markup=False)
-            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+            raise typer.Exit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
 
     return wrapper
 
@@ -99,6 +112,7 @@ def main() -> None:
 
     load_commands()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
     try:
         code = app(prog_name="traceforge", standalone_mode=False)
     except click.NoArgsIsHelpError as exc:  # bare `traceforge`: the help text

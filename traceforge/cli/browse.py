@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from traceforge.cli import app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
 # -- diff -----------------------------------------------------------------------------------
@@ -192,6 +192,7 @@ def show(
     from traceforge.browse.show import iter_rows, parse_range, write_json, write_table
     from traceforge.read.reader import find_rank_files, load_groups
 
+    answer_to_stdout("the rank's nodes")
     start, stop = parse_range(node_range)
     prefix, files = find_rank_files(directory, prefix)
     if rank not in files:
@@ -287,6 +288,7 @@ def export(
     if out_dir is None:
         if rank is None:
             raise UserError("give -o/--out DIR for the whole set, or --rank R to print one rank to stdout")
+        answer_to_stdout(f"rank {rank}'s JSON")
         prefix, files = find_rank_files(directory, prefix)
         if rank not in files:
             raise UserError(f"{directory}: no trace file for rank {rank} (ranks {min(files)}-{max(files)})")

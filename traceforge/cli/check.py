@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from traceforge.cli import app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
 
@@ -38,6 +38,8 @@ def check(
 
     if max_rows < 0:
         raise UserError(f"--max-rows must be at least 0, got {max_rows}")
+    if as_json:
+        answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)
     if expand is not None:
         result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs)

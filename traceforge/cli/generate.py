@@ -18,7 +18,6 @@ from rich.table import Table
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
-from traceforge.model import memory_notes
 from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
 
 # -- generate -------------------------------------------------------------------------------
@@ -33,7 +32,8 @@ def check_prefix(prefix: str) -> None:
                         "(not starting with '.', '+' or '-')")
 
 
-def _spec_options() -> list[inspect.Parameter]:
+def spec_parameters() -> list[inspect.Parameter]:
+    """One option per spec.FIELDS entry (generate and memory take the same spec flags)."""
     params = []
     for f in FIELDS:
         flag = "--" + f.name.replace("_", "-")
@@ -66,6 +66,7 @@ def _run_options() -> list[inspect.Parameter]:
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar or summary.")),
         opt("check", bool, typer.Option(False, "--check", help="Run 'traceforge check' on the written set; exit 1 on findings.")),
         opt("report", bool, typer.Option(False, "--report", help="Print 'traceforge report' of the written set.")),
+        opt("allow_oom", bool, typer.Option(False, "--allow-oom", help="Write a spec whose peak memory per GPU exceeds the GPU's (see 'traceforge memory').")),
     ]
 
 
@@ -102,7 +103,8 @@ def generate(**kwargs: Any) -> None:
     from traceforge.output import check_output_dir
     from traceforge.parallel import resolve_jobs
 
-    run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim")
+    run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim",
+                "allow_oom", "gpu_memory_gb", "overhead_gb")
     run = {k: kwargs.pop(k) for k in run_keys}
     cluster_opts = {k: kwargs.pop(k) for k in (*FIELD, *OPTIONS_HELP)}
     config = load_config_file(run["config"]) if run["config"] else None
@@ -113,8 +115,7 @@ def generate(**kwargs: Any) -> None:
     # Name what the preset decided when the user also gave values: a spec given by flags must not
     # silently inherit a preset's model sizes.
     preset_fields = preset_values(spec, explicit) if explicit else {}
-    for note in memory_notes(spec):
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    memory = _feasible(spec, run)  # refuse before planning or writing anything
     cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
         if run["shard"] is not None:
@@ -149,7 +150,7 @@ def generate(**kwargs: Any) -> None:
         if cluster:
             write_astra_bundle(directory, header, cluster, astra)
         if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
-            _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields)
+            _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields, memory)
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
@@ -177,7 +178,29 @@ def generate(**kwargs: Any) -> None:
             raise typer.Exit(result.exit_code)
 
 
-generate.__signature__ = inspect.Signature(_run_options() + _astra_options() + _spec_options())  # type: ignore[attr-defined]
+def _feasible(spec: Any, run: dict) -> Any:
+    """The memory report, after refusing a spec that does not fit the GPU (unless --allow-oom);
+    None for a custom GPU whose memory was not given."""
+    from traceforge.cli.memory import report_for
+    from traceforge.memory.feasibility import check_fits, refusal
+
+    if spec.gpu == "custom" and run["gpu_memory_gb"] is None:
+        err.print("note: memory not checked: give --gpu-memory-gb for a custom GPU", markup=False)
+        return None
+    report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"])
+    check_fits(spec, report, run["allow_oom"])
+    if not report.fits:
+        err.print(f"note: writing anyway (--allow-oom): {refusal(spec, report)}", markup=False, soft_wrap=True)
+    return report
+
+
+def _generate_parameters() -> list[inspect.Parameter]:
+    from traceforge.cli.memory import memory_options
+
+    return _run_options() + memory_options() + _astra_options() + spec_parameters()
+
+
+generate.__signature__ = inspect.Signature(_generate_parameters())  # type: ignore[attr-defined]
 app.command("generate")(user_errors(generate))
 
 
@@ -212,7 +235,7 @@ class _progress:
 
 
 def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
-             preset_fields: dict | None = None) -> None:
+             preset_fields: dict | None = None, memory: Any = None) -> None:
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
@@ -222,9 +245,18 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
     )
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
+    if memory is not None:
+        worst, by_stage = memory.worst, " ".join(f"{s.peak / 1e9:.1f}" for s in memory.stages)
+        out.print(f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
+                  f"{memory.gpu_memory_bytes / 1e9:,.1f} GB; by stage {by_stage} GB", markup=False, soft_wrap=True)
     if preset_fields:
         out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
                   markup=False, soft_wrap=True)
+    if doc.get("kernel_times"):
+        from traceforge.kernels.times import summary_lines
+
+        for line in summary_lines(doc["kernel_times"]):
+            out.print(line, markup=False, soft_wrap=True)
 
 
 def _inserted_note(inserted: list[str] | None) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
 from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
@@ -36,13 +36,23 @@ ASTRA_MODEL_HELP = ("Estimate: ASTRA-sim's analytical network arithmetic from DI
                     "--scale-up/--scale-out flags.")
 
 
-def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: bool | None) -> Cluster:
+ESTIMATE_HELP = ("Estimate mode: 'astra-sim' (one send/collective in flight per rank, as ASTRA-sim: what 'traceforge "
+                 "simulate' will say) or 'hardware' (one NCCL stream per group, links shared per tier, as a GPU runs "
+                 "it). Default: astra-sim for a set with an ASTRA-sim bundle, else hardware. docs/estimate-modes.md.")
+
+
+def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_model: bool | None,
+                mode: str = "astra-sim") -> Cluster:
     """The machine report uses for a set. When the estimate takes the set's ASTRA-sim bundle, the
     bundle decides: GPUs per node come from it unless given, and a flag that disagrees with it is
-    refused (one line) rather than silently ignored."""
+    refused (one line) rather than silently ignored. The hardware mode times with the alpha-beta
+    link model: a bundle's machine fills what no flag gives."""
     from traceforge.report.collective_cost import NETWORK_FILE, load_network, machine_of
 
     path = Path(directory) / NETWORK_FILE
+    if mode == "hardware" and path.is_file():
+        known = {k: v for k, v in machine_of(load_network(Path(directory))).items() if k not in given}
+        return replace(cluster, **known)
     if astra_model is False or not path.is_file():
         return cluster  # alpha-beta on the flags; a missing bundle with --astra-model is build_report's refusal
     net = load_network(Path(directory))
@@ -84,13 +94,16 @@ def report(
     simulation: Path | None = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
     astra_log: Path | None = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
     astra_model: bool | None = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
+    estimate: str | None = typer.Option(None, "--estimate", help=ESTIMATE_HELP),
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
-    from traceforge.report.build import build_report
+    from traceforge.report.build import build_report, estimate_mode
     from traceforge.report.render import render_comparison
     from traceforge.report.timing_replay import LinkModel
 
+    if out_dir is None:
+        answer_to_stdout("the report")
     jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)
     notes: list[str] = []
@@ -103,20 +116,21 @@ def report(
         check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
     def build(path: Path):
-        used = machine_for(path, cluster, given, astra_model)
+        mode = estimate_mode(path, estimate)
+        used = machine_for(path, cluster, given, astra_model, mode)
         return build_report(path, prefix, used.gpus_per_node, link=LinkModel.from_cluster(used), timeline=timeline,
-                            track_ranks=tracks, jobs=jobs, astra_model=astra_model)
+                            track_ranks=tracks, jobs=jobs, astra_model=astra_model, estimate=mode)
 
     if simulation is not None and astra_log is not None:
         raise UserError("give --simulation or --astra-log, not both")
     sim = None
     if simulation is not None:
-        from traceforge.report.simulation import load_simulation
+        from traceforge.simulate.result import load_simulation
 
         sim = load_simulation(simulation)
     elif astra_log is not None:
-        from traceforge.report.astra_log import read_astra_log
-        from traceforge.report.simulation import Simulation
+        from traceforge.simulate.astra_log import read_astra_log
+        from traceforge.simulate.result import Simulation
 
         sim = Simulation.from_log(read_astra_log(astra_log), {})
     main = build(directory)

@@ -38,11 +38,12 @@ def simulate(
     exposed communication (and per-node times when the bundle enables ASTRA-sim's trace output).
     Ranks that never finish are located with check's replay. Exit 0 all ranks finished, 1 some
     stalled, 2 unusable input, 3 the simulator failed or timed out."""
-    from traceforge.astra_run import SimulatorError, find_binary, run_astra
     from traceforge.check.replay import ASTRA
     from traceforge.check.run import check_trace_set
+    from traceforge.output import check_output_dir, check_output_file, is_simulator_log
     from traceforge.read.reader import find_rank_files, manifest_world_size
-    from traceforge.report.simulation import SIMULATION_FILE, Simulation, trace_set_identity
+    from traceforge.simulate.result import SIMULATION_FILE, Simulation, is_simulation_file, trace_set_identity
+    from traceforge.simulate.run import SimulatorError, find_binary, printable, run_astra
 
     if not 0 < timeout < math.inf:
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
@@ -54,9 +55,11 @@ def simulate(
     world = manifest_world_size(directory, prefix) or len(files)
     binary = find_binary(astra_sim_bin)
     target = out_file or directory / SIMULATION_FILE
-    if not target.parent.is_dir():
-        raise UserError(f"{target.parent}: no such directory for --out")
     logs = log_dir or directory / "astra_log"
+    # Both outputs are checked before the (long) run: neither may replace an input or a file
+    # traceforge did not write (docs/output-contract.md).
+    check_output_file(target, is_simulation_file, [directory], (SIMULATION_FILE,))
+    check_output_dir(logs, True, [directory, target], is_simulator_log)
 
     def progress(done: int, total: int, seconds: float) -> None:
         if not quiet and (done == total or done == 1 or done % max(1, total // 20) == 0):
@@ -76,7 +79,7 @@ def simulate(
         tail = _last_line(logs / "stdout.txt")
         raise SimulatorError(
             f"ASTRA-sim exited with code {run.exit_code} ({finished}/{world} ranks finished): "
-            f"{last or tail or 'no output'} "
+            f"{printable(last or tail or 'no output')} "
             f"(full output in {logs}/stdout.txt)"
         )
     sim = Simulation.from_log(
@@ -91,6 +94,8 @@ def simulate(
             "log_dir": str(logs),
         },
     )
+    sim.check(f"{logs}/stdout.txt", world, "the simulator's answer does not fit this trace set: check the binary "
+              "and the bundle (rewrite it with --astra-sim)", SimulatorError)
     missing = run.log.missing(world)
     if missing:
         result = check_trace_set(directory, prefix=prefix, model=ASTRA)
@@ -109,7 +114,7 @@ def simulate(
             }
             for r in missing
         ]
-    sim.write(target)
+    sim.write(target, (directory,))
     step = sim.step_time_ns
     out.print(
         f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
@@ -133,8 +138,12 @@ def simulate(
 
 
 def _last_line(path: Path) -> str:
+    """The last non-blank line of what the simulator printed (its last 64 kB: it may print without end)."""
     try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return lines[-1][:300] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -31,8 +31,9 @@ from traceforge.emit.writer import (
 from traceforge.errors import UserError
 from traceforge.files import read_regular_file
 from traceforge.layout import Layout
-from traceforge.output import remove_stale
+from traceforge.output import check_shard_dir, remove_stale
 from traceforge.plan.program import program_variants, stage_program
+from traceforge.read.reader import read_json_file
 from traceforge.schema import MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE, Spec, build_spec
 
@@ -68,8 +69,8 @@ def write_shard(
     on_chunk: Callable[[list[RankRecord]], None] | None = None,
 ) -> dict:
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output path {out} exists and is not a directory: choose another -o/--out")
+    names = [trace_file_name(prefix, r) for r in shard_ranks(spec.world_size, k, n)]
+    check_shard_dir(out, force, names, *_held_by_us(out, spec, prefix))
     done = out / shard_manifest_name(k, n)
     if not force and done.exists():
         raise UserError(f"{done} exists: shard {k}/{n} is already written; pass --force to write it again")
@@ -107,6 +108,27 @@ def write_shard(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return doc
+
+
+def _held_by_us(out: Path, spec: Spec, prefix: str) -> tuple[set[str], str | None]:
+    """The rank files manifests of ours in OUT list (shard manifests, a merged manifest.json),
+    and the first such manifest written with another spec or prefix (None when there is none)."""
+    listed: set[str] = set()
+    if not out.is_dir():
+        return listed, None
+    mine = spec.to_dict()
+    for path in sorted(out.iterdir()):
+        if _SHARD_FILE.match(path.name):
+            doc = _read_shard_manifest(path)
+            if doc["spec"] != mine or doc["prefix"] != prefix:
+                return listed, str(path)
+            listed.update(trace_file_name(prefix, row[0]) for row in doc["ranks"])
+    merged = read_json_file(out / MANIFEST_FILE)
+    if isinstance(merged, dict) and merged.get("tool") == "traceforge":
+        if merged.get("spec") != mine or merged.get("prefix") != prefix:
+            return listed, str(out / MANIFEST_FILE)
+        listed.update(trace_file_name(prefix, r) for r in range(spec.world_size))
+    return listed, None
 
 
 def _read_shard_manifest(path: Path) -> dict:

@@ -67,8 +67,10 @@ def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, 
     by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
     nxt, prv = layout.pipeline_peers
     cp_next, cp_prev = layout.context_peers
+    tp_next, tp_prev = layout.tensor_peers
     values: dict[str, int] = {Peer.SELF: rank, Peer.NEXT: int(nxt[rank]), Peer.PREV: int(prv[rank]),
-                              Peer.CP_NEXT: int(cp_next[rank]), Peer.CP_PREV: int(cp_prev[rank])}
+                              Peer.CP_NEXT: int(cp_next[rank]), Peer.CP_PREV: int(cp_prev[rank]),
+                              Peer.TP_NEXT: int(tp_next[rank]), Peer.TP_PREV: int(tp_prev[rank])}
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
     if ep_peers:
@@ -181,7 +183,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
     """Everything in manifest.json but the per-rank rows."""
     used = set(ids)
     kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
-    return {
+    doc = {
         "tool": "traceforge",
         "version": __version__,
         "spec": spec.to_dict(),
@@ -197,6 +199,11 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
         "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
+    if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
+        from traceforge.kernels.times import kernel_time_report
+
+        doc["kernel_times"] = kernel_time_report(spec)
+    return doc
 
 
 def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -> None:

@@ -1,31 +1,87 @@
-"""Compute costs: per-kernel FLOPs and bytes, timed by a roofline on the modelled GPU.
+"""Compute costs: every GPU kernel a layer runs, named by kind, shape and dtype, timed by a
+roofline on the modelled GPU.
 
 Each kernel takes max(FLOPs / achieved peak, bytes / achieved HBM bandwidth); a compute node's
 duration is the sum over its kernels. The achieved fractions depend on the kernel (the GPU
 preset's calibration, hardware.py): a GEMM reaches the calibrated GEMM fraction times its
 tile/wave efficiency over the SMs, attention FlashAttention's forward or backward rate,
-element-wise kernels and the optimizer a fraction of HBM bandwidth. --gpu-efficiency (or a
-custom GPU) uses one flat fraction for everything instead. GEMMs cost 2*m*n*k FLOPs; backward splits into the
-input-gradient (dgrad) and weight-gradient (wgrad) GEMMs, each as costly as the forward GEMM.
-Attention is FlashAttention with a causal mask: the score and value products cost
-4*b*s*s_kv*h/t FLOPs, halved because masked blocks are skipped; its backward costs 2.5x its
-forward (dQ, dK, dV plus recomputing the scores).
+element-wise kernels a fraction of HBM bandwidth. --gpu-efficiency (or a custom GPU) uses one
+flat fraction for everything instead.
+
+Every kernel goes through ``CostModel.price`` (the one place a measured time could replace the
+model's) and is listed in ``CostModel.kernels`` (what a spec runs). Kinds and shapes:
+
+- ``gemm`` (m, k, n) and ``bmm`` (batch, m, k, n): 2*m*k*n FLOPs per matrix. A linear layer
+  with input T x K and weight K x N runs forward (T, K, N), input gradient (T, N, K) and weight
+  gradient (K, T, N): three GEMMs of equal FLOPs.
+- ``attention_fwd`` / ``attention_bwd`` (b, heads, s_q, s_kv, d_qk, d_v): FlashAttention with a
+  causal mask; the score and value products cost 2*b*heads*s_q*s_kv*(d_qk + d_v) FLOPs, halved
+  because masked blocks are skipped; backward costs 2.5x forward (dQ, dK, dV plus recomputing
+  the scores).
+- element-wise kinds (elements,): ELEMENTWISE gives each one's HBM bytes per element.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, GPUS, wave_efficiency
+from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
+from traceforge.kernels.keys import KernelKey
+from traceforge.kernels.times import load_kernel_times
 from traceforge.model import local_tokens, padded_vocab, qkv_channels
-from traceforge.spec import Spec
+from traceforge.spec import DTYPE_BYTES, Spec
 
-# Adam with fp32 master weights: bf16 param, fp32 grad, master and two moments, read and
-# mostly written back; ~12 FLOPs per parameter.
-OPTIMIZER_BYTES_PER_PARAM = 32
-OPTIMIZER_FLOPS_PER_PARAM = 12
 CAUSAL_FRACTION = 0.5
 ATTENTION_BACKWARD_FACTOR = 2.5
+FP32 = 4
+
+GEMM, BMM = "gemm", "bmm"
+FP8_DTYPE = "fp8"  # TransformerEngine's FP8 GEMMs (--fp8)
+ATTENTION_FWD, ATTENTION_BWD = "attention_fwd", "attention_bwd"
+
+# Element-wise kernels: HBM passes per element (a pass reads or writes the whole tensor once)
+# in the kernel's dtype and in fp32, other bytes per element, FLOPs per element. Megatron-LM
+# with TransformerEngine (docs/simulation.md has the sources):
+ELEMENTWISE: dict[str, tuple[int, int, int, int]] = {
+    # the residual stream: bias + dropout + residual add (one fused kernel: read x and the
+    # residual, write the sum), then the next sublayer's LayerNorm/RMSNorm (read, write)
+    "bias_dropout_add": (3, 0, 0, 3),
+    "bias_dropout_add_bwd": (2, 0, 0, 2),
+    "layernorm": (2, 0, 0, 5),
+    "layernorm_bwd": (3, 0, 0, 8),
+    # MLP activation: fused bias + GeLU (read, write); SwiGLU per output element (read gate and
+    # up, write; backward reads dy, gate and up and writes both gradients)
+    "bias_gelu": (2, 0, 0, 8),
+    "bias_gelu_bwd": (3, 0, 0, 16),
+    "swiglu": (3, 0, 0, 6),
+    "swiglu_bwd": (5, 0, 0, 12),
+    # unfused attention's scores: the fused scale-mask-softmax (read, write) and the attention
+    # dropout (read, write, and a one-byte mask kept for backward)
+    "softmax": (2, 0, 0, 5),
+    "softmax_bwd": (3, 0, 0, 4),
+    "dropout": (2, 0, 1, 2),
+    "dropout_bwd": (2, 0, 1, 1),
+    # word embedding lookup (read rows, write) and its gradient (read dy, add into the rows)
+    "embedding": (2, 0, 0, 1),
+    "embedding_bwd": (3, 0, 0, 1),
+    # vocab-parallel cross-entropy on fp32 logits (Megatron tensor_parallel/cross_entropy.py):
+    # cast to fp32, max, subtract, exp, sum, divide; backward scales the softmax in place and
+    # casts the gradient back
+    "cross_entropy": (1, 9, 0, 8),
+    "cross_entropy_bwd": (1, 3, 0, 2),
+    # Adam on fp32 main parameters: the grad-norm reads the grads, Adam reads parameter, grad
+    # and both moments and writes three back, then the parameter is copied to the model's dtype
+    "adam": (1, 9, 0, 12),
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU kernel as the cost model prices it."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -41,6 +97,23 @@ class Cost:
         return Cost(round(self.flops * factor), round(self.bytes * factor), self.micros * factor)
 
 
+NOTHING = Cost(0, 0, 0.0)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear layer's three GEMMs: forward, input gradient (dgrad), weight gradient (wgrad)."""
+
+    fwd: Cost
+    dgrad: Cost
+    wgrad: Cost
+
+    def __add__(self, other: Linear) -> Linear:
+        return Linear(self.fwd + other.fwd, self.dgrad + other.dgrad, self.wgrad + other.wgrad)
+
+
+NO_LINEAR = Linear(NOTHING, NOTHING, NOTHING)
+
 
 class CostModel:
     def __init__(self, spec: Spec):
@@ -48,82 +121,161 @@ class CostModel:
         gpu = GPUS.get(spec.gpu)
         self.cal = gpu.calibration if gpu is not None and spec.gpu_efficiency is None else None
         flat = 1.0 if self.cal is not None else (spec.gpu_efficiency or DEFAULT_FLAT_EFFICIENCY)
-        self.peak_per_us = spec.gpu_tflops * 1e6
-        self.hbm_per_us = spec.gpu_hbm_gbps * 1e3
-        self.flops_per_us = self.peak_per_us * flat
-        self.bytes_per_us = self.hbm_per_us * (flat if self.cal is None else self.cal.memory)
-        s, t, e = spec, spec.tp, spec.act_bytes
+        self.flops_per_us = spec.gpu_tflops * 1e6 * flat
+        self.bytes_per_us = spec.gpu_hbm_gbps * 1e3 * (flat if self.cal is None else self.cal.memory)
+        self.kernels: dict[Kernel, Cost] = {}  # every kernel priced, in first-use order
+        # --kernel-times: a measured time replaces the model's per kernel (price); --fp8: the layers'
+        # GEMMs are TransformerEngine's FP8 GEMMs (router and LM head stay in the model dtype).
+        self.measured = load_kernel_times(spec.kernel_times) if spec.kernel_times else None
+        self.model_micros: dict[Kernel, float] = {}  # the model's time of every kernel priced
+        self.layer_dtype = FP8_DTYPE if spec.fp8 != "none" else spec.dtype
+        s, t = spec, spec.tp
         T = local_tokens(s)  # tokens per micro-batch on this rank (b*s/cp)
+        # The residual stream (dropout, residual adds, norms) is sequence-sharded under SP.
+        T_sp = T // t if s.sequence_parallel else T
         h, f = s.hidden, s.ffn_hidden
         q_dim, k_dim, v_dim = qkv_channels(s)
+        # Attention's output: every query head's values (v_dim counts only the KV heads' under GQA).
+        out_dim = s.heads * (s.v_head_dim if s.mla else s.head_dim)
         gated = 2 if s.arch == "llama" else 1  # SwiGLU's gate and up projections
-        mlp_in = gated * f
-
-        def gemm(m: int, k: int, n: int) -> Cost:
-            rate = 1.0 if self.cal is None else self.cal.gemm * wave_efficiency(m, n, self.cal)
-            return self.kernel(2 * m * k * n, (m * k + k * n + m * n) * e, rate)
-
-        def elementwise(elements: int, passes: int = 2) -> Cost:
-            return self.kernel(4 * elements, passes * elements * e)
+        act = "swiglu" if gated == 2 else "bias_gelu"
 
         if s.mla:
             # DeepSeek-V2 MLA: duplicated down projections (on this rank's sequence shard with
             # SP), column-parallel up projections of the query and of keys (nope part) and values.
-            shard = T // t if s.sequence_parallel else T
             ql, kl, rope = s.q_lora_rank, s.kv_lora_rank, s.qk_rope_head_dim
-            q_proj = (gemm(shard, h, ql) + gemm(T, ql, q_dim // t)) if ql else gemm(T, h, q_dim // t)
-            self.qkv = (q_proj + gemm(shard, h, kl + rope)
-                        + gemm(T, kl, (k_dim - s.heads * rope + v_dim) // t))
+            q_proj = (self.linear(T_sp, h, ql) + self.linear(T, ql, q_dim // t)) if ql else self.linear(T, h, q_dim // t)
+            qkv = (q_proj + self.linear(T_sp, h, kl + rope)
+                   + self.linear(T, kl, (k_dim - s.heads * rope + v_dim) // t))
         else:
-            self.qkv = gemm(T, h, (q_dim + k_dim + v_dim) // t)
-        self.proj = gemm(T, v_dim // t, h)
-        self.fc1 = gemm(T, h, mlp_in // t)
-        self.fc2 = gemm(T, f // t, h)
-        # Layer norm fused with the residual add and dropout before it: read two, write one, then the
-        # norm reads and writes (5 passes over the activation).
-        self.norm = elementwise(T * h, passes=5)
-        self.act = elementwise(T * mlp_in // t)
-        # This rank's queries (s/cp of them) against every key of the sequence: Q.K^T over the
-        # query/key channels, P.V over the value channels.
-        score_flops = 2 * T * s.seq_len * (q_dim + v_dim) // t
-        core_flops, core_bytes = round(score_flops * CAUSAL_FRACTION), 4 * T * h // t * e
-        if s.attention == "unfused":
-            # Scores materialized (Megatron-LM's fused scale-mask-softmax before FlashAttention): the
-            # full s x s products as batched GEMMs; softmax and dropout read and write the scores
-            # (~5 passes forward, ~10 backward); backward has twice the GEMMs.
-            heads = max(1, s.heads // t)
-            scores = heads * T * s.seq_len * e
-            full = score_flops  # QK^T and PV, the masked half included
-            rate = 1.0 if self.cal is None else self.cal.gemm * wave_efficiency(T, s.seq_len, self.cal)
-            self.core = self.kernel(full, 5 * scores, rate)
-            self._core_bwd = self.kernel(2 * full, 10 * scores, rate)
-        else:
-            self.core = self.kernel(core_flops, core_bytes, 1.0 if self.cal is None else self.cal.attn_fwd)
-            self._core_bwd = self.kernel(round(core_flops * ATTENTION_BACKWARD_FACTOR),
-                                         round(core_bytes * ATTENTION_BACKWARD_FACTOR),
-                                         1.0 if self.cal is None else self.cal.attn_bwd)
+            qkv = self.linear(T, h, (q_dim + k_dim + v_dim) // t)
+        proj = self.linear(T, out_dim // t, h)
+        fc1 = self.linear(T, h, gated * f // t)
+        fc2 = self.linear(T, f // t, h)
+        self.qkv, self.qkv_dgrad, self.qkv_wgrad = qkv.fwd, qkv.dgrad, qkv.wgrad
+        self.proj, self.proj_dgrad, self.proj_wgrad = proj.fwd, proj.dgrad, proj.wgrad
+        self.fc1, self.fc1_dgrad, self.fc1_wgrad = fc1.fwd, fc1.dgrad, fc1.wgrad
+        self.fc2, self.fc2_dgrad, self.fc2_wgrad = fc2.fwd, fc2.dgrad, fc2.wgrad
+        # Before each sublayer: the previous one's bias-dropout-add, then this one's norm.
+        self.norm = self.elementwise("bias_dropout_add", T_sp * h) + self.elementwise("layernorm", T_sp * h)
+        self.norm_bwd = self.elementwise("layernorm_bwd", T_sp * h) + self.elementwise("bias_dropout_add_bwd", T_sp * h)
+        self.act = self.elementwise(act, T * f // t)
+        self.act_bwd = self.elementwise(act + "_bwd", T * f // t)
+        self.core, self._core_bwd = self._attention(T, q_dim, v_dim)
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
-        routed = (T // t if t > 1 else T) * s.top_k  # dispatched token copies per rank
-        self.router = gemm(T // t if t > 1 else T, h, s.experts) if s.experts else self.kernel(0, 0)
+        # (MoE with TP runs with SP, so a rank routes its sequence shard; plan/expert.py agrees.)
+        moe_tokens = T // t if t > 1 else T
+        routed = moe_tokens * s.top_k  # dispatched token copies per rank
         mf = s.moe_ffn_hidden
-        self.experts = (gemm(routed * t, h, gated * mf // t) + elementwise(routed * gated * mf)
-                        + gemm(routed * t, mf // t, h)) if s.experts else self.kernel(0, 0)
+        router = self.linear(moe_tokens, h, s.experts, s.dtype) if s.experts else NO_LINEAR
+        self.router, self.router_bwd = router.fwd, router.dgrad + router.wgrad
+        experts = (self.linear(routed * t, h, gated * mf // t) + self.linear(routed * t, mf // t, h)) if s.experts else NO_LINEAR
+        expert_act = self.elementwise(act, routed * mf) if s.experts else NOTHING
+        expert_act_bwd = self.elementwise(act + "_bwd", routed * mf) if s.experts else NOTHING
+        self.experts = experts.fwd + expert_act
+        self.experts_dgrad = experts.dgrad + expert_act_bwd
+        self.experts_wgrad = experts.wgrad
         # Shared experts: one tensor-parallel MLP of inner size shared*moe_ffn over every token.
         sf = s.shared_experts * mf
-        self.shared = (gemm(T, h, gated * sf // t) + elementwise(T * gated * sf // t)
-                       + gemm(T, sf // t, h)) if sf else self.kernel(0, 0)
+        shared = (self.linear(T, h, gated * sf // t) + self.linear(T, sf // t, h)) if sf else NO_LINEAR
+        self.shared = shared.fwd + (self.elementwise(act, T * sf // t) if sf else NOTHING)
+        self.shared_dgrad = shared.dgrad + (self.elementwise(act + "_bwd", T * sf // t) if sf else NOTHING)
+        self.shared_wgrad = shared.wgrad
+        # Model edges: embedding lookup; final norm, LM head (vocab-parallel) and fp32 cross-entropy.
         vocab = padded_vocab(s) // t
-        self.embed = self.kernel(T * h, 2 * T * h * e)
-        self.head = gemm(T, h, vocab) + self.kernel(5 * T * vocab, 3 * T * vocab * 4)  # logits + fp32 softmax-CE
+        self.embed = self.elementwise("embedding", T * h)
+        self.embed_bwd = self.elementwise("embedding_bwd", T * h)
+        head = self.linear(T, h, vocab, s.dtype)
+        self.head = (self.elementwise("layernorm", T_sp * h) + head.fwd
+                     + self.elementwise("cross_entropy", T * vocab))
+        self.head_dgrad = (self.elementwise("cross_entropy_bwd", T * vocab) + head.dgrad
+                           + self.elementwise("layernorm_bwd", T_sp * h))
+        self.head_wgrad = head.wgrad
 
-    def kernel(self, flops: int, nbytes: int, rate: float | None = None) -> Cost:
-        """A roofline kernel; `rate` is its fraction of peak FLOP/s (None: element-wise work, which
-        the calibration times at HBM speed only)."""
-        if self.cal is not None and rate is None:
-            return Cost(int(flops), int(nbytes), nbytes / self.bytes_per_us)
-        flops_per_us = self.flops_per_us * (rate if rate is not None else 1.0)
-        micros = max(flops / flops_per_us, nbytes / self.bytes_per_us)
-        return Cost(int(flops), int(nbytes), micros)
+    # -- kernels -----------------------------------------------------------------------
+    def price(self, k: Kernel) -> Cost:
+        """The one place a kernel is timed; every kernel the model creates passes here."""
+        cost = self.kernels.get(k)
+        if cost is None:
+            cost = self._roofline(k)
+            self.model_micros[k] = cost.micros
+            measured = self.measured.micros(KernelKey(k.kind, k.shape, k.dtype)) if self.measured else None
+            if measured is not None:  # FLOPs and bytes stay the model's; the time is the GPU's
+                cost = Cost(cost.flops, cost.bytes, measured)
+            self.kernels[k] = cost
+        return cost
+
+    def _roofline(self, k: Kernel) -> Cost:
+        if k.dtype == FP8_DTYPE:
+            return self._fp8_gemm(k)
+        e = DTYPE_BYTES[k.dtype]
+        if k.kind in (GEMM, BMM):
+            batch, m, kk, n = k.shape if k.kind == BMM else (1, *k.shape)
+            flops, nbytes = 2 * batch * m * kk * n, batch * (m * kk + kk * n + m * n) * e
+            return self._time(flops, nbytes, None if self.cal is None else self.cal.gemm * wave_efficiency(m, n, self.cal, batch))
+        if k.kind in (ATTENTION_FWD, ATTENTION_BWD):
+            b, heads, s_q, s_kv, d_qk, d_v = k.shape
+            flops = round(2 * b * heads * s_q * s_kv * (d_qk + d_v) * CAUSAL_FRACTION)
+            nbytes = 2 * b * heads * s_q * (d_qk + d_v) * e  # Q, K, V and the output (K, V at every query head)
+            if k.kind == ATTENTION_FWD:
+                return self._time(flops, nbytes, None if self.cal is None else self.cal.attn_fwd)
+            scale = ATTENTION_BACKWARD_FACTOR
+            return self._time(round(flops * scale), round(nbytes * scale), None if self.cal is None else self.cal.attn_bwd)
+        act_passes, fp32_passes, other_bytes, flops_each = ELEMENTWISE[k.kind]
+        (elements,) = k.shape
+        nbytes = elements * (act_passes * e + fp32_passes * FP32 + other_bytes)
+        if self.cal is not None:  # calibrated: element-wise work is HBM-bound
+            return Cost(flops_each * elements, nbytes, nbytes / self.bytes_per_us)
+        return self._time(flops_each * elements, nbytes, None)
+
+    def _time(self, flops: int, nbytes: int, rate: float | None) -> Cost:
+        """Roofline; `rate` is the calibrated fraction of peak FLOP/s (None: the flat model)."""
+        flops_per_us = self.flops_per_us * (1.0 if rate is None else rate)
+        return Cost(int(flops), int(nbytes), max(flops / flops_per_us, nbytes / self.bytes_per_us))
+
+    def _fp8_gemm(self, k: Kernel) -> Cost:
+        """A TransformerEngine FP8 GEMM: 1-byte operands, output in the model dtype, at the GPU's
+        FP8 peak (scaled with --gpu-tflops) times its own calibrated fraction (hardware.FP8)."""
+        fp8, m, kk, n = FP8[self.spec.gpu], *k.shape
+        speedup = fp8.peak_tflops / GPUS[self.spec.gpu].peak_tflops[self.spec.dtype]
+        rate = speedup * (1.0 if self.cal is None else fp8.gemm * wave_efficiency(m, n, self.cal))
+        return self._time(2 * m * kk * n, m * kk + kk * n + m * n * DTYPE_BYTES[self.spec.dtype], rate)
+
+    def gemm(self, m: int, k: int, n: int, batch: int = 1, dtype: str | None = None) -> Cost:
+        if batch > 1:
+            return self.price(Kernel(BMM, (batch, m, k, n), dtype or self.spec.dtype))
+        return self.price(Kernel(GEMM, (m, k, n), dtype or self.spec.dtype))
+
+    def linear(self, tokens: int, k: int, n: int, dtype: str | None = None) -> Linear:
+        """Input tokens x k times weight k x n: forward, input-gradient and weight-gradient GEMMs
+        (a transformer layer's in FP8 under --fp8)."""
+        dtype = dtype or self.layer_dtype
+        return Linear(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), self.gemm(k, tokens, n, dtype=dtype))
+
+    def elementwise(self, kind: str, elements: int, dtype: str | None = None) -> Cost:
+        return self.price(Kernel(kind, (elements,), dtype or self.spec.dtype))
+
+    def _attention(self, T: int, q_dim: int, v_dim: int) -> tuple[Cost, Cost]:
+        """Attention's core, forward and backward: this rank's heads, its T = b*s/cp queries
+        against every key of the sequence."""
+        s, t = self.spec, self.spec.tp
+        heads = max(1, s.heads // t)
+        d_qk, d_v = q_dim // s.heads, s.v_head_dim if s.mla else s.head_dim
+        b, s_q, s_kv = s.micro_batch, T // s.micro_batch, s.seq_len
+        if s.attention != "unfused":
+            shape = (b, heads, s_q, s_kv, d_qk, d_v)
+            return (self.price(Kernel(ATTENTION_FWD, shape, s.dtype)),
+                    self.price(Kernel(ATTENTION_BWD, shape, s.dtype)))
+        # Scores materialized (Megatron-LM's CoreAttention before FlashAttention): batched GEMMs
+        # over the full s x s (the masked half included), the fused scale-mask-softmax and the
+        # attention dropout reading and writing the scores.
+        bh, scores = b * heads, b * heads * s_q * s_kv
+        fwd = (self.gemm(s_q, d_qk, s_kv, bh) + self.elementwise("softmax", scores)
+               + self.elementwise("dropout", scores) + self.gemm(s_q, s_kv, d_v, bh))
+        bwd = (self.gemm(s_q, d_v, s_kv, bh) + self.gemm(s_kv, s_q, d_v, bh)  # dP, dV
+               + self.elementwise("dropout_bwd", scores) + self.elementwise("softmax_bwd", scores)
+               + self.gemm(s_q, s_kv, d_qk, bh) + self.gemm(s_kv, s_q, d_qk, bh))  # dQ, dK
+        return fwd, bwd
 
     # -- per layer ---------------------------------------------------------------------
     @property
@@ -132,8 +284,6 @@ class CostModel:
 
     @property
     def attn_core_bwd(self) -> Cost:
-        if self.cal is None and self.spec.attention != "unfused":
-            return self.core.scaled(ATTENTION_BACKWARD_FACTOR)
         return self._core_bwd
 
     @property
@@ -143,19 +293,20 @@ class CostModel:
     @property
     def attn_dgrad(self) -> Cost:
         """proj and QKV input gradients, attention backward, norm backward."""
-        return self.proj + self.attn_core_bwd + self.qkv + self.norm
+        return self.proj_dgrad + self.attn_core_bwd + self.qkv_dgrad + self.norm_bwd
 
     @property
     def attn_wgrad(self) -> Cost:
-        return self.proj + self.qkv
+        return self.proj_wgrad + self.qkv_wgrad
 
     @property
     def mlp_dgrad(self) -> Cost:
-        return self.fc2 + self.act + self.fc1 + self.norm
+        return self.fc2_dgrad + self.act_bwd + self.fc1_dgrad + self.norm_bwd
 
     @property
     def mlp_wgrad(self) -> Cost:
-        return self.fc2 + self.fc1
+        return self.fc2_wgrad + self.fc1_wgrad
 
     def optimizer(self, params: int) -> Cost:
-        return self.kernel(OPTIMIZER_FLOPS_PER_PARAM * params, OPTIMIZER_BYTES_PER_PARAM * params)
+        """The optimizer step over the `params` this rank updates (its DP shard when sharded)."""
+        return self.elementwise("adam", params)

@@ -37,7 +37,7 @@ def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, sp
 
 def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
     tp.row_bwd(b, "embed")
-    b.wgrad("embed_wgrad", cost.embed)
+    b.wgrad("embed_wgrad", cost.embed_bwd)
 
 
 def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
@@ -48,7 +48,7 @@ def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: S
 
 
 def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
-    tp.column_bwd(b, "head", ("head_dgrad", cost.head), ("head_wgrad", cost.head))
+    tp.column_bwd(b, "head", ("head_dgrad", cost.head_dgrad), ("head_wgrad", cost.head_wgrad))
 
 
 def tied_embedding_grad_bytes(spec: Spec) -> int:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceforge.model import is_moe_layer, local_tokens
-from traceforge.plan.compute import CostModel
+from traceforge.plan.compute import Cost, CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.routing import Routing
 from traceforge.plan.tensor import TensorParallel
@@ -137,7 +137,7 @@ class MixtureOfExperts:
         tokens, probs = self._tp_sizes()
         b.collective("expert_in", Coll.ALL_GATHER, tokens, "tp")
         b.collective("expert_in_probs", Coll.ALL_GATHER, probs, "tp")
-        b.compute("experts", self._expert_cost(cost))
+        b.compute("experts", self._expert_cost(cost.experts))
         b.collective("expert_out", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
         if self.shared:
             self.tp.column_fwd(b, "shared_fc1")
@@ -145,10 +145,10 @@ class MixtureOfExperts:
             self.tp.row_fwd(b, "shared_fc2")
         self._all_to_all(b, "combine", probs=False, into_experts=False, kind=COMBINE + again)
 
-    def _expert_cost(self, cost: CostModel):
+    def _expert_cost(self, cost: Cost) -> Cost:
         """The routed experts' compute, scaled by the copies this rank actually received."""
         received = self._received()
-        return cost.experts if received == self.copies else cost.experts.scaled(received / self.copies)
+        return cost if received == self.copies else cost.scaled(received / self.copies)
 
     def backward(self, b: ProgramBuilder, cost: CostModel) -> None:
         self._begin(b)
@@ -156,13 +156,13 @@ class MixtureOfExperts:
         self._all_to_all(b, "combine_grad", probs=False, into_experts=True, kind=COMBINE_GRAD)
         if self.shared:
             self.tp.row_bwd(b, "shared_fc2")
-            self.tp.column_bwd(b, "shared_fc1", ("shared_dgrad", cost.shared), ("shared_wgrad", cost.shared))
+            self.tp.column_bwd(b, "shared_fc1", ("shared_dgrad", cost.shared_dgrad), ("shared_wgrad", cost.shared_wgrad))
         b.collective("expert_out_grad", Coll.ALL_GATHER, tokens, "tp")
-        b.compute("experts_dgrad", self._expert_cost(cost))
-        b.wgrad("experts_wgrad", self._expert_cost(cost))  # weight-gradient GEMMs cost what the forward ones do
+        b.compute("experts_dgrad", self._expert_cost(cost.experts_dgrad))
+        b.wgrad("experts_wgrad", self._expert_cost(cost.experts_wgrad))
         b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, probs * self.t, "tp")
         b.collective("expert_in_grad", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
         # Megatron launches the probabilities' AllToAll backward before the tokens'.
         self._all_to_all(b, "dispatch_probs_grad", probs=True, into_experts=False, kind=PROBS_GRAD)
         self._all_to_all(b, "dispatch_grad", probs=False, into_experts=False, kind=DISPATCH_GRAD)
-        b.compute("router_bwd", cost.router.scaled(2))
+        b.compute("router_bwd", cost.router_bwd)

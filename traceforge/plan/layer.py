@@ -27,6 +27,9 @@ class LayerTemplate:
     def forward(self, b: ProgramBuilder, layer: int, recompute: bool = False) -> None:
         tp, cost = self.tp, self.cost
         suffix = "_recompute" if recompute else ""
+        if tp.overlap:
+            self._forward_overlapped(b, layer, suffix)
+            return
         self.qkv_tp.column_fwd(b, "qkv")
         if self.cp is None:
             b.compute(f"attn{suffix}", cost.attn_fwd)
@@ -46,6 +49,9 @@ class LayerTemplate:
         """recompute_core: selective recomputation redoes attention's core (with its context-
         parallel ring) right before the core's backward."""
         tp, cost = self.tp, self.cost
+        if tp.overlap:
+            self._backward_overlapped(b, layer, recompute_core)
+            return
         if is_moe_layer(self.spec, layer):
             self.moe.backward(b, cost)
         else:
@@ -56,8 +62,46 @@ class LayerTemplate:
             dgrad = cost.attn_dgrad + cost.core if recompute_core else cost.attn_dgrad
             self.qkv_tp.column_bwd(b, "qkv", ("attn_dgrad", dgrad), ("attn_wgrad", cost.attn_wgrad))
             return
-        b.compute("attn_proj_dgrad", cost.proj)
+        b.compute("attn_proj_dgrad", cost.proj_dgrad)
         if recompute_core:
             self.cp.forward(b, cost.core, recompute=True)
         self.cp.backward(b, cost.attn_core_bwd)
-        self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv + cost.norm), ("attn_wgrad", cost.attn_wgrad))
+        self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv_dgrad + cost.norm_bwd), ("attn_wgrad", cost.attn_wgrad))
+
+    # -- TransformerEngine's userbuffers overlap (--tp-comm-overlap; plan/tensor.py) ----------
+    def _forward_overlapped(self, b: ProgramBuilder, layer: int, suffix: str) -> None:
+        """Each AllGather+GEMM a ring exchange, each GEMM+ReduceScatter a 4-chunk pipeline."""
+        tp, cost = self.tp, self.cost
+        b.compute(f"attn_norm{suffix}", cost.norm)
+        tp.gather_gemm(b, "qkv" + suffix, f"attn_qkv{suffix}_", cost.qkv)
+        if self.cp is None:
+            b.compute(f"attn_core{suffix}", cost.core)
+        else:
+            self.cp.forward(b, cost.core, bool(suffix))
+        tp.gemm_scatter(b, "proj", f"attn_proj{suffix}_", cost.proj)
+        if is_moe_layer(self.spec, layer):
+            self.moe.forward(b, cost, bool(suffix))
+            return
+        b.compute(f"mlp_norm{suffix}", cost.norm)
+        tp.gather_gemm(b, "fc1" + suffix, f"mlp_fc1{suffix}_", cost.fc1)
+        b.compute(f"mlp_act{suffix}", cost.act)
+        tp.gemm_scatter(b, "fc2", f"mlp_fc2{suffix}_", cost.fc2)
+
+    def _backward_overlapped(self, b: ProgramBuilder, layer: int, recompute_core: bool) -> None:
+        """The output gradients' AllGathers as ring exchanges with the proj and fc2 input-gradient
+        GEMMs; the qkv/fc1 input-gradient ReduceScatters and re-gathers bulk-overlapped, as without."""
+        tp, cost = self.tp, self.cost
+        if is_moe_layer(self.spec, layer):
+            self.moe.backward(b, cost)
+        else:
+            tp.gather_gemm(b, "fc2_grad", "mlp_fc2_dgrad", cost.fc2_dgrad)
+            tp.column_bwd(b, "fc1", ("mlp_dgrad", cost.act_bwd + cost.fc1_dgrad + cost.norm_bwd), ("mlp_wgrad", cost.mlp_wgrad))
+        tp.gather_gemm(b, "proj_grad", "attn_proj_dgrad", cost.proj_dgrad)
+        if self.cp is None:
+            dgrad = cost.attn_core_bwd + cost.qkv_dgrad + cost.norm_bwd
+            tp.column_bwd(b, "qkv", ("attn_dgrad", cost.core + dgrad if recompute_core else dgrad), ("attn_wgrad", cost.attn_wgrad))
+            return
+        if recompute_core:
+            self.cp.forward(b, cost.core, recompute=True)
+        self.cp.backward(b, cost.attn_core_bwd)
+        tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv_dgrad + cost.norm_bwd), ("attn_wgrad", cost.attn_wgrad))

@@ -64,6 +64,8 @@ class Peer(str, Enum):
     PREV = "prev"  # the previous pipeline stage
     CP_NEXT = "cp_next"  # the next rank of the context-parallel ring
     CP_PREV = "cp_prev"  # the previous rank of the context-parallel ring
+    TP_NEXT = "tp_next"  # the next rank of the tensor-parallel ring (TE's ring-exchange overlap)
+    TP_PREV = "tp_prev"  # the previous rank of the tensor-parallel ring
 
     def __str__(self) -> str:
         return self.value

@@ -33,7 +33,7 @@ def group_sizes(spec: Spec) -> dict[str, int]:
     first, last = embedding_stages(spec)
     sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
              "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
-             "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
+             "tpep": spec.tp * spec.ep, "tpepp": spec.tp * spec.ep * spec.pp, "epx": spec.moe_router_num_groups,
              "epn": spec.ep // spec.moe_router_num_groups}
     if spec.dp_mode == "hsdp":
         assert spec.shard_size is not None  # the spec requires it with hsdp
@@ -55,7 +55,8 @@ class StagePlanner:
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
         self.params = stage_params(spec, stage)
-        self.layer = LayerTemplate(spec, self.tp, self.cost, variant)
+        # The layers' linear modules are TransformerEngine's (FP8 gathers, userbuffers overlap).
+        self.layer = LayerTemplate(spec, TensorParallel.for_layers(spec), self.cost, variant)
         self.chunks = model_chunks(spec, stage)
         self.dp = DataParallel(b, spec, self.params, self.chunks)
         self.sync = SyncCollectives(b, spec, stage)
@@ -247,6 +248,7 @@ class StagePlanner:
             if spec.sequence_parallel:
                 b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp")
             tied_embedding_sync(b, spec, self.stage)
+            self.sync.after_backward()
             self.sync.before_optimizer()
             b.compute("optimizer", self.cost.optimizer(self.dp.optimizer_params()))
             self.dp.after_optimizer()

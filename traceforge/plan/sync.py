@@ -11,21 +11,29 @@ a simulator should see. On by default, as Megatron runs them; --no-sync-collecti
   node's duration instead), so each broadcast of N bytes is written as an AllGather whose
   ranks contribute ceil(N/t) bytes: a ring AllGather of N bytes moves (t-1)/t of them over
   each link, as close as a runnable collective comes to a pipelined ring broadcast (N).
+- Rerun check (megatron/core/rerun_state_machine.py, should_run_forward_backward): Megatron's
+  default rerun mode, validate_results, ends the forward-backward loop with one int32
+  AllReduce over all ranks (_reduce_any: does any rank want the step rerun?).
 - Optimizer step (megatron/core/optimizer/optimizer.py, clip_grads.py): with fp16 loss
   scaling the found-inf flag, then the squared gradient norm, each an AllReduce of one fp32
   over the gradient-statistics group: the model-parallel group (tp x pp) with a replicated
   optimizer, every rank with a sharded one (distrib_optimizer.py). bf16 has no loss scaler,
-  hence no found-inf check.
+  hence no found-inf check. A MoE model has a second optimizer for the expert parameters
+  (optimizer/__init__.py, get_megatron_optimizer) chained to the dense one (ChainedOptimizer):
+  each checks found-inf over its own statistics group, and the norm is reduced once when both
+  share that group (a sharded optimizer: both use the distributed-optimizer group) or once per
+  optimizer otherwise, the expert one over the expert grid's tp x ep x pp group.
 - After the step (megatron/training/training.py, train_step): update-successful (int32, MIN)
   and grad-norm (fp32, MAX) AllReduces over the model-parallel group; on the last stage the
-  logging loss, [loss sum, tokens] in fp32, AllReduced over DP x CP.
+  logging loss, [loss sum, tokens] in fp32, AllReduced over DP x CP; then training_log's
+  learning rate (fp32, MAX over the model-parallel group: ranks without parameters have none).
 - MoE routing counts (token_dispatcher.py, MoEAlltoAllTokenDispatcher.preprocess): see
   plan/expert.py.
 """
 
 from __future__ import annotations
 
-from traceforge.model import Chunk, embedding_stages
+from traceforge.model import Chunk, embedding_stages, is_moe_layer
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -54,6 +62,11 @@ def stats_group(spec: Spec) -> str:
     return "world" if spec.dp_mode in SHARDED_STATS else "mp"
 
 
+def has_expert_optimizer(spec: Spec) -> bool:
+    """Megatron builds a second, chained optimizer for expert parameters when the model has any."""
+    return any(is_moe_layer(spec, layer) for layer in range(spec.layers))
+
+
 class SyncCollectives:
     def __init__(self, b: ProgramBuilder, spec: Spec, stage: int):
         self.b, self.spec, self.stage = b, spec, stage
@@ -66,13 +79,24 @@ class SyncCollectives:
         for name, size in batch_tensors(self.spec, chunk):
             self.b.collective(f"bcast_{name}", Coll.ALL_GATHER, -(-size // t), "tp")
 
+    def after_backward(self) -> None:
+        if self.on:
+            self.b.collective("rerun_check", Coll.ALL_REDUCE, INT32, "world")
+
     def before_optimizer(self) -> None:
         if not self.on:
             return
         group = stats_group(self.spec)
+        # (name suffix, statistics group) per chained optimizer: dense first, then experts.
+        optimizers = [("", group)]
+        if has_expert_optimizer(self.spec):
+            optimizers.append(("_experts", "world" if group == "world" else "tpepp"))
         if self.spec.dtype == "fp16":
-            self.b.collective("found_inf", Coll.ALL_REDUCE, FP32, group)
-        self.b.collective("grad_norm", Coll.ALL_REDUCE, FP32, group)
+            for suffix, stats in optimizers:
+                self.b.collective(f"found_inf{suffix}", Coll.ALL_REDUCE, FP32, stats)
+        shared = len({stats for _, stats in optimizers}) == 1
+        for suffix, stats in optimizers[:1] if shared else optimizers:
+            self.b.collective(f"grad_norm{suffix}", Coll.ALL_REDUCE, FP32, stats)
 
     def after_optimizer(self) -> None:
         if not self.on:
@@ -81,3 +105,4 @@ class SyncCollectives:
         self.b.collective("grad_norm_max", Coll.ALL_REDUCE, FP32, "mp")
         if self.stage == embedding_stages(self.spec)[1]:  # the loss lives with the LM head
             self.b.collective("loss", Coll.ALL_REDUCE, 2 * FP32, "dp")
+        self.b.collective("learning_rate", Coll.ALL_REDUCE, FP32, "mp")

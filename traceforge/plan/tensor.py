@@ -12,28 +12,68 @@ column-parallel input gradients. Full tensor b*s*h*e; AllGather comm_size is the
 Backward overlaps as Megatron's column-parallel backward does: the input-gradient reduction
 runs during the weight-gradient GEMM (and the SP re-gather during the input-gradient GEMM);
 the next layer's compute waits for both.
+
+TransformerEngine (the layers' linear modules; embedding and LM head are Megatron's own):
+- --fp8: the layer's AllGathers move FP8 tensors (1-byte elements): TE casts the norm output
+  before gathering it, gathers the output gradient quantized and re-gathers the saved FP8 input
+  for the weight gradient; ReduceScatters carry the bf16 GEMM outputs and input gradients.
+- --tp-comm-overlap (userbuffers, ``initialize_ub``'s default methods): the AllGather feeding
+  a GEMM (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad) is a ring exchange: the GEMM runs in tp
+  chunks, chunk i on the shard that arrived in step i-1 while the next shard travels (tp - 1
+  Send/Recv steps to the next / from the previous TP rank, one shard each); the ReduceScatter
+  after proj_fprop and fc2_fprop is "pipeline": the GEMM in 4 chunks, each chunk's
+  ReduceScatter (a quarter of the tensor) running while the next chunk computes; the backward's
+  qkv/fc1 dgrad and wgrad overlaps are "bulk", as above.
 """
 
 from __future__ import annotations
 
+from traceforge.model import activation_bytes
 from traceforge.plan.compute import Cost
-from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.plan.ops import Coll, Peer, ProgramBuilder
+from traceforge.spec import Spec
+
+TP_NEXT, TP_PREV = Peer.TP_NEXT, Peer.TP_PREV
+# GEMM chunks of TE's "pipeline" GEMM+ReduceScatter overlap (base.py: num_splits 4).
+PIPELINE_SPLITS = 4
+# Ring exchanges per layer and micro-batch, each with its own tags: the forward's qkv and fc1,
+# the backward's proj and fc2 output gradients, and the forward's again when recomputed.
+RING_KINDS = ("qkv", "fc1", "proj_grad", "fc2_grad", "qkv_recompute", "fc1_recompute")
+
+
+def overlap_tags(steps: int, m: int, layers: int, tp: int) -> int:
+    """The p2p tags the ring exchanges use (1 .. this); TP pairs carry no other p2p traffic."""
+    return steps * m * layers * len(RING_KINDS) * (tp - 1)
 
 
 class TensorParallel:
-    def __init__(self, full_bytes: int, tp: int, sequence_parallel: bool):
+    def __init__(self, full_bytes: int, tp: int, sequence_parallel: bool, *, gather_elem_ratio: float = 1.0,
+                 overlap: bool = False, spec: Spec | None = None):
+        """gather_elem_ratio: bytes per AllGathered element over bytes per activation element
+        (1/2 for FP8 gathers of a bf16 model)."""
         self.full = full_bytes
         self.shard = full_bytes // tp
+        self.gather_shard = int(self.shard * gather_elem_ratio)
         self.sp = sequence_parallel
+        self.tp = tp
+        self.overlap = overlap
+        self.spec = spec
+
+    @classmethod
+    def for_layers(cls, spec: Spec) -> TensorParallel:
+        """The transformer layers' TP, run by TransformerEngine's modules (FP8, userbuffers)."""
+        ratio = 1 / spec.act_bytes if spec.fp8 != "none" else 1.0
+        return cls(activation_bytes(spec), spec.tp, spec.sequence_parallel, gather_elem_ratio=ratio,
+                   overlap=spec.tp_comm_overlap, spec=spec)
 
     # Column-parallel entry (QKV, fc1, LM head): its input must be whole on every TP rank.
     def column_fwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:
-            b.collective(what, Coll.ALL_GATHER, self.shard, "tp")
+            b.collective(what, Coll.ALL_GATHER, self.gather_shard, "tp")
 
     def column_bwd(self, b: ProgramBuilder, what: str, dgrad: tuple[str, Cost], wgrad: tuple[str, Cost]) -> None:
         """Input-gradient GEMM, then its reduction overlapped with the weight-gradient GEMM."""
-        regather = b.collective(f"{what}_regather", Coll.ALL_GATHER, self.shard, "tp", blocking=False) if self.sp else None
+        regather = b.collective(f"{what}_regather", Coll.ALL_GATHER, self.gather_shard, "tp", blocking=False) if self.sp else None
         b.compute(*dgrad)
         ctype, size = (Coll.REDUCE_SCATTER, self.full) if self.sp else (Coll.ALL_REDUCE, self.full)
         reduction = b.collective(f"{what}_dgrad", ctype, size, "tp", blocking=False)
@@ -50,4 +90,42 @@ class TensorParallel:
 
     def row_bwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:  # the gradient of a ReduceScatter is an AllGather
-            b.collective(f"{what}_grad", Coll.ALL_GATHER, self.shard, "tp")
+            b.collective(f"{what}_grad", Coll.ALL_GATHER, self.gather_shard, "tp")
+
+    # -- TE userbuffers overlap (--tp-comm-overlap) -----------------------------------------
+    def gather_gemm(self, b: ProgramBuilder, kind: str, name: str, gemm: Cost) -> None:
+        """AllGather + GEMM as TE's ring exchange: tp GEMM chunks, tp - 1 shard transfers."""
+        assert self.overlap and self.spec is not None
+        t = self.tp
+        chunk = gemm.scaled(1 / t)
+        received = None
+        for i in range(t):
+            b.gate(received)  # chunk i arrived during step i-1
+            nxt = None
+            if i < t - 1:
+                tag = self._tag(b, kind, i)
+                b.send(kind, TP_NEXT, self.gather_shard, tag, dim="tp")
+                nxt = b.recv(kind, TP_PREV, self.gather_shard, tag, dim="tp", gate=False)
+            b.compute(f"{name}{i}", chunk)
+            received = nxt
+
+    def gemm_scatter(self, b: ProgramBuilder, what: str, name: str, gemm: Cost) -> None:
+        """GEMM + ReduceScatter as TE's pipeline method: each chunk's ReduceScatter overlaps the
+        next chunk's GEMM; what follows waits for all of them."""
+        splits = [self.full // PIPELINE_SPLITS] * PIPELINE_SPLITS
+        splits[-1] += self.full - sum(splits)
+        chunk = gemm.scaled(1 / PIPELINE_SPLITS)
+        scatters = []
+        for i, size in enumerate(splits):
+            b.compute(f"{name}{i}", chunk)
+            scatters.append(b.collective(f"{what}{i}", Coll.REDUCE_SCATTER, size, "tp", blocking=False))
+        for op in scatters:
+            b.gate(op)
+
+    def _tag(self, b: ProgramBuilder, kind: str, ring_step: int) -> int:
+        """Unique per (src, dst) pair within the run (TP neighbours carry no other p2p traffic);
+        the same on sender and receiver, which run the same program position."""
+        s = self.spec
+        assert s is not None and b.ctx.layer is not None
+        position = (b.ctx.step * s.num_microbatches + (b.ctx.microbatch or 0)) * s.layers + b.ctx.layer
+        return 1 + (position * len(RING_KINDS) + RING_KINDS.index(kind)) * (self.tp - 1) + ring_step

@@ -6,7 +6,6 @@ file can be broken becomes a TraceReadError naming the file and byte offset.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.errors import TraceReadError
-from traceforge.files import MAX_JSON_FILE_BYTES, read_regular_file
+from traceforge.files import MAX_JSON_FILE_BYTES, read_json
 from traceforge.read.frame import frames, read_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE
@@ -119,13 +118,7 @@ def read_json_file(path: Path, required: bool = False) -> object | None:
         if required:
             raise TraceReadError(f"{path}: no such file")
         return None
-    data = read_regular_file(path, "side file", MAX_JSON_FILE_BYTES, "fix or remove it", TraceReadError)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise TraceReadError(f"{path}: JSON nested too deeply to be a trace set's side file; fix or remove it") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceReadError(f"{path}: not valid JSON ({' '.join(str(exc).split())}); fix or remove it") from None
+    return read_json(path, "side file", "fix or remove it", MAX_JSON_FILE_BYTES, TraceReadError)
 
 
 def parse_groups(doc: object, name: object) -> dict[str, tuple[int, ...]]:

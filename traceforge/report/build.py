@@ -41,7 +41,7 @@ from traceforge.report.timeline import (
     timeline_ranks,
     write_chrome_trace,
 )
-from traceforge.report.timing_replay import LinkModel, ReplayResult, ReplayTooBig, replay
+from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, MODES, LinkModel, ReplayResult, ReplayTooBig, replay
 from traceforge.report.traceset import TraceSet, load_trace_set
 from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
 
@@ -61,6 +61,7 @@ class Report:
     estimate: StepEstimate | None = None
     track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
     network: AstraNetwork | None = None  # the estimate follows ASTRA-sim's analytical backend
+    estimate_mode: str = ASTRA_SIM  # the replay's resource model (timing_replay.MODES)
     simulation: Any = None  # a Simulation read back (simulation.json or an ASTRA-sim log)
     sim_view: Any = None
     notes: list[str] = field(default_factory=list)
@@ -125,7 +126,8 @@ class Report:
 
     def _timeline_meta(self, ranks: list[int]) -> dict:
         shown: object = ranks if len(ranks) <= 1024 else f"{len(ranks):,} ranks"
-        return {"traceforge": "analytical replay, an estimate, not a simulation", "link_model": self.link_json(),
+        return {"traceforge": "analytical replay, an estimate, not a simulation", "estimate_mode": self.estimate_mode,
+                "link_model": self.link_json(),
                 "tracks": self.track_ranks, "ranks_shown": shown,
                 "step_estimate": self.estimate.to_json() if self.estimate else None}
 
@@ -170,7 +172,7 @@ class Report:
             "expert_parallel": [g.to_json() for g in self.expert_groups],
             "jobs": self.job_traffic(),
             "timeline": None if self.estimate is None else {
-                **self.estimate.to_json(), "link_model": self.link_json(),
+                **self.estimate.to_json(), "estimate_mode": self.estimate_mode, "link_model": self.link_json(),
                 **({"estimate": "analytical replay with ASTRA-sim's network arithmetic, not a simulation"}
                    if self.network is not None else {})},
             "simulation": self.simulation_json(),
@@ -182,8 +184,8 @@ class Report:
 
     def attach_simulation(self, sim) -> None:
         """Show a simulation of this set beside the estimate; refuse one of another set."""
-        from traceforge.report.sim_view import simulated_view
-        from traceforge.report.simulation import trace_set_identity
+        from traceforge.simulate.result import trace_set_identity
+        from traceforge.simulate.view import simulated_view
 
         if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
             sim.trace_set = trace_set_identity(self.traces.directory, self.world)
@@ -243,7 +245,7 @@ class Report:
             write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
             self.write_timeline(tmp / "timeline.json")
             if self.simulation is not None:
-                from traceforge.report.sim_view import simulated_chrome_trace
+                from traceforge.simulate.view import simulated_chrome_trace
 
                 shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
                     else list(range(min(self.world, 32)))
@@ -287,17 +289,34 @@ def _n(value: float):
     return int(value) if float(value).is_integer() else round(float(value), 3)
 
 
+def estimate_mode(directory: Path, estimate: str | None) -> str:
+    """The estimate's mode: as given, else astra-sim for a set with an ASTRA-sim bundle (it
+    predicts what `traceforge simulate` will say) and hardware otherwise."""
+    if estimate is None:
+        return ASTRA_SIM if (Path(directory) / NETWORK_FILE).is_file() else HARDWARE
+    if estimate not in MODES:
+        raise UserError(f"--estimate must be {' or '.join(MODES)}, got {estimate!r}")
+    return estimate
+
+
 def build_report(
     directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
     timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
-    astra_model: bool | None = None,
+    astra_model: bool | None = None, estimate: str | None = None,
 ) -> Report:
     """Scan a trace set once and assemble its report. Raises UserError on unreadable input.
 
+    estimate: the replay's mode, astra-sim or hardware (None: estimate_mode's default).
     astra_model: time communication as ASTRA-sim's analytical backend does, with the set's
-    astra_network.yml / astra_system.json (None: when the set has them)."""
+    astra_network.yml / astra_system.json (None: in astra-sim mode, when the set has them)."""
     if gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    mode = estimate_mode(directory, estimate)
+    if mode == HARDWARE:
+        if astra_model:
+            raise UserError("--estimate hardware times transfers with the alpha-beta link model: drop --astra-model, "
+                            "or use --estimate astra-sim")
+        astra_model = False
     link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.cluster)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -308,8 +327,8 @@ def build_report(
     edges = traffic_edges(ts)
     tests = collective_test_matrix(ts, gpus_per_node)
     seconds["traffic"] = time.perf_counter() - t0
-    report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, notes=list(ts.notes),
-                    seconds=seconds)
+    report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
+                    notes=list(ts.notes), seconds=seconds)
     if astra_model is None:
         astra_model = (Path(directory) / NETWORK_FILE).exists()
     if astra_model:
@@ -325,7 +344,7 @@ def build_report(
             net = report.network
             replay_link = link if net is None or len(net.dims) < 2 else replace(
                 link, gpus_per_node=net.dims[0].npus)  # rank classes see its links
-            report.replay = replay(ts, replay_link, network=net)
+            report.replay = replay(ts, replay_link, network=net, mode=mode)
         except ReplayTooBig as exc:
             report.notes.append(f"timeline skipped: {exc}")
         else:

@@ -14,15 +14,13 @@ result is always the full scan's.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from traceforge.report.rank_scan import RankScan
 from traceforge.report.records import PEER_MAX, ScanRecord, value_spans
 from traceforge.wire import read_varint
-
-if TYPE_CHECKING:
-    from traceforge.report.scan import RankScan
 
 FIXED, VARINT, TEXT = 0xFF, 0x80, 0x00  # mask of the bits that must equal the template's, per byte
 LIMIT = 192  # templates kept per worker (each holds its file twice: ~0.4 MB at ~1,300 nodes)

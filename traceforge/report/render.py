@@ -112,14 +112,22 @@ def estimate_lines(report) -> list[str]:
         return f"{100 * x / total:.0f}%" if total else "-"
 
     net = getattr(report, "network", None)
+    mode = getattr(report, "estimate_mode", "astra-sim")
     shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
-    model = (f"  ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {shape} "
-             f"from astra_network.yml; not a simulation" if net is not None else
-             f"  an analytical alpha-beta replay, not a simulation: scale-up {link.intra_gbps:g} GB/s and "
-             f"{link.intra_latency_us * 1e3:g} ns, scale-out {link.inter_gbps:g} GB/s and {link.inter_latency_us * 1e3:g} ns "
-             f"(once per collective or send), one send/collective in flight per rank")
+    links = (f"scale-up {link.intra_gbps:g} GB/s and {link.intra_latency_us * 1e3:g} ns, scale-out {link.inter_gbps:g} GB/s "
+             f"and {link.inter_latency_us * 1e3:g} ns (once per collective or send)")
+    if mode == "hardware":
+        model = (f"  hardware mode: an analytical alpha-beta replay, not a simulation: {links}; one NCCL stream per group "
+                 f"and per send peer, concurrent transfers share a tier's bandwidth (--estimate astra-sim: ASTRA-sim's "
+                 f"one send/collective in flight per rank)")
+    elif net is not None:
+        model = (f"  astra-sim mode: ASTRA-sim's analytical arithmetic (chunks, ring steps, per-hop latency) on {shape} "
+                 f"from astra_network.yml; not a simulation")
+    else:
+        model = (f"  astra-sim mode: an analytical alpha-beta replay, not a simulation: {links}, one send/collective "
+                 f"in flight per rank as ASTRA-sim (--estimate hardware: one stream per group)")
     return [
-        f"Step time estimate {c.total / 1e3:,.3f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
+        f"Step time estimate ({mode} mode) {c.total / 1e3:,.3f} ms (critical rank {e.critical_rank}): compute {c.compute / 1e3:,.2f} ms "
         f"({pct(c.compute, c.total)}), exposed communication {c.exposed_comm / 1e3:,.2f} ms ({pct(c.exposed_comm, c.total)}), "
         f"idle {c.idle / 1e3:,.2f} ms ({pct(c.idle, c.total)})",
         f"  mean over ranks: compute {pct(m.compute, m.total)}, exposed communication {pct(m.exposed_comm, m.total)}, "
@@ -155,7 +163,7 @@ def simulation_lines(report) -> list[str]:
 
 
 def _span_text(ranks: list[int]) -> str:
-    from traceforge.report.sim_view import _span
+    from traceforge.simulate.view import _span
 
     return _span(ranks)
 def job_table(report) -> Table | None:

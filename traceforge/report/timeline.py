@@ -5,7 +5,8 @@ Per rank over the replayed window: compute is the time its compute stream is bus
 communication is the time a transfer of its own (collective after all members arrived, send,
 recv in flight) runs while compute is idle; idle is the rest (pipeline bubbles, waiting for
 peers). Each rank is one process in the trace with lanes: compute, comm (the one in-flight
-send/collective; a collective's wait for its peers nests inside it), and recv lanes.
+send/collective; a collective's wait for its peers nests inside it; in the hardware mode one lane
+per stream, e.g. "tp stream", "dp stream", "pp send stream"), and recv lanes.
 """
 
 from __future__ import annotations
@@ -170,7 +171,11 @@ def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
     steps = program.steps.tolist()
     first = min(steps, default=0)
     lanes_end: list[float] = []  # recv/other lanes, greedy
+    streams = result.streams[c] if result.streams is not None else None
     used = {0: "compute", 1: "comm"}
+    if streams is not None and result.stream_names is not None:  # the hardware mode's streams
+        used = {0: "compute", **{1 + k: name for k, name in enumerate(result.stream_names[c])}}
+    first_lane = max(used) + 1
     for i, kind in enumerate(program.types.tolist()):
         s, f = start[i], finish[i]
         if steps[i] != first or s is None or f is None:
@@ -184,14 +189,14 @@ def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
             tid = 0
         elif kind in (COLL, SEND):
             posted = issue[i]
-            tid, begin = 1, posted if posted is not None else s
+            tid, begin = 1 if streams is None else 1 + streams[i], posted if posted is not None else s
         else:
             lane = next((k for k, end in enumerate(lanes_end) if end <= begin), len(lanes_end))
             if lane == len(lanes_end):
                 lanes_end.append(f)
             else:
                 lanes_end[lane] = f
-            tid = 2 + lane
+            tid = first_lane + lane
             used[tid] = f"recv {lane}" if kind == RECV else f"other {lane}"
         yield _complete(_event_name(program, i), dim, _PID, tid, begin, f, args)
         if kind == COLL and s > begin:

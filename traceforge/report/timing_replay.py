@@ -30,6 +30,10 @@ from traceforge.report.scan import COLL, COMP, RECV, SEND, RankProgram
 from traceforge.report.traceset import TraceSet
 from traceforge.report.traffic import crosses_nodes, node_of
 
+# The estimate's two resource models (docs/estimate-modes.md).
+ASTRA_SIM, HARDWARE = "astra-sim", "hardware"
+MODES = (ASTRA_SIM, HARDWARE)
+
 # Replays bigger than this many nodes (classes x nodes per program) are refused.
 REPLAY_NODE_LIMIT = 4_000_000
 
@@ -135,6 +139,10 @@ class ReplayResult:
     finish: list[list[float | None]]
     makespan: float = 0.0
     stalled: list[tuple[int, int]] = field(default_factory=list)  # (class, node) never finished
+    mode: str = ASTRA_SIM
+    # hardware mode: per class, the stream of each send/collective (-1 otherwise) and the names
+    streams: list[list[int]] | None = None
+    stream_names: list[list[str]] | None = None
 
     def class_size(self) -> list[int]:
         sizes = [0] * len(self.reps)
@@ -159,7 +167,7 @@ class _Replay:
         self.indeg = [list(cp.indeg) for cp in self.classes]
         self.busy = [[False, False] for _ in sizes]  # compute, comm slot
         self.queues: list[list[list]] = [[[], []] for _ in sizes]
-        self.events: list[tuple[float, int, int, int]] = []
+        self.events: list[tuple[float, int, int, int]] = []  # (time, seq, class, node; < 0: a hook's event)
         self.seq = 0
         self.coll_waiters: dict[tuple[int, int], list] = defaultdict(list)
         self.recv_waiters: dict[tuple[int, int], list] = defaultdict(list)
@@ -177,6 +185,9 @@ class _Replay:
                 mates = {(color[m], self._group_role(m, g)) for m in members}
                 self.coll_info[(c, role)] = (mates, len(members), crosses_nodes(members, self.gpn))
                 self.coll_members[(c, role)] = tuple(members)
+
+    def annotate(self, result: ReplayResult) -> None:
+        """Add what this resource model knows beyond times (the hardware mode: its streams)."""
 
     # -- lookups ------------------------------------------------------------------------
     def _group_role(self, rank: int, group: str) -> int:
@@ -244,9 +255,13 @@ class _Replay:
                 self.coll_waiters[m].append((c, i))
                 return
         t0 = max(self.issue[m[0]][m[1]] or 0.0 for m in mates)  # every mate has issued (checked above)
+        self.start[c][i] = t0
+        self.collective_transfer(c, i, t0)
+
+    def collective_transfer(self, c: int, i: int, t0: float) -> None:
+        """Every member has issued collective i of class c: time its transfer from t0."""
         cp = self.classes[c]
         _, n, inter = self.coll_info[(c, cp.roles[i])]
-        self.start[c][i] = t0
         if self.network is not None:
             key = (c, cp.roles[i], int(cp.p.ctypes[i]), cp.sizes[i])  # cheap to hash, unlike a 128-rank member tuple
             us = self.coll_us.get(key)
@@ -265,12 +280,26 @@ class _Replay:
             self.done_at(c, i, t + cp.durations[i])
         elif kind == SEND:
             self.issue[c][i] = self.start[c][i] = t
-            self.done_at(c, i, t + self.send_micros(c, i))
+            self.send_transfer(c, i, t)
         else:  # COLL
             self.issue[c][i] = t
             self.try_collective(c, i)
             for waiter in self.coll_waiters.pop((c, i), ()):
                 self.try_collective(*waiter)
+
+    def send_transfer(self, c: int, i: int, t: float) -> None:
+        self.done_at(c, i, t + self.send_micros(c, i))
+
+    def acquire_comm(self, c: int, i: int, t: float) -> None:
+        """A send or collective is ready: ASTRA-sim's one comm slot per rank."""
+        self.acquire(c, i, t, 1)
+
+    def release_comm(self, c: int, i: int, t: float) -> None:
+        self.release(c, t, 1)
+
+    def on_event(self, c: int, code: int, seq: int, t: float) -> None:
+        """An event a subclass scheduled with a negative node code."""
+        raise AssertionError("no such event")
 
     def acquire(self, c: int, i: int, t: float, which: int) -> None:
         if self.busy[c][which]:
@@ -307,7 +336,7 @@ class _Replay:
         if kind == COMP:
             self.acquire(c, i, t, 0)
         elif kind in (SEND, COLL):
-            self.acquire(c, i, t, 1)
+            self.acquire_comm(c, i, t)
         elif kind == RECV:
             self.post_recv(c, i, t)
         else:
@@ -321,7 +350,10 @@ class _Replay:
                     self.became_ready(c, i, 0.0)
         makespan = 0.0
         while self.events:
-            t, _, c, i = heapq.heappop(self.events)
+            t, seq, c, i = heapq.heappop(self.events)
+            if i < 0:
+                self.on_event(c, i, seq, t)
+                continue
             self.finish[c][i] = t
             makespan = max(makespan, t)
             cp = self.classes[c]
@@ -341,12 +373,18 @@ class _Replay:
             if kind == COMP:
                 self.release(c, t, 0)
             elif kind in (SEND, COLL):
-                self.release(c, t, 1)
+                self.release_comm(c, i, t)
         return makespan
 
 
 def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT,
-           network: AstraNetwork | None = None) -> ReplayResult:
+           network: AstraNetwork | None = None, mode: str = ASTRA_SIM) -> ReplayResult:
+    """Replay a trace set (in memory or read from disk) under one of MODES; see the module doc.
+    network: time communication with ASTRA-sim's analytical arithmetic (astra-sim mode only)."""
+    if mode not in MODES:
+        raise ValueError(f"estimate mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == HARDWARE and network is not None:
+        raise ValueError("the hardware mode times transfers with the alpha-beta LinkModel, not an ASTRA-sim network")
     color = rank_classes(ts, link.gpus_per_node)
     reps: list[int] = []
     for rank, c in enumerate(color):
@@ -355,7 +393,15 @@ def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT,
     size = sum(ts.scans[r].nodes for r in reps)
     if size > node_limit:
         raise ReplayTooBig(f"{len(reps)} distinct rank programs, {size:,} nodes to replay (limit {node_limit:,})")
-    sim = _Replay(ts, link, color, reps, network)
+    if mode == HARDWARE:
+        from traceforge.report.streams import StreamReplay
+
+        sim: _Replay = StreamReplay(ts, link, color, reps)
+    else:
+        sim = _Replay(ts, link, color, reps, network)
     makespan = sim.run_all()
     stalled = [(c, i) for c, fin in enumerate(sim.finish) for i, f in enumerate(fin) if f is None]
-    return ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish, makespan, stalled)
+    result = ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish, makespan,
+                          stalled, mode)
+    sim.annotate(result)
+    return result

@@ -14,10 +14,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from traceforge.report.scan import COLL, COMP, RECV, SEND
-from traceforge.report.simulation import Simulation
 from traceforge.report.timeline import Split, _measure, _overlap, _union, chrome_trace
 from traceforge.report.timing_replay import LinkModel, ReplayResult
 from traceforge.report.traceset import TraceSet
+from traceforge.simulate.result import Simulation
 
 
 @dataclass

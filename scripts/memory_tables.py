@@ -1,0 +1,161 @@
+"""Print docs/memory.md's validation tables: our memory model against Megatron-LM's theoretical
+one, against measured peaks, and the feasibility cases.
+
+    python scripts/memory_tables.py
+
+Megatron's figures are re-derived here from the formulas of megatron/training/
+theoretical_memory_usage.py (compute_weight_and_optimizer_memory and, for SP with selective
+recompute, compute_activation_memory: Korthikanti et al. 2022, table 2), not imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from traceforge.memory import memory_report  # noqa: E402
+from traceforge.memory.activations import chunk_activations  # noqa: E402
+from traceforge.memory.states import stage_states  # noqa: E402
+from traceforge.memory.walk import moments  # noqa: E402
+from traceforge.model import model_chunks, padded_vocab  # noqa: E402
+from traceforge.plan.pipeline import schedule  # noqa: E402
+from traceforge.spec import Spec, build_spec  # noqa: E402
+
+GB, GIB = 1e9, 2**30
+
+
+def megatron_weights_and_optimizer(spec: Spec) -> float:
+    """Bytes of weights, gradients and optimizer on the most loaded shard (the embedding's)."""
+    h, a, g, L = spec.hidden, spec.heads, spec.kv_heads, spec.layers
+    norm = 2 if spec.arch == "gpt" else 1
+    gated = 1.5 if spec.arch == "llama" else 1.0
+    q_ratio = spec.head_dim * a / h
+    layer = 2 * h * h * (1 + g / a) * q_ratio + 2 * h * (spec.ffn_hidden * gated + norm)
+    block = L * layer + norm * h
+    embedding = h * padded_vocab(spec)
+    shard = (block / spec.pp + embedding) / spec.tp
+    if not spec.tied_embeddings and spec.pp == 1:
+        shard += embedding / spec.tp
+    per_param = 18 if spec.dp_mode == "ddp" else 6 + 12 / spec.dp
+    return shard * per_param
+
+
+def megatron_activations(spec: Spec) -> float:
+    """compute_activation_memory (SP + selective recompute), first stage, bytes."""
+    s, b, h, p = spec.seq_len, spec.micro_batch, spec.hidden, spec.pp
+    act = s * b * h * (18 + 4 * spec.ffn_hidden / h) * spec.layers
+    act += 8 * s * b * p + s * b * h * p
+    if spec.virtual_stages > 1:
+        act *= 1 + (p - 1) / (p * spec.virtual_stages)
+    elif p > 1:
+        act *= min(1, spec.num_microbatches / p)
+    if p == 1:
+        act += s * b * h * 4 * (1 + padded_vocab(spec) / h)
+    return act / spec.tp
+
+
+def ours_weights_and_optimizer(spec: Spec, stage: int = 0) -> int:
+    st = stage_states(spec, stage)
+    return st.weights + st.gradients + st.optimizer
+
+
+def ours_held_activations(spec: Spec, stage: int = 0) -> int:
+    """Activations held at the stage's fullest moment, transient tensors left out (Megatron's
+    formula counts only what is kept for backward)."""
+    costs = [chunk_activations(spec, c) for c in model_chunks(spec, stage)]
+    return max(m.held for m in moments(schedule(spec, stage), costs))
+
+
+def gpt(layers: int, h: int, heads: int, t: int, p: int, gbs: int, mbs: int = 1, **kw) -> Spec:
+    return build_spec("demo", overrides=dict(arch="gpt", layers=layers, hidden=h, ffn_hidden=4 * h, heads=heads, kv_heads=heads,
+                                             vocab=51200, seq_len=2048, tied_embeddings=True, tp=t, pp=p, dp=1, micro_batch=mbs,
+                                             global_batch=gbs, sequence_parallel=True, recompute="selective",
+                                             attention="unfused", dtype="fp16", gpu="a100", order="megatron", **kw))
+
+
+MEGATRON_ROWS = [
+    ("22B, t8 p1, b4 (Korthikanti 2022 table 3)", gpt(48, 6144, 64, 8, 1, 4, 4)),
+    ("GPT-3 175B, t8 p8 (table 3)", gpt(96, 12288, 96, 8, 8, 64)),
+    ("530B, t8 p35 interleaved v3 (table 3)", gpt(105, 20480, 128, 8, 35, 280, schedule="interleaved", virtual_stages=3)),
+    ("1T, t8 p64 (table 3)", gpt(128, 25600, 160, 8, 64, 512)),
+    ("llama3-70b preset + selective (GQA, SwiGLU, flash)", build_spec("llama3-70b", overrides=dict(recompute="selective"))),
+]
+
+
+def megatron_table() -> None:
+    print("| config | Megatron weights+grads+optimizer | ours | diff | Megatron activations | ours (held) | diff |")
+    print("|---|---|---|---|---|---|---|")
+    for name, spec in MEGATRON_ROWS:
+        mw, ow = megatron_weights_and_optimizer(spec), ours_weights_and_optimizer(spec)
+        ma, oa = megatron_activations(spec), ours_held_activations(spec)
+        print(f"| {name} | {mw / GB:.2f} GB | {ow / GB:.2f} GB | {100 * (ow / mw - 1):+.2f} % | {ma / GB:.2f} GB | "
+              f"{oa / GB:.2f} GB | {100 * (oa / ma - 1):+.2f} % |")
+
+
+# Megatron-LM tools/get_training_info/README.md (PR #482): torch.cuda.max_memory_allocated() after
+# several iterations, Llama 2 7B, bf16, one 8-GPU H800 node, in GiB. Assumed, as the tool's example:
+# seq 2048, FlashAttention, the distributed optimizer (DDP's 18 B per parameter could not fit
+# 6.7B parameters on an 80 GB GPU at tp1 pp1), no SP, no recompute.
+MEASURED = [(2, 2048, 8, 1, 1, 69.1), (4, 512, 4, 1, 2, 55.7), (2, 2048, 4, 2, 1, 49.8), (4, 128, 1, 1, 8, 28.8)]
+
+
+def measured_table() -> None:
+    print("| config (Llama 2 7B, bf16, s 2048, dist-opt) | source | measured (max allocated) | ours (allocated) | error |")
+    print("|---|---|---|---|---|")
+    for mbs, gbs, dp, pp, tp, measured in MEASURED:
+        spec = build_spec("demo", overrides=dict(arch="llama", layers=32, hidden=4096, ffn_hidden=11008, heads=32, kv_heads=32,
+                                                 vocab=32000, seq_len=2048, tied_embeddings=False, tp=tp, pp=pp, dp=dp,
+                                                 micro_batch=mbs, global_batch=gbs, dp_mode="dist-opt"))
+        # max_memory_allocated sees tensors only: no CUDA context, no fragmentation, no NCCL buffers.
+        worst = max(memory_report(spec).stages, key=lambda s: s.weights + s.gradients + s.optimizer + s.activations)
+        ours = (worst.weights + worst.gradients + worst.optimizer + worst.activations) / GIB
+        print(f"| b{mbs} gbs{gbs} dp{dp} pp{pp} tp{tp} | Megatron-LM PR #482 | {measured:.1f} GiB | {ours:.1f} GiB | "
+              f"{100 * (ours / measured - 1):+.1f} % |")
+
+
+def narayanan(layers: int, h: int, heads: int, p: int, n: int, batch: int) -> Spec:
+    """A Narayanan et al. 2021 table 1 row as benchmarks/bench_published_runs.py runs it: full
+    recompute, unfused attention, fp16 on 80 GB A100s."""
+    return build_spec("demo", overrides=dict(arch="gpt", layers=layers, hidden=h, ffn_hidden=4 * h, heads=heads, kv_heads=heads,
+                                             vocab=51200, seq_len=2048, tied_embeddings=True, tp=8, pp=p, world_size=n, dp=None,
+                                             global_batch=batch, micro_batch=1, recompute="full", attention="unfused",
+                                             dtype="fp16", gpu="a100", order="megatron"))
+
+
+def feasibility_cases() -> list[tuple[str, Spec, bool]]:
+    """(case, spec, whether it must fit): published runs fit, the absurd must not."""
+    return [
+        ("llama3-405b preset: t8 p16 d128, SP, ZeRO-2 (Dubey et al. 2024)", build_spec("llama3-405b"), True),
+        ("GPT-3 175B t8 p8, SP + selective, A100 80 GB (Korthikanti et al. 2022)", MEGATRON_ROWS[1][1], True),
+        ("530B t8 p35 v3, SP + selective (Korthikanti et al. 2022)", MEGATRON_ROWS[2][1], True),
+        ("1T t8 p64, SP + selective (Korthikanti et al. 2022)", MEGATRON_ROWS[3][1], True),
+        ("GPT 39.1B t8 p2, 512 A100 (Narayanan et al. 2021 table 1)", narayanan(48, 8192, 64, 2, 512, 1536), True),
+        ("GPT 76.1B t8 p4, 1024 A100 (Narayanan et al. 2021 table 1)", narayanan(60, 10240, 80, 4, 1024, 1792), True),
+        ("llama3-70b --tp 1 --pp 1 --dp 128", build_spec("llama3-70b", overrides=dict(tp=1, pp=1, dp=128)), False),
+        ("llama3-70b --seq-len 131072 (no CP, no recompute)", build_spec("llama3-70b", overrides=dict(seq_len=131072)), False),
+        ("llama3-70b --seq-len 131072 --cp 16 --dp 1 --recompute full", build_spec(
+            "llama3-70b", overrides=dict(seq_len=131072, cp=16, dp=1, recompute="full", order="megatron")), True),
+    ]
+
+
+def feasibility_table() -> None:
+    print("| case | peak (stage) | GPU memory | fits | expected |")
+    print("|---|---|---|---|---|")
+    for name, spec, expected in feasibility_cases():
+        report = memory_report(spec)
+        worst = report.worst
+        verdict = "fits" if expected else "must not fit"
+        mismatch = "" if report.fits == expected else " (MISMATCH)"
+        print(f"| {name} | {worst.peak / GB:,.1f} GB ({worst.stage}) | {report.gpu} {report.gpu_memory_bytes / GB:.1f} GB | "
+              f"{'yes' if report.fits else 'no'} | {verdict}{mismatch} |")
+
+
+if __name__ == "__main__":
+    print("## Megatron-LM's theoretical model\n")
+    megatron_table()
+    print("\n## Measured peaks\n")
+    measured_table()
+    print("\n## Feasibility\n")
+    feasibility_table()

@@ -1,0 +1,240 @@
+"""`simulate` and `report --simulation` against hostile targets, simulators and files: the outputs
+obey the output contract, a simulator is bounded and killed with its whole process group, a
+simulator that lies is named, and every forged simulation.json is one line (issue 22)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_runner import invoke, one_line_error
+
+from traceforge.emit.astra import Cluster, write_astra_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bundled(make_set):
+    _, out, doc = make_set("demo")  # 8 ranks
+    write_astra_bundle(out, doc, Cluster(gpus_per_node=8))
+    return out
+
+
+def fake(tmp_path: Path, body: str, name: str = "fake_astra") -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+FINISHES = 'for i in 0 1 2 3 4 5 6 7; do echo "[workload] [info] sys[$i] finished, 1000 cycles, exposed communication 400 cycles"; done'
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purpose (its parent, the shell, was killed)
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[-1][0] != "Z"
+
+
+def gone(*pids: int) -> bool:
+    """Every pid dead (a SIGKILL is delivered asynchronously: allow it 5 s)."""
+    for _ in range(50):
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- outputs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["workload.0.et", "manifest.json", "comm_group.json", "workload.9.et"])
+def test_simulate_out_never_replaces_or_adds_to_the_set(bundled, tmp_path, name):
+    before = {p.name: p.read_bytes() for p in bundled.iterdir() if p.is_file()}
+    res = invoke("simulate", bundled, "-q", "-o", bundled / name, "--astra-sim-bin", fake(tmp_path, FINISHES))
+    one_line_error(res, "inside the input")
+    assert {p.name: p.read_bytes() for p in bundled.iterdir() if p.is_file()} == before
+
+
+def test_simulate_out_never_replaces_a_file_traceforge_did_not_write(bundled, tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": 1}')
+    res = invoke("simulate", bundled, "-q", "-o", mine, "--astra-sim-bin", fake(tmp_path, FINISHES))
+    one_line_error(res, "did not write")
+    assert mine.read_text() == '{"mine": 1}'
+
+
+def test_simulate_twice_replaces_its_own_result_and_logs(bundled, tmp_path):
+    binary = fake(tmp_path, FINISHES)
+    for _ in range(2):
+        res = invoke("simulate", bundled, "-q", "--astra-sim-bin", binary)
+        assert res.exit_code == 0, res.output
+    doc = json.loads((bundled / "simulation.json").read_text())
+    assert doc["finished_ranks"] == 8 and doc["step_time_ns"] == 1000
+    assert [r["compute_ns"] for r in doc["ranks"]] == [600] * 8
+    assert (bundled / "astra_log" / "stdout.txt").read_text().count("finished") == 8
+    assert not [p for p in bundled.parent.iterdir() if p.name.startswith(".tf-")]
+
+
+def test_log_dir_never_deletes_or_overwrites_a_users_files(bundled, tmp_path):
+    logs = tmp_path / "mylogs"
+    logs.mkdir()
+    for name, text in {"logbook.log": "ship's log", "errata.log": "oops", "stdout.txt": "my notes"}.items():
+        (logs / name).write_text(text)
+    res = invoke("simulate", bundled, "-q", "--log-dir", logs, "--astra-sim-bin", fake(tmp_path, FINISHES))
+    one_line_error(res, "did not write")
+    assert {p.name: p.read_text() for p in logs.iterdir()} == {
+        "logbook.log": "ship's log", "errata.log": "oops", "stdout.txt": "my notes"}
+    assert not (bundled / "simulation.json").exists()
+
+
+@pytest.mark.parametrize("where", ["cwd", "set"])
+def test_log_dir_is_never_cwd_or_the_set(bundled, tmp_path, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("simulate", bundled, "-q", "--log-dir", "." if where == "cwd" else bundled,
+                 "--astra-sim-bin", fake(tmp_path, FINISHES))
+    one_line_error(res, "--out" if where == "cwd" else "input")
+
+
+# -- a simulator that hangs, wraps or lies ----------------------------------------------------
+
+
+def _simulate_process(directory: Path, binary: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "traceforge", "simulate", str(directory), "-q",
+                             "--astra-sim-bin", binary, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_timeout_holds_when_the_simulator_closes_stdout_and_runs_on(bundled, tmp_path):
+    proc = _simulate_process(bundled, fake(tmp_path, "exec >&- 2>&-\nsleep 60"), "--timeout", "2")
+    try:
+        _, stderr = proc.communicate(timeout=30)  # bounded by --timeout, not by the simulator's 60 s
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 3 and "did not finish within 2 s" in stderr, stderr
+
+
+def test_timeout_kills_what_a_wrapper_started(bundled, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    binary = fake(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait")
+    res = invoke("simulate", bundled, "-q", "--timeout", "1", "--astra-sim-bin", binary)
+    one_line_error(res, "did not finish within 1 s", code=3)
+    assert gone(int(pidfile.read_text()))
+
+
+def test_an_exited_simulator_does_not_wait_for_what_it_left_running(bundled, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    binary = fake(tmp_path, f"{FINISHES}\n(sleep 300) &\necho $! > {pidfile}\nexit 0")
+    res = invoke("simulate", bundled, "-q", "--timeout", "600", "--astra-sim-bin", binary)
+    assert res.exit_code == 0, res.output
+    assert gone(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_to_simulate_kills_the_simulator(bundled, tmp_path, sig, code):
+    pidfile = tmp_path / "sim.pid"
+    binary = fake(tmp_path, f"echo $$ > {pidfile}\nsleep 300 &\necho $! >> {pidfile}\nwait")
+    proc = _simulate_process(bundled, binary)
+    try:
+        for _ in range(300):
+            if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+                break
+            time.sleep(0.05)
+        pids = [int(p) for p in pidfile.read_text().split()]
+        proc.send_signal(sig)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code
+    assert gone(*pids)
+    assert not (bundled / "astra_log").exists() and not (bundled / "simulation.json").exists()
+
+
+@pytest.mark.parametrize("line, words", [
+    ("sys[999] finished, 1000 cycles, exposed communication 0 cycles", ["a rank", "999"]),
+    ("sys[3] finished, 1000 cycles, exposed communication 5000 cycles", ["exposed communication", "5000"]),
+])
+def test_a_simulator_that_lies_is_named_not_believed(bundled, tmp_path, line, words):
+    res = invoke("simulate", bundled, "-q", "--astra-sim-bin", fake(tmp_path, f'{FINISHES}\necho "{line}"'))
+    one_line_error(res, *words, code=3)
+    assert not (bundled / "simulation.json").exists()
+
+
+def test_garbage_output_is_echoed_printable_and_short(bundled, tmp_path):
+    binary = fake(tmp_path, "printf 'boom\\033[31m\\001\\377'; head -c 5000 /dev/zero | tr '\\0' x; echo; exit 7")
+    res = invoke("simulate", bundled, "-q", "--astra-sim-bin", binary)
+    line = one_line_error(res, "exited with code 7", code=3)
+    assert line.isprintable() and len(line) < 600 and "boom?[31m??" in line
+
+
+# -- report --simulation: every field it uses is checked ---------------------------------------
+
+
+@pytest.fixture
+def simulated(bundled, tmp_path):
+    assert invoke("simulate", bundled, "-q", "--astra-sim-bin", fake(tmp_path, FINISHES)).exit_code == 0
+    return bundled, json.loads((bundled / "simulation.json").read_text())
+
+
+FORGED = {
+    "finish Infinity": lambda d: d["ranks"][0].update(finish_ns=float("inf")),
+    "finish 10**400": lambda d: d["ranks"][0].update(finish_ns=10**400),
+    "negative finish": lambda d: d["ranks"][0].update(finish_ns=-5),
+    "exposed past finish": lambda d: d["ranks"][0].update(exposed_comm_ns=10**6),
+    "rank the set lacks": lambda d: d["ranks"][0].update(rank=99),
+    "rank -1": lambda d: d["ranks"][0].update(rank=-1),
+    "trace_set 5": lambda d: d.update(trace_set=5),
+    "simulator abc": lambda d: d.update(simulator="abc"),
+    "stalled 5": lambda d: d.update(stalled=5),
+    "nodes list": lambda d: d.update(nodes=[1, 2]),
+    "node end before start": lambda d: d.update(nodes={"0": [[0, 50, 10]]}),
+    "node of a rank the set lacks": lambda d: d.update(nodes={"8": [[0, 0, 10]]}),
+    "world_size 8x": lambda d: d["trace_set"].update(world_size="8x"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED))
+def test_forged_simulation_file_is_one_line(simulated, tmp_path, forgery):
+    directory, doc = simulated
+    FORGED[forgery](doc)
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(doc))  # Infinity is written as the non-JSON token Python allows
+    one_line_error(invoke("report", directory, "--simulation", forged, "--no-timeline"), "forged.json")
+
+
+def test_deeply_nested_simulation_file_is_one_line(simulated, tmp_path):
+    directory, _ = simulated
+    forged = tmp_path / "deep.json"
+    forged.write_text('{"traceforge_simulation": 1, "nodes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    one_line_error(invoke("report", directory, "--simulation", forged, "--no-timeline"), "nested too deeply")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_simulation_file_that_is_not_regular_is_refused(simulated, tmp_path, kind):
+    directory, _ = simulated
+    path = tmp_path / "pipe.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    one_line_error(invoke("report", directory, "--simulation", path, "--no-timeline"), "not a regular file")
+
+
+def test_an_honest_simulation_file_still_reads(simulated):
+    directory, _ = simulated
+    res = invoke("report", directory, "--simulation", directory / "simulation.json", "--no-timeline")
+    assert res.exit_code == 0, res.output
+    assert "Simulated step 0.001 ms" in res.output and "8/8 ranks finished" in res.output

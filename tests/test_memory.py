@@ -1,0 +1,146 @@
+"""The memory model, term by term against hand arithmetic on small specs, and the schedule
+walk's peak against live micro-batches counted by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from traceforge.memory import memory_report
+from traceforge.memory.activations import PassBytes, chunk_activations, layer_activations
+from traceforge.memory.gpus import GPU_MEMORY_MIB, gpu_memory_bytes
+from traceforge.memory.report import CUDA_CONTEXT_BYTES, FRAGMENTATION, NCCL_BYTES_PER_COMMUNICATOR
+from traceforge.memory.states import stage_states
+from traceforge.memory.walk import peak
+from traceforge.model import model_chunks, padded_vocab
+from traceforge.plan.pipeline import gpipe, interleaved, one_f_one_b, zbv
+from traceforge.spec import SpecError, build_spec
+
+# A llama layer small enough to count by hand: h 64, f 128, 4 heads of 16, 2 KV heads, vocab 256.
+SMALL = dict(arch="llama", layers=4, hidden=64, ffn_hidden=128, heads=4, kv_heads=2, vocab=256, seq_len=32,
+             tied_embeddings=False, tp=2, pp=2, dp=2, micro_batch=1, global_batch=8, attention_mask_in_dataloader=False)
+
+
+def small(**kw):
+    return build_spec("demo", overrides={**SMALL, **kw})
+
+
+def _layer_params_per_tp_rank(t=2):
+    h, f, kv = 64, 128, 2 * 16
+    split = h * (h + 2 * kv) + h * h + 3 * h * f  # Q, K, V, O; gate, up, down
+    return split // t + 2 * h  # two RMSNorm weights replicated
+
+
+@pytest.mark.parametrize("mode, w, g, o", [
+    ("ddp", 2, 4, 12),            # Megatron's 18 B per parameter
+    ("dist-opt", 2, 4, 12 / 4),   # 6 + 12/d over DP x CP = 2 x 2
+    ("zero2", 2, 4 / 4, 12 / 4),
+    ("zero3", 2 / 4, 4 / 4, 12 / 4),
+])
+def test_model_states_per_parameter(mode, w, g, o):
+    spec = small(dp_mode=mode, cp=2, order="megatron")
+    # Stage 0: two layers and the word embedding (vocab 256 padded to 256, split over t=2).
+    n = 2 * _layer_params_per_tp_rank() + 256 * 64 // 2
+    states = stage_states(spec, 0)
+    assert states.weights == pytest.approx(w * n, abs=4)
+    assert states.gradients == pytest.approx(g * n, abs=4)
+    assert states.optimizer == pytest.approx(o * n, abs=12)
+
+
+def test_fp32_weights_need_no_master_copy():
+    spec = small(dtype="fp32")
+    n = 2 * _layer_params_per_tp_rank() + 256 * 64 // 2
+    assert stage_states(spec, 0).optimizer == 8 * n and stage_states(spec, 0).weights == 4 * n
+
+
+def test_layer_activations_by_hand():
+    spec = small()  # t2, no SP, flash, no recompute, bf16, 32 tokens
+    h, f, t, tokens = 64, 128, 2, 32
+    # Replicated on each TP rank: 2 norm inputs, attention input, MLP input (2 B each, h wide).
+    rep = 4 * 2 * h
+    # Split: Q (64), K (32), V (32), attention output (64); fc1's gate+up (2f), fc2's input (f); LSE fp32 per head.
+    split = 2 * (64 + 32 + 32 + 64) / t + 2 * 3 * f / t + 4 * 4 / t
+    assert layer_activations(spec, False).stored == int(tokens * (rep + split))
+    sp = small(sequence_parallel=True)
+    assert layer_activations(sp, False).stored == int(tokens * (rep / t + split))
+    full = small(recompute="full", sequence_parallel=True)
+    assert layer_activations(full, False).stored == tokens * 2 * h // t
+
+
+def test_korthikanti_34sbh_over_t_with_sp_and_selective_recompute():
+    # GPT with f = 4h, q = k = v = h: 34 sbh / t bytes per layer (Korthikanti et al. 2022, table 2),
+    # plus FlashAttention's fp32 log-sum-exp per head, which the paper's unfused kernels do not keep.
+    spec = build_spec("demo", overrides=dict(sequence_parallel=True, recompute="selective", attention="unfused"))
+    s, b, h, t, a = spec.seq_len, spec.micro_batch, spec.hidden, spec.tp, spec.heads
+    assert layer_activations(spec, False).stored == 34 * s * b * h // t
+    none = build_spec("demo", overrides=dict(sequence_parallel=True, attention="unfused"))
+    assert layer_activations(none, False).stored == (34 * s * b * h + 5 * a * s * s * b) // t
+
+
+def test_head_keeps_fp32_logits():
+    spec = small()
+    last = model_chunks(spec, 1)[0]
+    layers = 2 * layer_activations(spec, False).stored
+    head = 32 * (2 * 2 * 64 + 4 * padded_vocab(spec) // 2)
+    assert chunk_activations(spec, last).stored == layers + head
+
+
+# -- the schedule walk ------------------------------------------------------------------------
+
+def _held(passes, chunks):
+    one = [PassBytes(10 ** (c + 0)) for c in range(chunks)]
+    return peak(passes, one)[0]
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 16)])
+def test_1f1b_holds_p_minus_i(p, m):
+    for i in range(p):
+        assert _held(one_f_one_b(i, p, m), 1) == min(p - i, m)
+
+
+def test_gpipe_holds_all():
+    assert _held(gpipe(1, 4, 6), 1) == 6
+
+
+def test_interleaved_counts_by_hand():
+    # p2 v2 m4, stage 0: warm-up (p-1)*2 + (v-1)*p = 4 forwards (chunks 0,0,1,1), then F/B pairs.
+    # Chunk 0 counts 1 byte, chunk 1 10: after warm-up 2*1 + 2*10 = 22, then F (chunk 0) makes 23.
+    passes = interleaved(0, 2, 4, 2, combined=True)
+    assert passes[:5] == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1), ("F&", 0, 2)]
+    assert _held(passes, 2) == 23
+
+
+def test_zbv_frees_at_w():
+    # ZB-V, p2 m4, stage 0: warm-up 3 forwards of chunk 0, then chunk 1's F I W.
+    passes = zbv(0, 2, 4)
+    one = [PassBytes(1), PassBytes(100)]
+    held_at_i = peak(passes[:5], one)[0]
+    assert passes[:5] == [("F", 0, 0), ("F", 0, 1), ("F", 0, 2), ("F", 1, 0), ("I", 1, 0)]
+    assert held_at_i == 103  # the I pass frees nothing: W needs the layers' inputs
+    assert peak(passes, one)[0] == 103
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def test_report_adds_up_and_names_the_gpu():
+    spec = small()
+    report = memory_report(spec)
+    assert report.gpu == "h100" and report.gpu_memory_bytes == GPU_MEMORY_MIB["h100"] * 2**20
+    for s in report.stages:
+        assert s.peak == s.weights + s.gradients + s.optimizer + s.activations + s.buffers + s.overhead
+        assert s.overhead == CUDA_CONTEXT_BYTES + int(FRAGMENTATION * (s.activations + s.buffers))
+        assert s.buffers >= NCCL_BYTES_PER_COMMUNICATOR * 3  # tp, dp and the pipeline's neighbours
+    assert report.peak_bytes == max(s.peak for s in report.stages) and report.fits
+    tight = memory_report(spec, gpu_memory_bytes=report.peak_bytes - 1)
+    assert not tight.fits and sum(not s.fits for s in tight.stages) >= 1
+    assert set(report.to_json()) == {"gpu", "gpu_memory_bytes", "peak_bytes", "fits", "stages"}
+    assert set(report.to_json()["stages"][0]) == {"stage", "weights", "gradients", "optimizer", "activations",
+                                                 "buffers", "overhead", "peak", "fits"}
+
+
+def test_custom_gpu_needs_its_memory():
+    with pytest.raises(SpecError, match="--gpu-memory-gb"):
+        gpu_memory_bytes("custom")
+    for bad in (-1.0, 0.0, float("nan"), float("inf"), 1e300):
+        with pytest.raises(SpecError, match="--gpu-memory-gb"):
+            gpu_memory_bytes("custom", bad)
+    assert gpu_memory_bytes("custom", 80) == 80 * 10**9

@@ -1,0 +1,87 @@
+"""`traceforge memory`: what each pipeline stage's GPUs hold at their peak, against the GPU.
+
+Takes the same spec flags as generate (built from spec.FIELDS by generate's spec_parameters)
+and writes nothing but the table, or --json."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from traceforge.cli import answer_to_stdout, app, out, user_errors
+from traceforge.cli.generate import spec_parameters
+from traceforge.errors import UserError
+from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
+from traceforge.spec import build_spec, load_config_file
+
+GB = 1e9
+
+
+def memory_options() -> list[inspect.Parameter]:
+    """--gpu-memory-gb and --overhead-gb: shared by memory and generate."""
+    def opt(name: str, flag: str, help_text: str) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=float | None,
+                                 default=typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Memory"))
+
+    return [
+        opt("gpu_memory_gb", "--gpu-memory-gb", "GPU memory in GB (10^9 bytes); required with --gpu custom (default: the GPU's total as nvidia-smi reports it, e.g. h100 81,559 MiB)."),
+        opt("overhead_gb", "--overhead-gb", "CUDA context and library workspaces per GPU in GB (default 1 GiB; see docs/memory.md)."),
+    ]
+
+
+def report_for(spec: Any, gpu_memory_gb: float | None, overhead_gb: float | None) -> MemoryReport:
+    """The memory report under the memory flags, each checked (one line on bad input)."""
+    memory = gpu_memory_bytes(spec.gpu, gpu_memory_gb)
+    overhead = None
+    if overhead_gb is not None:
+        if not 0 <= overhead_gb <= 1000:  # also refuses nan
+            raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
+        overhead = int(overhead_gb * GB)
+    return memory_report(spec, memory, overhead_bytes=overhead)
+
+
+def memory(**kwargs: Any) -> None:
+    """Memory per GPU of each pipeline stage (weights, gradients, optimizer, activations at the schedule's peak, buffers, overhead) against the GPU's memory."""
+    preset, config, as_json = kwargs.pop("preset"), kwargs.pop("config"), kwargs.pop("as_json")
+    memory_gb, overhead_gb = kwargs.pop("gpu_memory_gb"), kwargs.pop("overhead_gb")
+    spec = build_spec(preset, load_config_file(config) if config else None, kwargs)
+    report = report_for(spec, memory_gb, overhead_gb)
+    answer_to_stdout("the memory table")
+    if as_json:
+        out.file.write(json.dumps(report.to_json(), indent=2) + "\n")
+        return
+    out.print(memory_table(report, spec.preset))
+    worst = report.worst
+    verdict = "fits" if report.fits else "does NOT fit"
+    out.print(f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {report.gpu_memory_bytes / GB:,.1f} GB: "
+              f"{verdict}", markup=False, soft_wrap=True)
+
+
+def memory_table(report: MemoryReport, name: str) -> Table:
+    table = Table(title=f"memory per GPU (GB): {name} on {report.gpu}, {report.gpu_memory_bytes / GB:,.1f} GB")
+    columns = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "overhead", "peak", "fits", "peak when")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "peak when" else "right", overflow="fold")
+    for s in report.stages:
+        table.add_row(str(s.stage), *(f"{getattr(s, k) / GB:,.2f}" for k in columns[1:8]), "yes" if s.fits else "NO", s.peak_when)
+    return table
+
+
+def _options() -> list[inspect.Parameter]:
+    def opt(name: str, annotation: Any, option: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+    return [
+        opt("preset", str | None, typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
+        opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON) with keys named like the flags in snake_case.")),
+        opt("as_json", bool, typer.Option(False, "--json", help="Print JSON: gpu, gpu_memory_bytes, peak_bytes, fits, stages.")),
+    ]
+
+
+memory.__signature__ = inspect.Signature(_options() + memory_options() + spec_parameters())  # type: ignore[attr-defined]
+app.command("memory")(user_errors(memory))

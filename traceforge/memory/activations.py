@@ -1,0 +1,169 @@
+"""Activation memory of one micro-batch on one GPU, per layer and per model chunk.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198, section 4) count what a layer's forward keeps for its backward: with 2-byte
+activations, 34sbh + 5as^2b per layer, of which 10sbh (layer-norm inputs, the inputs of
+attention and MLP, two dropout masks) is replicated on every TP rank unless sequence
+parallelism shards it, and 24sbh + 5as^2b (Q, K, V, the projection input, the MLP's two
+inner tensors, the attention scores) is split by t. We count the same tensors, each in its
+own size, so that the formula's successors follow from the spec:
+- GQA: K and V have kv_heads*head_dim channels; MLA: the compressed latents (computed on the
+  whole sequence, never TP-split) plus the up-projected per-head Q, K, V;
+- SwiGLU (llama): fc1 keeps 2f channels (gate and up) and fc2's input f; GELU (gpt): f and f;
+- dropout masks (1 byte each) only for gpt; Llama trains without dropout;
+- FlashAttention keeps no s^2 scores, only its fp32 log-sum-exp per head; unfused attention
+  keeps the softmax output (and gpt's dropout mask and output), dropped by selective recompute;
+- full recompute keeps only each layer's input and rebuilds one layer during its backward;
+- MoE: the router's fp32 probabilities, and per token copy on this rank (top_k copies, times
+  the routing imbalance of the busiest EP rank) the permuted input, the expert's inner
+  tensors and its output (which the probabilities' gradient needs); shared experts as an MLP;
+- CP: every tensor holds the rank's s/cp tokens;
+- the first chunk keeps the int64 token ids (and gpt's embedding dropout mask); the last the
+  final norm's input and output and the fp32 logits the cross-entropy keeps (V/t per token).
+Transient tensors (alive only while one pass runs) are counted apart, so the schedule walk
+adds the largest of them to what is held at that moment.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from traceforge.model import Chunk, is_moe_layer, local_tokens, padded_vocab, qkv_channels
+from traceforge.spec import Spec
+
+FP32, INT64, MASK = 4, 8, 1
+
+
+@dataclass(frozen=True)
+class PassBytes:
+    """One micro-batch's bytes on one GPU: kept from its forward until its backward frees them
+    (its W pass in zero-bubble schedules), and the transient peaks on top during each pass."""
+
+    stored: int
+    forward: int = 0
+    backward: int = 0
+
+    def __add__(self, other: PassBytes) -> PassBytes:
+        return PassBytes(self.stored + other.stored, max(self.forward, other.forward), max(self.backward, other.backward))
+
+
+@functools.lru_cache(maxsize=256)
+def routing_imbalance(spec: Spec) -> float:
+    """Token copies the busiest EP rank receives over the mean (1 when balanced): from the
+    routing the planner draws for the first micro-batch (zipf), or the trace's worst entry."""
+    if not spec.experts or spec.moe_routing == "balanced" or spec.ep == 1:
+        return 1.0
+    from traceforge.plan.routing import Routing
+
+    moe_layers = sum(is_moe_layer(spec, layer) for layer in range(spec.layers))
+    copies = max(1, local_tokens(spec) * spec.top_k)
+    routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, copies, spec.steps, spec.num_microbatches, moe_layers)
+    if routing.table is not None:
+        received = routing.table.sum(axis=-2)  # [.., dst]
+    else:
+        received = np.stack([routing.counts(0, 0, layer).sum(axis=0) for layer in range(moe_layers)])
+    mean = received.mean()
+    return float(received.max() / mean) if mean > 0 else 1.0
+
+
+def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, float, float, float]:
+    """Bytes per local token of one layer on one GPU: (stored without recompute, attention
+    scores that selective recompute drops, forward transient, backward transient)."""
+    h, t, e = spec.hidden, spec.tp, spec.act_bytes
+    rep = t if spec.sequence_parallel else 1  # what SP shards across the TP group
+    gpt = spec.arch == "gpt"
+    q, k, v = qkv_channels(spec)
+    out = spec.heads * spec.v_head_dim if spec.mla else q  # channels into the output projection
+    stored = 2 * e * h / rep  # the two norms' inputs
+    stored += e * h / rep  # attention input (norm output)
+    if spec.mla:
+        latent = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
+        stored += e * (latent + spec.q_lora_rank + spec.kv_lora_rank)  # latents and their norms' inputs, whole
+    stored += e * (q + k + v + out) / t
+    scores = 0.0
+    if spec.attention == "flash":
+        stored += FP32 * spec.heads / t  # log-sum-exp per head
+    else:  # softmax output (and gpt's dropout mask and output) over the keys each query sees
+        scores = spec.heads / t * spec.seq_len * (e + (MASK + e if gpt else 0))
+    stored += (MASK * h / rep) if gpt else 0  # attention's output dropout mask
+    stored += e * h / rep  # MLP (or router) input
+    stored += (MASK * h / rep) if gpt else 0  # MLP's output dropout mask
+    f_inner = 2 if gpt else 3  # gpt: GELU input and output; llama: fc1's 2f (gate, up) and fc2's f
+    widest = 2 * spec.ffn_hidden if not gpt else spec.ffn_hidden
+    if moe:
+        ffn = spec.moe_ffn_hidden
+        copies = spec.top_k * imbalance / t  # token copies per local token on this GPU
+        stored += FP32 * spec.experts / rep  # router probabilities
+        stored += copies * e * (2 * h + f_inner * ffn)  # permuted input, inner tensors, output
+        stored += e * f_inner * spec.shared_experts * ffn / t
+        widest = max(int(copies * (2 * h + 2 * ffn)), 2 * spec.shared_experts * ffn // t)
+        dispatch = copies * e * h * 2  # AllToAll send and receive buffers
+    else:
+        stored += e * f_inner * spec.ffn_hidden / t
+        widest //= t
+        dispatch = 0.0
+    gathered = e * h if spec.sequence_parallel and t > 1 else 0  # TE's all-gathered input of a linear
+    raw_scores = e * spec.heads / t * spec.seq_len if spec.attention == "unfused" else 0  # Q K^T before softmax
+    forward = max(gathered, raw_scores, dispatch)
+    backward = e * (widest + h) + gathered  # gradient of the widest tensor and of the hidden state
+    return stored, scores, forward, backward
+
+
+@functools.lru_cache(maxsize=4096)
+def layer_activations(spec: Spec, moe: bool) -> PassBytes:
+    """One layer, one micro-batch, one GPU."""
+    tokens = local_tokens(spec)
+    imbalance = routing_imbalance(spec) if moe else 1.0
+    stored, scores, forward, backward = _per_token_layer(spec, moe, imbalance)
+    if spec.recompute == "full":
+        # Megatron's full (uniform, one layer per checkpoint) recompute keeps the layer's input
+        # (sequence-sharded under SP) and rebuilds the whole layer during its backward.
+        kept = spec.act_bytes * spec.hidden / (spec.tp if spec.sequence_parallel else 1)
+        return PassBytes(int(tokens * kept), int(tokens * forward), int(tokens * (stored + scores + backward)))
+    if spec.recompute == "selective":
+        return PassBytes(int(tokens * stored), int(tokens * forward), int(tokens * (scores + backward)))
+    return PassBytes(int(tokens * (stored + scores)), int(tokens * forward), int(tokens * backward))
+
+
+def embedding_activations(spec: Spec) -> PassBytes:
+    """The first chunk's inputs: int64 token ids (and gpt's embedding dropout mask); the
+    dataloader's b*s*s boolean attention mask while the forward runs, if it sends one."""
+    tokens = local_tokens(spec)
+    rep = spec.tp if spec.sequence_parallel else 1
+    stored = INT64 * tokens + (MASK * tokens * spec.hidden // rep if spec.arch == "gpt" else 0)
+    mask = spec.micro_batch * spec.seq_len * spec.seq_len // spec.cp if spec.attention_mask_in_dataloader else 0
+    return PassBytes(stored, mask, 0)
+
+
+def head_activations(spec: Spec) -> PassBytes:
+    """The last chunk's LM head: final norm input and output, and the fp32 logits the
+    cross-entropy keeps (Megatron casts the vocabulary-parallel logits to fp32 and keeps the
+    softmax for backward); the 16-bit logits exist while the forward runs, their gradient
+    during the backward."""
+    tokens = local_tokens(spec)
+    rep = spec.tp if spec.sequence_parallel else 1
+    vocab = padded_vocab(spec) // spec.tp
+    stored = tokens * (2 * spec.act_bytes * spec.hidden // rep + FP32 * vocab)
+    transient = tokens * spec.act_bytes * vocab
+    return PassBytes(stored, transient, transient + tokens * spec.act_bytes * spec.hidden)
+
+
+def chunk_activations(spec: Spec, chunk: Chunk) -> PassBytes:
+    """One micro-batch through one model chunk: its layers, and the embedding / LM head on
+    the model's first / last chunk."""
+    total = PassBytes(0)
+    moe_layers = sum(is_moe_layer(spec, layer) for layer in chunk.layers)
+    if moe_layers:
+        moe = layer_activations(spec, True)
+        total += PassBytes(moe.stored * moe_layers, moe.forward, moe.backward)
+    if len(chunk.layers) > moe_layers:
+        dense = layer_activations(spec, False)
+        total += PassBytes(dense.stored * (len(chunk.layers) - moe_layers), dense.forward, dense.backward)
+    if chunk.first:
+        total += embedding_activations(spec)
+    if chunk.last:
+        total += head_activations(spec)
+    return total

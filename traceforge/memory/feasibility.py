@@ -1,0 +1,71 @@
+"""Feasibility before writing: refuse a spec whose peak does not fit the GPU, naming the
+worst stage, its peak, the GPU's memory and the cheapest fixes that would make it fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from traceforge.errors import SpecError
+from traceforge.memory.report import MemoryReport, memory_report
+from traceforge.spec import Spec
+
+GB = 1e9
+# Past this multiple of the GPU's memory a spec is a typo (--vocab 10**12), refused even with
+# --allow-oom: planning it would take longer than any answer is worth.
+ABSURD_MEMORY_FACTOR = 1000
+
+
+def _candidates(spec: Spec) -> list[tuple[str, dict]]:
+    """Single-setting changes, cheapest first: none changes the layout or the GPU count."""
+    out: list[tuple[str, dict]] = []
+    if spec.tp > 1 and not spec.sequence_parallel:
+        out.append(("--sequence-parallel", {"sequence_parallel": True}))
+    if spec.dp_mode == "ddp" and spec.dp * spec.cp > 1:
+        out.append(("--dp-mode dist-opt", {"dp_mode": "dist-opt"}))
+    if spec.recompute == "none":
+        out.append(("--recompute selective", {"recompute": "selective"}))
+    if spec.recompute != "full":
+        out.append(("--recompute full", {"recompute": "full"}))
+    if spec.dp_mode in ("ddp", "zero1", "dist-opt", "zero2") and spec.dp * spec.cp > 1:
+        out.append(("--dp-mode zero3", {"dp_mode": "zero3"}))
+    return out
+
+
+def fixes(spec: Spec, report: MemoryReport) -> list[str]:
+    """The single settings that would make the spec fit (checked with the model); failing
+    those, the first pair that does; else none."""
+    candidates = _candidates(spec)
+
+    def fits(*changes: dict) -> bool:
+        merged = {k: v for change in changes for k, v in change.items()}
+        return memory_report(dataclasses.replace(spec, **merged), report.gpu_memory_bytes).fits
+
+    single = [flag for flag, change in candidates if fits(change)]
+    if single:
+        return single
+    for i, (flag_a, a) in enumerate(candidates):
+        for flag_b, b in candidates[i + 1:]:
+            if not set(a) & set(b) and fits(a, b):
+                return [f"{flag_a} {flag_b}"]
+    return []
+
+
+def refusal(spec: Spec, report: MemoryReport) -> str:
+    worst = report.worst
+    found = fixes(spec, report)
+    advice = f"it fits with {' or '.join(found)}, or a larger --pp or --cp" if found else "raise --tp, --pp or --cp"
+    return (f"stage {worst.stage} needs {worst.peak / GB:,.1f} GB per GPU at its peak ({worst.peak_when}), more than the "
+            f"{report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB: {advice} "
+            f"(see 'traceforge memory'; --allow-oom writes it anyway)")
+
+
+def check_fits(spec: Spec, report: MemoryReport, allow_oom: bool) -> None:
+    """Raise a one-line SpecError unless the spec fits (or --allow-oom, short of the absurd)."""
+    if report.fits:
+        return
+    worst = report.worst
+    if worst.peak > ABSURD_MEMORY_FACTOR * report.gpu_memory_bytes:
+        raise SpecError(f"each GPU of stage {worst.stage} would need {worst.peak / GB:,.0f} GB, over {ABSURD_MEMORY_FACTOR}x "
+                        f"the {report.gpu}'s memory: check --vocab, --hidden, --ffn-hidden and --layers, or raise --tp/--pp")
+    if not allow_oom:
+        raise SpecError(refusal(spec, report))

@@ -1,0 +1,184 @@
+"""The hardware estimate mode's resource model: one stream per communicator, links shared per tier.
+
+timing_replay.py replays the trace's DAG; the resource model decides when a ready node may run
+and how long a transfer takes. The astra-sim mode keeps ASTRA-sim's one non-recv communication in
+flight per rank. This one follows what the GPU does (docs/estimate-modes.md has the sources):
+
+- Streams. PyTorch's ProcessGroupNCCL launches every collective of a communicator on that
+  communicator's own NCCL stream (one per process group); an unbatched send/recv gets a
+  two-rank communicator, and stream, per peer pair. So a rank runs one collective at a time per
+  group role and one send at a time per peer role, in issue (node id) order, while different
+  groups' transfers proceed together. Compute keeps one stream; recvs need none (as astra-sim).
+- Links. A transfer is on the scale-out tier when its group (or pair) spans nodes, else on the
+  scale-up tier, as LinkModel charges it. It pays the tier's latency once (not shared) and its
+  wire bytes at the tier's bandwidth divided by the number of transfers in their bytes phase
+  that share a (rank, tier, direction) with it, the most crowded one it touches: a collective
+  sends and receives on every member, a send out of the sender and into the receiver. Rates are
+  recomputed whenever a transfer starts or ends its bytes (a fluid, processor-sharing model).
+  Concurrent transfers on different tiers do not slow each other.
+
+The DAG is untouched: what --overlap-grad-reduce, --overlap-param-gather and --overlap-p2p-comm
+change is already in the trace's dependencies (plan/data.py, plan/ops.py); this model only lets
+what the DAG allows to overlap actually overlap.
+
+Rank classes stay exact. The equitable partition (timing_replay.rank_classes) gives every member
+of a class the same program, the same classes in each group role and at each peer role. Streams
+are keyed by those roles, so they are the same for every member. A rank's load on a tier and
+direction is the sum over its in-flight transfers and, for the in direction, its peers' sends to
+it; by induction over events, every member of a class has the same transfers in flight (its own
+and, by the partition, its groups' and peers'), so the load of any member equals its
+representative's and one replay per class stays exact. One case it cannot see: several ranks of
+one class sending to the same rank at once (fan-in through one peer role of each); the planner
+writes no such pattern (pipelines send one to one).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass
+
+from traceforge.report.ring import wire_bytes
+from traceforge.report.scan import COLL, SEND
+from traceforge.report.timing_replay import LinkModel, ReplayResult, _Replay
+from traceforge.report.traceset import TraceSet
+
+OUT, IN = 0, 1
+Load = tuple[int, bool, int]  # (class, scale-out tier?, direction)
+
+
+@dataclass
+class _Transfer:
+    own: tuple[Load, ...]  # the loads it adds while in its bytes phase
+    bound: tuple[Load, ...]  # the loads that set its share of the tier
+    remaining: float  # wire bytes left
+    latency: float  # us, paid once after the bytes
+    bandwidth: float  # bytes per us of its tier, unshared
+    rate: float = 0.0
+    last: float = 0.0  # when remaining was last brought up to date
+    seq: int = 0  # its pending bytes-done event (older ones are stale)
+
+
+class StreamReplay(_Replay):
+    """A _Replay whose communication runs on per-communicator streams over shared tiers."""
+
+    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int]):
+        super().__init__(ts, link, color, reps, None)
+        self.stream_of: list[list[int]] = []
+        self.stream_names: list[list[str]] = []
+        for cp in self.classes:
+            keys: dict[tuple[int, int], int] = {}
+            ids = [-1] * len(cp.types)
+            names: list[str] = []
+            for i, kind in enumerate(cp.types):
+                if kind not in (COLL, SEND):
+                    continue
+                key = (kind, cp.roles[i])
+                if key not in keys:
+                    keys[key] = len(keys)
+                    names.append(f"{cp.p.dims[i] or 'comm'} {'stream' if kind == COLL else 'send stream'}")
+                ids[i] = keys[key]
+            self.stream_of.append(ids)
+            self.stream_names.append(_unique(names))
+        self.stream_busy = [[False] * len(n) for n in self.stream_names]
+        self.stream_queue: list[list[list[int]]] = [[[] for _ in n] for n in self.stream_names]
+        self.load: dict[Load, int] = defaultdict(int)
+        self.bound_by: dict[Load, set[tuple[int, int]]] = defaultdict(set)  # load -> transfers it bounds
+        self.active: dict[tuple[int, int], _Transfer] = {}
+
+    # -- streams ------------------------------------------------------------------------
+    def acquire_comm(self, c: int, i: int, t: float) -> None:
+        s = self.stream_of[c][i]
+        if self.stream_busy[c][s]:
+            heapq.heappush(self.stream_queue[c][s], i)  # a stream runs its work in issue order
+        else:
+            self.stream_busy[c][s] = True
+            self.run(c, i, t)
+
+    def release_comm(self, c: int, i: int, t: float) -> None:
+        s = self.stream_of[c][i]
+        q = self.stream_queue[c][s]
+        if q:
+            self.run(c, heapq.heappop(q), t)
+        else:
+            self.stream_busy[c][s] = False
+
+    # -- transfers ----------------------------------------------------------------------
+    def collective_transfer(self, c: int, i: int, t0: float) -> None:
+        cp = self.classes[c]
+        mates, n, inter = self.coll_info[(c, cp.roles[i])]
+        wire = wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n)
+        own = ((c, inter, OUT), (c, inter, IN))
+        bound = tuple((m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
+        self._begin(c, i, t0, wire, inter, own, bound)
+
+    def send_transfer(self, c: int, i: int, t: float) -> None:
+        cp = self.classes[c]
+        inter = self.send_is_inter(c, i)
+        dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+        own: tuple[Load, ...] = ((c, inter, OUT),)
+        if 0 <= dst < self.ts.world:
+            own += ((self.color[dst], inter, IN),)
+        self._begin(c, i, t, float(cp.sizes[i]), inter, own, own)
+
+    def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[Load, ...],
+               bound: tuple[Load, ...]) -> None:
+        link = self.link
+        latency = link.inter_latency_us if inter else link.intra_latency_us
+        if wire <= 0:
+            self.done_at(c, i, t + latency)
+            return
+        bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
+        self.active[(c, i)] = _Transfer(own, bound, wire, latency, bandwidth, last=t)
+        affected = {(c, i)}
+        for key in own:
+            self.load[key] += 1
+            affected |= self.bound_by[key]
+        for key in bound:
+            self.bound_by[key].add((c, i))
+        self._rerate(affected, t)
+
+    def _rerate(self, keys: set[tuple[int, int]], t: float) -> None:
+        """Bring each transfer's bytes up to t and reschedule its end if its share changed."""
+        for key in sorted(keys):  # sorted: the event order, hence the output, is deterministic
+            x = self.active[key]
+            rate = x.bandwidth / max(self.load[k] for k in x.bound)
+            if rate == x.rate:
+                continue
+            x.remaining = max(0.0, x.remaining - x.rate * (t - x.last))
+            x.last, x.rate = t, rate
+            self.seq += 1
+            x.seq = self.seq
+            heapq.heappush(self.events, (t + x.remaining / rate, self.seq, key[0], -1 - key[1]))
+
+    def on_event(self, c: int, code: int, seq: int, t: float) -> None:
+        """A transfer's bytes are through (unless a rate change rescheduled it since)."""
+        i = -1 - code
+        x = self.active.get((c, i))
+        if x is None or x.seq != seq:
+            return
+        del self.active[(c, i)]
+        affected: set[tuple[int, int]] = set()
+        for key in x.own:
+            self.load[key] -= 1
+            affected |= self.bound_by[key]
+        for key in x.bound:
+            self.bound_by[key].discard((c, i))
+        affected.discard((c, i))
+        self._rerate(affected, t)
+        self.done_at(c, i, t + x.latency)
+
+    def annotate(self, result: ReplayResult) -> None:
+        result.streams, result.stream_names = self.stream_of, self.stream_names
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = defaultdict(int)
+    for n in names:
+        seen[n] += 1
+    count: dict[str, int] = defaultdict(int)
+    out = []
+    for n in names:
+        count[n] += 1
+        out.append(n if seen[n] == 1 else f"{n} {count[n]}")
+    return out
