@@ -10,7 +10,7 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -30,22 +30,22 @@ def _plan_options() -> list[inspect.Parameter]:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
     return [
-        opt("preset", Optional[str], typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
-        opt("config", Optional[Path], typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
-        opt("gpus", Optional[str], typer.Option(None, "--gpus", help="GPUs to lay the model out on (with --sweep: a comma-separated list).")),
-        opt("gpu_memory_gb", Optional[float], typer.Option(None, "--gpu-memory-gb", help="GPU memory in GB (default: the --gpu's).")),
+        opt("preset", str | None, typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
+        opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
+        opt("gpus", str | None, typer.Option(None, "--gpus", help="GPUs to lay the model out on (with --sweep: a comma-separated list).")),
+        opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", help="GPU memory in GB (default: the --gpu's).")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
         opt("top", int, typer.Option(10, "--top", "-k", help="Candidates to rank and print.")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON.")),
         opt("every", bool, typer.Option(False, "--all", help="Replay and list every feasible candidate (slow on big searches).")),
-        opt("write_top", Optional[int], typer.Option(None, "--write-top", help="Write the K best trace sets, plan.csv and a plot into -o DIR.")),
-        opt("out_dir", Optional[Path], typer.Option(None, "--out", "-o", help="Output directory of --write-top, --sweep's plot or --shard.")),
+        opt("write_top", int | None, typer.Option(None, "--write-top", help="Write the K best trace sets, plan.csv and a plot into -o DIR.")),
+        opt("out_dir", Path | None, typer.Option(None, "--out", "-o", help="Output directory of --write-top, --sweep's plot or --shard.")),
         opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
         opt("astra_sim", bool, typer.Option(False, "--astra-sim", help="With --write-top: an ASTRA-sim bundle beside each set.")),
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list.")),
-        opt("shard", Optional[str], typer.Option(None, "--shard", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
-        opt("merge", Optional[Path], typer.Option(None, "--merge", help="Join the shard files in this folder and print the plan.")),
-        opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
+        opt("shard", str | None, typer.Option(None, "--shard", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
+        opt("merge", Path | None, typer.Option(None, "--merge", help="Join the shard files in this folder and print the plan.")),
+        opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter.")),
     ]
 
@@ -55,13 +55,13 @@ def _machine_options() -> list[inspect.Parameter]:
 
     params = machine_parameters("generate", panel="Machine")
     # --sweep takes a comma-separated list of one of them: read them all as text.
-    return [p.replace(annotation=Optional[str]) for p in params]
+    return [p.replace(annotation=str | None) for p in params]
 
 
 def _spec_options() -> list[inspect.Parameter]:
-    from traceforge.cli.generate import _spec_options as spec_options  # renamed on main: spec_parameters
+    from traceforge.cli.generate import spec_parameters
 
-    return spec_options()
+    return spec_parameters()
 
 
 def _parse_list(flag: str, text: str, kind: type) -> list[Any]:
@@ -87,7 +87,7 @@ def plan(**kwargs: Any) -> None:
     spec_flags = {k: v for k, v in kwargs.items() if v is not None}
     jobs = resolve_jobs(opts["jobs"])
     if opts["merge"] is not None:
-        planner_run.print_merged(opts["merge"], opts["top"], opts["as_json"], every=opts["every"])
+        planner_run.print_merged(opts["merge"], opts["as_json"])
         return
     for name in NOT_WITH_PLAN:
         if name in spec_flags:
@@ -137,22 +137,37 @@ plan.__signature__ = inspect.Signature(_plan_options() + _machine_options() + _s
 app.command("plan")(user_errors(plan))
 
 
+def _ms(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.3g}"
+
+
 def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]) -> None:
+    """The ranked candidates: layout, step and its split (compute, communication left exposed
+    per dimension, pipeline bubble and waiting), throughput and memory."""
     dims = sorted({d for r in ranked for d in r["exposed_ms"] if d in ("tp", "cp", "pp", "dp", "ep", "edp")})
     table = Table(title=title)
-    cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "m", "schedule", "recompute", "dp-mode", "step s", "tokens/s",
-            "TFLOP/s", "MFU", "compute s", *(f"exp {d} s" for d in dims), "bubble s", "peak GB", "free GB"]
+    cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "m", "schedule", "recomp", "dp mode", "step", "tok/s",
+            "TF/s", "MFU", "comp", *(f"x-{d}" for d in dims), "idle", "peak GB", "free GB"]
     for c in cols:
-        table.add_column(c, justify="left" if c in ("schedule", "recompute", "dp-mode") else "right", no_wrap=True)
+        table.add_column(c, justify="left" if c in ("schedule", "recomp", "dp mode") else "right", no_wrap=True)
     for i, r in enumerate(ranked, 1):
         mode = r["dp_mode"] + (f":{r['shard_size']}" if r["shard_size"] else "")
         free = "-" if r["headroom_bytes"] is None else f"{r['headroom_bytes'] / 1e9:.1f}"
         table.add_row(str(i), *(str(r[k]) for k in ("tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches")),
-                      r["schedule"], r["recompute"], mode, f"{r['step_ms'] / 1e3:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['tflops_per_gpu']:.0f}", f"{r['mfu']:.3f}", f"{r['compute_ms'] / 1e3:.3f}",
-                      *(f"{r['exposed_ms'].get(d, 0.0) / 1e3:.3f}" for d in dims), f"{r['bubble_ms'] / 1e3:.3f}",
+                      r["schedule"], r["recompute"], mode, _ms(r["step_ms"]), _si(r["tokens_per_s"]),
+                      f"{r['tflops_per_gpu']:.0f}", f"{r['mfu']:.3f}", _ms(r["compute_ms"]),
+                      *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
                       f"{r['peak_bytes'] / 1e9:.1f}", free)
     out.print(table)
+    out.print("times in ms per step; x-DIM: that dimension's communication not hidden by compute; idle: pipeline "
+              "bubble and waiting for peers", markup=False)
     out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
               f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
     if ranked:

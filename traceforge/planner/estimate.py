@@ -19,7 +19,7 @@ from traceforge.plan.ops import NodeType, Program
 from traceforge.plan.program import build_program
 from traceforge.report.scan import RankProgram, RankScan
 from traceforge.report.timeline import _measure, _overlap, _union, step_estimate
-from traceforge.report.timing_replay import LinkModel, replay
+from traceforge.report.timing_replay import HARDWARE, LinkModel, replay
 from traceforge.report.traceset import TraceSet
 from traceforge.spec import Spec
 
@@ -62,7 +62,7 @@ def _rank_program(program: Program, groups: tuple[str, ...], peers: tuple[str, .
     for role in peers:
         peer_ranks.setdefault(peer_rank[role], len(peer_ranks))
     roles = np.fromiter(
-        (group_number[op.group] if op.type == NodeType.COLL else
+        (group_number[op.group or ""] if op.type == NodeType.COLL else
          peer_ranks[peer_rank[op.peer]] if op.peer is not None else -1 for op in ops), np.int32, n)
     counts = np.fromiter((len(op.deps) for op in ops), np.int64, n)
     dep_ptr = np.zeros(n + 1, np.int64)
@@ -86,7 +86,7 @@ def in_memory_trace_set(spec: Spec, programs: list[Program] | None = None) -> Tr
     nxt, prv = layout.pipeline_peers
     cp_next, cp_prev = layout.context_peers
     ids = layout.group_id_of
-    shared: list[tuple[RankProgram, tuple[str, ...], tuple[str, ...], bytes]] = []
+    shared: list[tuple[Program, tuple[str, ...], tuple[str, ...], bytes]] = []
     for program in programs:
         groups = _first_use([op.group for op in program.ops if op.type == NodeType.COLL])
         peers = _first_use([op.peer for op in program.ops if op.type in (NodeType.SEND, NodeType.RECV)])
@@ -125,9 +125,10 @@ def in_memory_trace_set(spec: Spec, programs: list[Program] | None = None) -> Tr
 
 
 def estimate(spec: Spec, link: LinkModel) -> Estimate:
-    """Replay the candidate's programs on the machine; the critical rank's split per step."""
+    """Replay the candidate's programs on the machine (the report's hardware estimate mode: a
+    stream per communicator, links shared); the critical rank's split per step."""
     ts = in_memory_trace_set(spec)
-    result = replay(ts, link)
+    result = replay(ts, link, mode=HARDWARE)
     est = step_estimate(result, spec.steps)
     c = result.color[est.critical_rank]
     program = result.programs[c]

@@ -218,12 +218,12 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
                   "once every shard is done", markup=False)
 
 
-def print_merged(directory: Path, top: int, as_json: bool, every: bool = False) -> None:
+def print_merged(directory: Path, as_json: bool) -> None:
     from traceforge.cli.plan import print_json, print_table
     from traceforge.planner.shard import merge_shards
 
     query, counts, all_rows = merge_shards(directory)
-    keep = None if query.get("every") else int(query.get("top", top))
+    keep = None if query.get("every") else int(query.get("top", 10))
     ranked = rank_rows(all_rows, keep)
     gpus = int(query.get("gpus", 0))
     if not ranked:

@@ -174,7 +174,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
-    for bound, key, values, peak in feasible:
+    for bound, _key, values, peak in feasible:
         if not every and len(best) >= top and bound > -best[0]:
             break  # strictly: a candidate whose step ties the K-th may still rank before it
         spec = builder(values)
