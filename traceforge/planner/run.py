@@ -56,7 +56,8 @@ def _whole(raw: Mapping[str, Any], name: str, flag: str) -> int:
     return value
 
 
-def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None) -> PlanResult:
+def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None,
+               until_us: float | None = None) -> PlanResult:
     from traceforge.cluster import Cluster
     from traceforge.planner.memory import gpu_memory
     from traceforge.report.timing_replay import LinkModel
@@ -78,7 +79,7 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     except SpecError as exc:
         raise UserError(str(exc)) from None
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
-                    query.every, jobs, shard, quiet)
+                    query.every, jobs, shard, quiet, until_us)
     if shard is None:
         check_feasible(result, model)
     return result

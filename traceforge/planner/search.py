@@ -139,7 +139,9 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
 
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
-           quiet: bool = False) -> PlanResult:
+           quiet: bool = False, until_us: float | None = None) -> PlanResult:
+    """until_us: also replay every candidate whose bound is below it (and keep them all), so the
+    rank of a layout of that step among all candidates is exact (the published-run check)."""
     global _job
     started = time.perf_counter()
     builder = base.builder()
@@ -162,7 +164,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
         progress.close()
     result.feasible = len(feasible)
     feasible.sort(key=lambda c: (c[0], c[1]))
-    result.candidates, result.replayed = _branch_and_bound(builder, feasible, link, top, every, quiet)
+    result.candidates, result.replayed = _branch_and_bound(builder, feasible, link, top, every, quiet, until_us)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -170,12 +172,13 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
 # -- phase 2: replay in bound order ---------------------------------------------------------
 
 def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
-                      link: LinkModel, top: int, every: bool, quiet: bool) -> tuple[list[Ranked], int]:
+                      link: LinkModel, top: int, every: bool, quiet: bool,
+                      until_us: float | None = None) -> tuple[list[Ranked], int]:
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
     for bound, _key, values, peak in feasible:
-        if not every and len(best) >= top and bound > -best[0]:
+        if not every and len(best) >= top and bound > max(-best[0], until_us or 0.0):
             break  # strictly: a candidate whose step ties the K-th may still rank before it
         spec = builder(values)
         est = estimate(spec, link)
@@ -193,7 +196,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
         progress.close()
     replayed = len(ranked)
     ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
-    return (ranked if every else ranked[:top]), replayed
+    return (ranked if every or until_us is not None else ranked[:top]), replayed
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:
