@@ -177,7 +177,8 @@ def test_durations_carry_rounding_so_each_stage_sums_to_the_model(monkeypatch):
         return original(self, name, cost)
 
     monkeypatch.setattr(ops.ProgramBuilder, "compute", record)
-    for overrides in (dict(), dict(gpu="b200", hidden=128, ffn_hidden=256, heads=4, kv_heads=4, seq_len=32, micro_batch=1)):
+    for overrides in (dict(), dict(gpu="b200", hidden=128, ffn_hidden=256, heads=4, kv_heads=4, seq_len=32, micro_batch=1,
+                                              gpu_efficiency=0.5)):  # the flat roofline: no launch floor
         spec = build_spec("demo", overrides=overrides)
         for stage in range(spec.pp):
             exact.clear()

@@ -207,7 +207,9 @@ def test_every_kernel_is_listed_once_with_kind_shape_and_dtype():
     kinds = {k.kind for k in cost.kernels}
     assert {"gemm", "attention_fwd", "attention_bwd", "layernorm", "bias_dropout_add", "bias_gelu",
             "cross_entropy", "embedding"} <= kinds
-    assert all(k.dtype == "bf16" for k in cost.kernels)
+    # the main grads are fp32 (the embedding's dense gradient is added to them); the rest bf16
+    assert {k.dtype for k in cost.kernels if k.kind != "grad_accumulate"} == {"bf16"}
+    assert {k.dtype for k in cost.kernels if k.kind == "grad_accumulate"} == {"fp32"}
     before = len(cost.kernels)
     cost.optimizer(1000)
     assert len(cost.kernels) == before + 1 and any(k.kind == "adam" and k.shape == (1000,) for k in cost.kernels)
@@ -215,3 +217,64 @@ def test_every_kernel_is_listed_once_with_kind_shape_and_dtype():
     attn = cost.attn_fwd
     parts = [cost.kernels[k] for k in cost.kernels if k.kind in ("bias_dropout_add", "layernorm", "attention_fwd")]
     assert attn.flops == sum(p.flops for p in parts) + cost.qkv.flops + cost.proj.flops
+
+
+# -- older Megatron's kernels, fp16, the launch floor ----------------------------------------------
+
+def gpt(**overrides):
+    return spec(arch="gpt", **overrides)
+
+
+def test_unfused_bias_gelu_dropout_runs_each_as_its_own_kernel():
+    fused, unfused = CostModel(gpt()), CostModel(gpt(bias_fusion=False))
+    T, h, f = 4096, 4096, 16384
+    # MLP: bias add (2 passes) and GeLU (2) instead of one bias-GeLU (2); backward adds the bias
+    # gradient's read (1 pass) to GeLU's backward (3)
+    assert fused.act.bytes == 2 * T * f * 2 and unfused.act.bytes == (2 + 2) * T * f * 2
+    assert unfused.act_bwd.bytes == (3 + 1) * T * f * 2
+    # residual: bias add (2), dropout (2 + a one-byte mask), residual add (3) instead of 3 passes
+    ln = 2 * T * h * 2
+    assert fused.norm.bytes == 3 * T * h * 2 + ln
+    assert unfused.norm.bytes == (2 + 2 + 3) * T * h * 2 + T * h + ln
+    assert unfused.mlp_fwd.micros > fused.mlp_fwd.micros
+    # the GEMMs are the same
+    assert unfused.fc1.flops == fused.fc1.flops and unfused.fc1.micros == fused.fc1.micros
+    # llama has no biases: unfused, its residual is dropout and add only, SwiGLU unchanged
+    llama = CostModel(spec(arch="llama", bias_fusion=False))
+    assert llama.norm.bytes == (2 + 3) * T * h * 2 + T * h + ln
+    assert llama.act.bytes == CostModel(spec(arch="llama")).act.bytes
+
+
+def test_without_gradient_accumulation_fusion_every_weight_gradient_is_added_to_the_main_grad():
+    fused, unfused = CostModel(gpt()), CostModel(gpt(gradient_accumulation_fusion=False))
+    h, f = 4096, 16384
+    # fc1's weight h x f: read its bf16 gradient (2 bytes), read and write the fp32 main grad
+    assert unfused.fc1_wgrad.bytes - fused.fc1_wgrad.bytes == h * f * (2 + 2 * 4)
+    assert unfused.mlp_wgrad.bytes - fused.mlp_wgrad.bytes == 2 * h * f * (2 + 2 * 4)
+    half = CostModel(gpt(gradient_accumulation_fusion=False, grad_dtype="fp16"))
+    assert half.fc1_wgrad.bytes - fused.fc1_wgrad.bytes == h * f * (2 + 2 * 2)
+    assert unfused.fc1.bytes == fused.fc1.bytes and unfused.fc1_dgrad.bytes == fused.fc1_dgrad.bytes
+
+
+def test_fp16_optimizer_unscales_and_checks_the_grads_first():
+    bf16, fp16 = CostModel(spec()).optimizer(10**6), CostModel(spec(dtype="fp16")).optimizer(10**6)
+    assert fp16.bytes - bf16.bytes == 2 * 4 * 10**6
+
+
+def test_no_kernel_is_quicker_than_the_launch_floor():
+    from traceforge.hardware import LAUNCH_FLOOR_US
+
+    cost = CostModel(spec(seq_len=8, hidden=256, heads=2, kv_heads=2, ffn_hidden=1024, vocab=1024))
+    assert cost.kernels and all(c.micros >= LAUNCH_FLOOR_US for c in cost.kernels.values())
+    layernorm = next(c for k, c in cost.kernels.items() if k.kind == "layernorm")
+    assert layernorm.micros == LAUNCH_FLOOR_US  # 8 x 256 elements: far below it at HBM speed
+    assert cost.norm.micros == 2 * LAUNCH_FLOOR_US  # two kernels, two launches
+    flat = CostModel(spec(seq_len=8, hidden=256, heads=2, kv_heads=2, ffn_hidden=1024, vocab=1024, gpu_efficiency=0.5))
+    assert min(c.micros for c in flat.kernels.values()) < LAUNCH_FLOOR_US  # the flat roofline has none
+
+
+def test_every_kernel_kind_has_a_key_shape_for_measured_times():
+    from traceforge.kernels.keys import SHAPES
+    from traceforge.plan.compute import ELEMENTWISE
+
+    assert set(ELEMENTWISE) <= set(SHAPES) and all(SHAPES[k] == ("elements",) for k in ELEMENTWISE)

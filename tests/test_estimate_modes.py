@@ -163,6 +163,22 @@ def test_default_mode_follows_the_bundle(make_set):
     assert forced.estimate_mode == "hardware" and forced.network is None
 
 
+def test_hardware_mode_times_with_the_bundles_machine(make_set):
+    """On a bundle set the hardware mode's alpha-beta links are the bundle's machine unless a
+    flag says otherwise (and a flag that differs is used, not refused: this mode reads no bundle
+    arithmetic)."""
+    _, out, _ = make_set("demo")
+    res = invoke("generate", "-p", "demo", "-q", "--astra-sim", "-o", out, "--force", "--gpus-per-node", "4",
+                 "--scale-out-bw", "25", "--scale-up-latency", "500")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(invoke("report", out, "--json", "--estimate", "hardware").stdout)
+    link = doc["timeline"]["link_model"]
+    assert doc["gpus_per_node"] == 4
+    assert link["inter_gbps"] == pytest.approx(25) and link["intra_latency_us"] == pytest.approx(0.5)
+    doc = json.loads(invoke("report", out, "--json", "--estimate", "hardware", "--scale-out-bw", "10").stdout)
+    assert doc["timeline"]["link_model"]["inter_gbps"] == pytest.approx(10)
+
+
 def test_mode_is_named_in_text_json_and_timeline(make_set, tmp_path):
     _, out, _ = make_set("demo")
     for mode in ("astra-sim", "hardware"):

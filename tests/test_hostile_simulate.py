@@ -238,3 +238,19 @@ def test_an_honest_simulation_file_still_reads(simulated):
     res = invoke("report", directory, "--simulation", directory / "simulation.json", "--no-timeline")
     assert res.exit_code == 0, res.output
     assert "Simulated step 0.001 ms" in res.output and "8/8 ranks finished" in res.output
+
+
+def test_a_hand_made_log_that_lies_is_one_line(bundled, tmp_path):
+    log = tmp_path / "stdout.txt"
+    log.write_text("".join(f"[workload] [info] sys[{r}] finished, 1000 cycles, exposed communication "
+                           f"{5000 if r == 2 else 400} cycles\n" for r in range(8)))
+    one_line_error(invoke("report", bundled, "--astra-log", log, "--no-timeline"), "exposed communication", "5000")
+
+
+def test_the_recorded_command_names_where_the_logs_are(bundled, tmp_path):
+    assert invoke("simulate", bundled, "-q", "--trace", "--astra-sim-bin", fake(tmp_path, FINISHES)).exit_code == 0
+    doc = json.loads((bundled / "simulation.json").read_text())
+    logs = str((bundled / "astra_log").resolve())
+    assert f"--logging-folder={logs}" in doc["simulator"]["command"]
+    assert f"--system-configuration={logs}/astra_system.trace.json" in doc["simulator"]["command"]
+    assert (bundled / "astra_log" / "astra_system.trace.json").is_file()

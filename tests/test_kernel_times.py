@@ -258,6 +258,9 @@ def test_trace_durations_are_the_table_sums(make_set, tmp_path):
     keys += [KernelKey("attention_fwd", ATTN, bf), KernelKey("attention_bwd", ATTN, bf)]
     keys += [KernelKey(kind, (T * H * (2 if kind.startswith("bias_gelu") else 1),), bf)
              for kind in us if kind not in ("gemm", "attention_fwd", "attention_bwd")]
+    # the word embedding's dense gradient (demo: V = 1,024): zeroed, then added to the fp32 main grad
+    us |= {"zero_fill": 11, "grad_accumulate": 12}
+    keys += [KernelKey("zero_fill", (1024 // TP * H,), bf), KernelKey("grad_accumulate", (1024 // TP * H,), "fp32")]
     path = _table(tmp_path / "t.json.csv", {k: float(us[k.kind]) for k in keys})
     spec, out, doc = make_set("demo", kernel_times=path)
     norm, norm_bwd = us["bias_dropout_add"] + us["layernorm"], us["layernorm_bwd"] + us["bias_dropout_add_bwd"]
@@ -269,7 +272,7 @@ def test_trace_durations_are_the_table_sums(make_set, tmp_path):
         "mlp_wgrad": 20,
         "attn_dgrad": 10 + us["attention_bwd"] + 10 + norm_bwd,
         "attn_wgrad": 20,
-        "embed_wgrad": us["embedding_bwd"],
+        "embed_wgrad": us["zero_fill"] + us["embedding_bwd"] + us["grad_accumulate"],
     }
     from oracle import COMP, load_set
     seen = Counter()
@@ -300,13 +303,13 @@ def test_profile_import_end_to_end(tmp_path):
     path = p.write(tmp_path / "step.pt.trace.json")
     result = invoke("generate", "-o", tmp_path / "out", "--kernel-times", path)
     assert result.exit_code == 0, result.stderr
-    assert "2 of 21 kernels measured" in result.stdout
+    assert "2 of 23 kernels measured" in result.stdout
     assert "ncclDevKernel_AllReduce" in result.stdout  # the largest kernel left out
     doc = json.loads((tmp_path / "out" / "manifest.json").read_text())["kernel_times"]
     assert doc["source"] == "profile" and doc["unused"] == 0
     assert {m["kernel"]: m["us"] for m in doc["matched"]} == {"gemm 512x512x768 bf16": 95.0,
                                                               "attention_fwd 1x4x512x512x64x64 bf16": 210.0}
-    assert len(doc["modelled"]) == 19
+    assert len(doc["modelled"]) == 21
     assert doc["profile"]["kernel_us"] == 90 + 95 + 120 + 210 + 400 and doc["profile"]["attributed_us"] == 515
     measured, model = CostModel(build_spec("demo", overrides={"kernel_times": path})), CostModel(build_spec("demo"))
     for k, cost in measured.kernels.items():
@@ -333,7 +336,8 @@ def test_calibrate_measures_what_the_spec_prices(tmp_path):
         write_table(tmp_path / name, spec, keys, fake, "FakeGPU", quiet=True)
         table = load_kernel_times.__wrapped__(str(tmp_path / name))
         assert table.times == {k: pytest.approx(fake(k), abs=1e-3) for k in keys if k.kind in MEASURED_KINDS}
-    assert {k.kind for k in keys} - set(MEASURED_KINDS) == {"embedding", "embedding_bwd", "cross_entropy", "cross_entropy_bwd"}
+    left = {"embedding", "embedding_bwd", "cross_entropy", "cross_entropy_bwd", "zero_fill", "grad_accumulate"}
+    assert {k.kind for k in keys} - set(MEASURED_KINDS) == left
     assert len(set(timed)) == len({k for k in keys if k.kind in MEASURED_KINDS})
     # The written table feeds generate: every measured kernel matched, only the unmeasured modelled.
     result = invoke("generate", "-o", tmp_path / "out", "-p", "llama3-8b", "--layers", 2, "--tp", 2, "--pp", 1, "--dp", 1,
@@ -341,7 +345,7 @@ def test_calibrate_measures_what_the_spec_prices(tmp_path):
     assert result.exit_code == 0, result.stderr
     doc = json.loads((tmp_path / "out" / "manifest.json").read_text())["kernel_times"]
     assert len(doc["matched"]) == len(table.times)
-    assert {m["kernel"].split()[0] for m in doc["modelled"]} == {"embedding", "embedding_bwd", "cross_entropy", "cross_entropy_bwd"}
+    assert {m["kernel"].split()[0] for m in doc["modelled"]} == left
 
 
 def test_calibrate_without_torch_or_cuda_says_so(tmp_path, monkeypatch):

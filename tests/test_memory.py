@@ -144,3 +144,46 @@ def test_custom_gpu_needs_its_memory():
         with pytest.raises(SpecError, match="--gpu-memory-gb"):
             gpu_memory_bytes("custom", bad)
     assert gpu_memory_bytes("custom", 80) == 80 * 10**9
+
+
+# -- more terms by hand -----------------------------------------------------------------------
+
+def test_moe_layer_by_hand():
+    # 4 experts of 32, top-2, ep 2 (balanced), tp 1: per token the router's fp32 probabilities (4 x 4 B),
+    # then per copy (2 per token) the permuted input and the expert's output (h each) and SwiGLU's 3F.
+    spec = small(experts=4, top_k=2, moe_ffn_hidden=32, tp=1, ep=2, order="megatron")
+    h, e, f_moe, tokens = 64, 2, 32, 32
+    dense_part = 4 * e * h + e * (64 + 32 + 32 + 64) + 4 * 4  # norms/inputs, Q K V O, log-sum-exp (tp 1)
+    moe_part = 4 * 4 + 2 * e * (2 * h + 3 * f_moe)
+    assert layer_activations(spec, True).stored == tokens * (dense_part + moe_part)
+
+
+def test_context_parallel_halves_every_tensor():
+    one, two = small(tp=1, dp=2), small(tp=1, cp=2, dp=1, order="megatron")
+    assert layer_activations(two, False).stored * 2 == layer_activations(one, False).stored
+
+
+def test_zero3_holds_two_gathered_units_and_one_unit_gradient():
+    spec = small(dp_mode="zero3", tp=1, dp=4)
+    layer = _layer_params_per_tp_rank(t=1)
+    embedding = 256 * 64
+    largest = max(layer, embedding)
+    assert stage_states(spec, 0).dp_buffers == 2 * 2 * largest + 4 * largest
+
+
+def test_embedding_keeps_int64_token_ids_and_the_walk_adds_the_mask():
+    spec = small(tp=1, dp=2)
+    first = model_chunks(spec, 0)[0]
+    layers = 2 * layer_activations(spec, False).stored
+    assert chunk_activations(spec, first).stored == layers + 8 * 32
+    masked = small(tp=1, dp=2, attention_mask_in_dataloader=True)
+    assert chunk_activations(masked, model_chunks(masked, 0)[0]).forward >= 32 * 32  # b*s*s booleans
+
+
+def test_communicators_counted_per_group():
+    from traceforge.memory.report import communicators
+
+    assert communicators(small()) == 2 + 2  # tp, dp, and the two pipeline neighbours
+    assert communicators(small(tp=1, pp=1, dp=8, layers=2)) == 1
+    assert communicators(small(experts=4, top_k=2, tp=1, ep=2, order="megatron")) == 2 + 2  # dp, ep (expert DP of 1); pp
+    assert communicators(small(experts=4, top_k=2, tp=1, ep=2, dp=4, order="megatron")) == 3 + 2  # dp, ep, edp of 2; pp

@@ -65,7 +65,7 @@ def read_json(path: Path, what: str, fix: str, limit: int = MAX_JSON_FILE_BYTES,
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except RecursionError:
-        raise error(f"{what} {path}: JSON nested too deeply to be a {what}; {fix}") from None
+        raise error(f"{what} {path}: JSON nested too deeply (more levels than any such file has); {fix}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise error(f"{what} {path}: not valid JSON ({' '.join(str(exc).split())[:200]}); {fix}") from None
 

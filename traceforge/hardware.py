@@ -8,6 +8,7 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - attn_fwd / attn_bwd: FlashAttention's published forward / backward rates (FlashAttention-2 on
   A100, Dao 2023; FlashAttention-3 on H100, Shah et al. 2024; head dim 128, causal);
 - memory: the fraction of HBM bandwidth a streaming (element-wise) kernel reaches;
+- launch_us: the least time any kernel takes on the stream (launch overhead; LAUNCH_FLOOR_US);
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less).
 `--gpu-efficiency` replaces all of it with one flat fraction (the old roofline).
@@ -16,6 +17,11 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Back-to-back launches of a short kernel on one stream take 3.8 us each (2.9 us of it the kernel;
+# NVIDIA, "Getting Started with CUDA Graphs", 2019): the launch path (host, driver, the GPU's
+# front end) bounds a stream of small kernels, on any of these GPUs alike.
+LAUNCH_FLOOR_US = 3.8
 
 # CTA tiles (m, n, relative efficiency): CUTLASS / cuBLAS's 128x256 family for Ampere and Hopper
 # bf16, and smaller tiles for small problems.
@@ -30,6 +36,7 @@ class Calibration:
     attn_bwd: float
     memory: float
     tiles: tuple[tuple[int, int, float], ...] = TILES
+    launch_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -45,25 +52,25 @@ GPUS = {
         "h100",
         {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
         hbm_gbps=3350.0,
-        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
     ),
     "h200": Gpu(
         "h200",
         {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
         hbm_gbps=4800.0,
-        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85),
+        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
     ),
     "a100": Gpu(
         "a100",
         {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
         hbm_gbps=2039.0,
-        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85),
+        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85, launch_us=LAUNCH_FLOOR_US),
     ),
     "b200": Gpu(
         "b200",
         {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
         hbm_gbps=8000.0,
-        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85),
+        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85, launch_us=LAUNCH_FLOOR_US),
     ),
 }
 

@@ -65,12 +65,33 @@ def die_with_parent() -> None:
         pass
 
 
+# The signals that stop a run (Ctrl-C, kill, a closed terminal).
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold the stop signals while a child is started: one arriving half-way would leave a child
+    no one knows to kill. It is delivered when the block ends, once the child is on record."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def release_signals() -> None:
+    """In a child started under signals_held: take signals again."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def _init_worker(then: Callable[[], None] | None = None) -> None:
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # our own group (the parent sets it too: whichever runs first)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it kills us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    release_signals()
     die_with_parent()
     if then is not None:
         then()
@@ -104,14 +125,15 @@ def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
     try:
         for _ in range(max(1, jobs)):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(theirs, func, initializer), daemon=True)
-            proc.start()
+            with signals_held():
+                proc = ctx.Process(target=_worker, args=(theirs, func, initializer), daemon=True)
+                proc.start()
+                workers.append((proc, mine))
             theirs.close()
             pid = proc.pid
             assert pid is not None  # started
             with contextlib.suppress(OSError):  # the child may have done it, or already exited
                 os.setpgid(pid, pid)
-            workers.append((proc, mine))
         yield from _dispatch(items, workers)
     finally:  # done, failed or abandoned: every result is in, or none is wanted any more
         for child, conn in workers:

@@ -29,6 +29,12 @@ PG_NAME = "pg_name"
 # p2p tag we write stays below it (unique per (src, dst) pair).
 TAG_LIMIT = 500_000_000
 
+# ASTRA-sim counts time in nanoseconds in a uint64 that parts of it read as signed: a duration in
+# µs, times 1000, plus the time of the step around it must stay below 2^63. One limit for what
+# generate writes (emit/durations.py) and what check accepts (check/nodes.py).
+NS_CLOCK_LIMIT = 1 << 63
+MAX_STEP_MICROS = (NS_CLOCK_LIMIT - 1) // 1000  # ~9.2e15 µs, 292 years
+
 # traceforge annotations.
 PHASE = "phase"
 DIM = "dim"

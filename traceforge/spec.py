@@ -164,6 +164,12 @@ FIELDS: tuple[Field, ...] = (
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("attention", str, "Attention kernel: flash (FlashAttention; default) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
           ("flash", "unfused")),
+    Field("bias_fusion", bool, "Megatron's fused bias-GeLU and bias-dropout-add kernels (default on, as Megatron today); "
+          "--no-bias-fusion: separate bias, GeLU, dropout and residual-add kernels (--no-bias-gelu-fusion --no-bias-dropout-fusion).",
+          bool_flags=("--bias-fusion", "--no-bias-fusion")),
+    Field("gradient_accumulation_fusion", bool, "Weight-gradient GEMMs accumulate into the main grads (Megatron's default since 2022); "
+          "--no-gradient-accumulation-fusion: a separate add of every weight gradient per micro-batch, as Megatron-LM before it.",
+          bool_flags=("--gradient-accumulation-fusion", "--no-gradient-accumulation-fusion")),
     Field("gpu_efficiency", float, "Override: one flat fraction of peak FLOP/s and bandwidth for every kernel (default: the GPU preset's per-kernel calibration; 0.5 for custom).",
           minimum=1e-3, maximum=1),
     # measured kernel times and TransformerEngine's overlap and FP8 (docs/kernel-times.md, docs/traffic-model.md)
@@ -246,6 +252,8 @@ class Spec:
     gpu_hbm_gbps: float
     gpu_efficiency: float | None  # None: the preset's per-kernel calibration (hardware.py)
     attention: str
+    bias_fusion: bool
+    gradient_accumulation_fusion: bool
     # measured kernel times, TransformerEngine overlap and FP8 (_engine)
     kernel_times: str | None
     tp_comm_overlap: bool
@@ -963,7 +971,9 @@ def _gpu(r: _Raw, v: dict) -> dict:
     if tflops <= 0 or hbm <= 0:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
-                gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"))
+                gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"),
+                bias_fusion=bool(r.get("bias_fusion", True)),
+                gradient_accumulation_fusion=bool(r.get("gradient_accumulation_fusion", True)))
 
 
 def _engine(r: _Raw, v: dict) -> dict:

@@ -22,7 +22,7 @@ from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
 from traceforge.parallel import fan_out
 from traceforge.read.frame import read_file
-from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_json_file, trace_of
+from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_manifest, trace_of
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -45,7 +45,7 @@ class TraceFiles:
 def open_set(directory: Path, prefix: str | None = None) -> TraceFiles:
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
-    manifest = read_json_file(directory / MANIFEST_FILE)
+    manifest = read_manifest(directory)
     return TraceFiles(directory, prefix, files, manifest if isinstance(manifest, dict) else None, load_groups(directory))
 
 

@@ -45,8 +45,7 @@ from typing import Any
 from traceforge import schema as S
 from traceforge.errors import UserError
 from traceforge.output import atomic_output_dir
-from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file
-from traceforge.schema import MANIFEST_FILE
+from traceforge.read.reader import attrs, find_rank_files, iter_nodes, read_json_file, read_manifest
 
 COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 TYPES = {0: "ALLREDUCE", 2: "ALLGATHER", 6: "ALLTOALL", 7: "REDUCESCATTER"}
@@ -69,7 +68,7 @@ def simai_file_name(prefix: str) -> str:
 
 
 def _manifest(directory: Path, prefix: str) -> dict:
-    doc = read_json_file(Path(directory) / MANIFEST_FILE)
+    doc = read_manifest(Path(directory))
     if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict) or doc.get("prefix", prefix) != prefix:
         raise UserError(f"{directory}: the SimAI export needs the manifest.json 'traceforge generate' writes "
                         "(its parallel sizes head the workload); export a set traceforge generated")

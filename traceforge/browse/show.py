@@ -7,6 +7,7 @@ columns when present, and a comm_group.json beside the traces shows each group's
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,7 +51,24 @@ class Row:
     tensor_size: int | None = None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: json_value(v) for k, v in asdict(self).items() if v is not None}
+
+
+def json_value(value: object) -> object:
+    """A value as a file holds it, in JSON: a foreign or damaged attribute may be a protobuf list
+    (Int64List), bytes or a non-finite float, each shown as what it is instead of a crash."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    values = getattr(value, "values", None)
+    if values is not None and not callable(values):  # Int64List, StringList, ...: {"values": [...]}
+        return [json_value(v) for v in values]
+    return " ".join(str(value).split())[:200]
 
 
 def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) -> Row:
@@ -70,9 +88,10 @@ def node_row(node: pb.Node, groups: dict[str, tuple[int, ...]] | None = None) ->
         row.comm_size = a[S.COMM_SIZE]
     if row.type == "COLL":
         comm = a.get(S.COMM_TYPE)
-        row.comm_type = S.COLL_TYPE_NAMES.get(comm, str(comm)) if comm is not None else None
+        row.comm_type = (S.COLL_TYPE_NAMES.get(comm, str(comm)) if isinstance(comm, int)
+                         else None if comm is None else json.dumps(json_value(comm)))
         row.pg_name = a.get(S.PG_NAME)
-        if groups is not None and row.pg_name in groups:
+        if groups is not None and isinstance(row.pg_name, str) and row.pg_name in groups:
             row.group = list(groups[row.pg_name])
     elif row.type in ("SEND", "RECV"):
         row.src, row.dst, row.tag = a.get(S.COMM_SRC), a.get(S.COMM_DST), a.get(S.COMM_TAG)

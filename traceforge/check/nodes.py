@@ -32,7 +32,8 @@ SIMULATED_COLLS = frozenset((0, 2, 6, 7))  # ALL_REDUCE, ALL_GATHER, ALL_TO_ALL,
 BROADCAST = 5
 TAG_LIMIT = S.TAG_LIMIT  # ASTRA-sim's NATIVE send/recv tags live in [0, 5e8)
 UINT32 = 1 << 32
-MAX_DURATION = 1 << 62  # µs; ASTRA-sim adds durations to a uint64 tick counter (in ns), so far less wraps
+MAX_COMM_SIZE = (1 << 62) - 1  # bytes; the limit report reads (report/records.py) and int64 arrays hold
+MAX_DURATION = S.MAX_STEP_MICROS + 1  # µs; the limit generate keeps to (schema.py): x1000 in ns stays < 2^63
 WORLD = 0  # group id of "all ranks" (pg_name absent, empty or "0")
 
 INTEGER_FIELDS = frozenset((
@@ -65,8 +66,8 @@ def decode_node(payload: bytes) -> CheckRecord:
     attrs = node_attributes(node)
     problems: list[Problem] = []
     if node.duration_micros >= MAX_DURATION:
-        problems.append((ERROR, "attribute", f"duration_micros {node.duration_micros:,} overflows ASTRA-sim's 64-bit tick "
-                                             "arithmetic (and is over 146,000 years): write the real duration"))
+        problems.append((ERROR, "attribute", f"duration_micros {node.duration_micros:,} overflows ASTRA-sim's nanosecond "
+                                             "clock (x1000 reaches 2^63; over 292 years): write the real duration"))
     comm = _validate(node.type, attrs, problems)
     return CheckRecord(node.id, node.type, deps, comm, tuple(problems), node.name)
 
@@ -97,6 +98,10 @@ def _validate(ntype: int, attrs: dict, problems: list[Problem]) -> tuple | None:
     size = _int(attrs, S.COMM_SIZE, label, problems)
     if size is not None and size <= 0:
         problems.append((ERROR, "attribute", f"{label} has comm_size {size}; it must be a positive byte count"))
+        size = None
+    elif size is not None and size > MAX_COMM_SIZE:  # a uint64 of 2^63 is a huge count, not a negative one
+        problems.append((ERROR, "attribute", f"{label} has comm_size {size:,}, past {MAX_COMM_SIZE:,} bytes (2^62 - 1): "
+                                             "ASTRA-sim's 64-bit byte and time arithmetic overflows; write the real size"))
         size = None
     if ntype == COLL:
         ctype = _int(attrs, S.COMM_TYPE, label, problems)

@@ -54,8 +54,18 @@ def answer_to_stdout(what: str) -> None:
         raise UserError(f"stdout is closed: nowhere to print {what}; redirect stdout to a file or a pipe")
 
 
+def say(line: str) -> None:
+    """One line on stderr, written plainly: the error path imports nothing (rich loads modules
+    lazily, and a failing open() may be the very error being reported)."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr itself is gone: the exit code still says it
+        pass
+
+
 def fail(message: str, code: int) -> None:
-    err.print(f"traceforge: error: {message}", markup=False, soft_wrap=True)
+    say(f"traceforge: error: {message}")
     raise typer.Exit(code) from None
 
 
@@ -75,7 +85,7 @@ def user_errors(func: Callable) -> Callable:
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
         except KeyboardInterrupt as exc:
-            err.print("traceforge: interrupted; nothing was written", markup=False)
+            say("traceforge: interrupted; nothing was written")
             raise typer.Exit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
 
     return wrapper

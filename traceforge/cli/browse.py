@@ -209,11 +209,10 @@ def show(
 
 def _coordinates(directory: Path, rank: int) -> str:
     """' (tp 0, pp 1, dp 0)' from the set's manifest, or '' without one."""
-    from traceforge.read.reader import read_json_file
-    from traceforge.schema import MANIFEST_FILE
+    from traceforge.read.reader import read_manifest
 
     try:
-        doc = read_json_file(Path(directory) / MANIFEST_FILE)
+        doc = read_manifest(Path(directory))
     except (UserError, OSError):  # a broken or odd manifest only loses the coordinates
         return ""
     if not isinstance(doc, dict):

@@ -32,6 +32,7 @@ def _is_table(path: Path) -> bool:
 def calibrate(**kwargs: Any) -> None:
     """Time the GEMM, attention and element-wise kernels a spec runs on this GPU with PyTorch; write the table --kernel-times reads."""
     from traceforge.kernels.measure import needed_kernels, torch_timer
+    from traceforge.output import check_output_file
 
     preset, config, path = kwargs.pop("preset"), kwargs.pop("config"), kwargs.pop("out")
     warmup, repeat, quiet = kwargs.pop("warmup"), kwargs.pop("repeat"), kwargs.pop("quiet")
@@ -40,6 +41,7 @@ def calibrate(**kwargs: Any) -> None:
     if not 1 <= repeat <= MAX_REPEAT or not 0 <= warmup <= MAX_REPEAT:
         raise UserError(f"--repeat must be 1 to {MAX_REPEAT:,} and --warmup 0 to {MAX_REPEAT:,}")
     spec = build_spec(preset, load_config_file(config) if config else None, kwargs)
+    check_output_file(path, _is_table)  # before minutes of measuring: the same rule write_table applies
     keys = needed_kernels(spec)
     timer, device = torch_timer(spec, warmup, repeat)
     write_table(path, spec, keys, timer, device, quiet)

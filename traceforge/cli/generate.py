@@ -7,7 +7,6 @@ validation never drift apart.
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 import time
 from pathlib import Path
@@ -18,19 +17,10 @@ from rich.table import Table
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
+from traceforge.output import check_prefix
 from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
 
 # -- generate -------------------------------------------------------------------------------
-
-_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$", re.ASCII)
-
-
-def check_prefix(prefix: str) -> None:
-    """A prefix every tool (ours, ASTRA-sim's, a shell) reads back: letters, digits, _ . + -."""
-    if not _PREFIX.match(prefix):
-        raise UserError(f"--prefix {prefix!r} must be 1-200 letters, digits, '_', '.', '+' or '-' "
-                        "(not starting with '.', '+' or '-')")
-
 
 def spec_parameters() -> list[inspect.Parameter]:
     """One option per spec.FIELDS entry (generate and memory take the same spec flags)."""

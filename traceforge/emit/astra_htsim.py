@@ -15,12 +15,24 @@ hosts, each linked once to every ToR.
 
 from __future__ import annotations
 
+from traceforge.errors import UserError
+
 TOPOLOGY_FILE = "astra_htsim.topo"
 
 
+ROUNDING_TOLERANCE = 0.01  # whole Gb/s may move the bandwidth this much (1%), no more
+
+
 def gbps(gb_per_second: float) -> int:
-    """GB/s (10^9 bytes) -> the whole Gb/s htsim reads (it multiplies by 10^9 bits)."""
-    return max(1, round(gb_per_second * 8))
+    """GB/s (10^9 bytes) -> the whole Gb/s htsim reads (it multiplies by 10^9 bits); a value
+    that whole Gb/s cannot carry within 1% is refused rather than silently changed."""
+    bits = gb_per_second * 8
+    whole = max(1, round(bits))
+    if abs(whole - bits) > ROUNDING_TOLERANCE * bits:
+        raise UserError(f"--scale-out-bw {gb_per_second:g} GB/s is {bits:g} Gb/s, but htsim reads whole Gb/s and would "
+                        f"run at {whole} Gb/s ({whole / bits:.3g}x): give a multiple of 0.125 GB/s (1 Gb/s), "
+                        "or use the analytical backend")
+    return whole
 
 
 def topology_text(world: int, gpus_per_node: int, scale_out_bw: float, scale_out_latency: float) -> str:

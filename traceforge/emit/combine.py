@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,13 +22,15 @@ from traceforge import __version__
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.emit.writer import trace_file_name
 from traceforge.errors import UserError
-from traceforge.output import atomic_output_dir
+from traceforge.files import read_json
+from traceforge.output import atomic_output_dir, check_prefix
 from traceforge.read.frame import frames, read_file
-from traceforge.read.reader import find_rank_files, load_groups, read_json_file
+from traceforge.read.reader import find_rank_files, load_groups, read_manifest
 from traceforge.schema import COMM_DST, COMM_GROUP_FILE, COMM_SRC, MANIFEST_FILE, PG_NAME
 from traceforge.wire import varint
 
 PLACEMENTS = ("packed", "interleaved")
+_SHARD_MANIFEST = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 
 
 @dataclass
@@ -48,6 +51,12 @@ def load_job(directory: Path) -> Job:
     if not directory.is_dir():
         raise UserError(f"trace set {directory} is not a directory: "
                         "give directories written by 'traceforge generate'")
+    if any(_SHARD_MANIFEST.match(p.name) for p in directory.iterdir()):
+        raise UserError(f"trace set {directory} holds unmerged shards (shard-K-of-N.json): run "
+                        f"'traceforge merge {directory}' first")
+    if not (directory / COMM_GROUP_FILE).exists():
+        raise UserError(f"trace set {directory} has no {COMM_GROUP_FILE}: combine renumbers the groups it lists; "
+                        "give a complete set written by 'traceforge generate' (or merged shards)")
     prefix, files = find_rank_files(directory)
     world = len(files)
     if sorted(files) != list(range(world)):
@@ -61,7 +70,7 @@ def load_job(directory: Path) -> Job:
             raise UserError(f"trace set {directory}: group {name!r} in {COMM_GROUP_FILE} is not a decimal id; "
                             "combine renumbers decimal ids only")
         groups[int(name)] = tuple(int(r) for r in members)
-    manifest = read_json_file(directory / MANIFEST_FILE)
+    manifest = read_manifest(directory)
     return Job(directory, prefix, files, groups, manifest if isinstance(manifest, dict) else None)
 
 
@@ -89,15 +98,10 @@ def placement_ranks(kind: str, worlds: list[int], block: int = 1) -> list[list[i
 
 def placement_file(path: Path, worlds: list[int]) -> list[list[int]]:
     """A JSON list (or {"jobs": list}) of each job's global ranks, checked against the jobs."""
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"--placement {path}: not packed, interleaved or an existing JSON file "
                         "of each job's global ranks")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        detail = " ".join(str(exc).split())
-        raise UserError(f"placement file {path} is not valid JSON ({detail}): "
-                        "give [[ranks of job 0], [ranks of job 1], ...]") from None
+    doc = read_json(path, "placement file", "give [[ranks of job 0], [ranks of job 1], ...]")
     jobs = doc.get("jobs") if isinstance(doc, dict) else doc
     if not isinstance(jobs, list) or not all(isinstance(j, list) for j in jobs):
         raise UserError(f"placement file {path}: expected [[ranks of job 0], [ranks of job 1], ...]")
@@ -121,14 +125,21 @@ def placement_file(path: Path, worlds: list[int]) -> list[list[int]]:
     return [list(j) for j in jobs]
 
 
-def renumber_node(payload: bytes | memoryview, ranks: list[int], group_offset: int) -> bytes:
+def renumber_node(payload: bytes | memoryview, ranks: list[int], group_offset: int, where: str = "a node") -> bytes:
     node = pb.Node()
-    node.ParseFromString(bytes(payload))
+    try:
+        node.ParseFromString(bytes(payload))
+    except Exception:  # DecodeError, or a bad enum/utf-8 in foreign files
+        raise UserError(f"{where} does not parse as a Node; run 'traceforge check' on the set") from None
     for attr in node.attr:
         if attr.name in (COMM_SRC, COMM_DST):
             field = attr.WhichOneof("value")
             if field:
-                setattr(attr, field, ranks[getattr(attr, field)])
+                peer = getattr(attr, field)
+                if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < len(ranks):
+                    raise UserError(f"{where} (node {node.id}): {attr.name} {str(peer)[:40]!r} is not a rank of its job "
+                                    f"(0..{len(ranks) - 1}); run 'traceforge check' on the set")
+                setattr(attr, field, ranks[peer])
         elif attr.name == PG_NAME and attr.WhichOneof("value") == "string_val" and attr.string_val.isdigit():
             attr.string_val = str(int(attr.string_val) + group_offset)
     data = node.SerializeToString(deterministic=True)
@@ -142,13 +153,14 @@ def renumber_file(path: Path, ranks: list[int], group_offset: int) -> bytes:
         if i == 0:  # GlobalMetadata, unchanged
             parts.append(data[start:start + len(payload) + len(varint(len(payload)))])
         else:
-            parts.append(renumber_node(payload, ranks, group_offset))
+            parts.append(renumber_node(payload, ranks, group_offset, f"{path} at byte {start}"))
     return b"".join(parts)
 
 
 def combine_sets(directories: list[Path], out: Path, placement: str = "packed", *, block: int = 1,
                  prefix: str = "workload", force: bool = False) -> dict:
     """Write the combined set; return its manifest (without the per-rank rows)."""
+    check_prefix(prefix)  # a plain name: the files land inside OUT and nowhere else
     jobs = [load_job(Path(d)) for d in directories]
     if len(jobs) < 2:
         raise UserError("combine needs at least two trace sets")

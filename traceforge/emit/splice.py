@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from traceforge import wire
-from traceforge.emit.durations import scaled_durations
+from traceforge.emit.durations import check_step, scaled_durations
 from traceforge.emit.nodes import Hole, attr_member, node_attributes
 from traceforge.plan.ops import Op, Peer, Program
 from traceforge.schema import MEMBER_FIELD, NODE_FIELD, SCHEMA_VERSION
@@ -212,6 +212,7 @@ class StageEncoder:
         # Base durations of the nodes that carry one, in file order (what stragglers scale).
         timed = [op.duration_micros for op in program.ops if op.duration_micros]
         self.base_durations = np.asarray(timed, dtype=np.int64)
+        check_step(self.base_durations)
         self.string_roles = frozenset(program.group_roles)
         peers = program.peer_roles | ({Peer.SELF} if program.peer_roles else set())
         self.roles = tuple(sorted(self.string_roles | peers))

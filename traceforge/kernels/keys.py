@@ -23,11 +23,12 @@ SHAPES: dict[str, tuple[str, ...]] = {
 }
 # The compute model's element-wise kernels (tests/test_kernel_times.py holds this list to it).
 ELEMENTWISE_KINDS = (
-    "bias_dropout_add", "layernorm", "bias_gelu", "swiglu", "embedding", "cross_entropy", "softmax", "dropout",
+    "bias_dropout_add", "layernorm", "bias_gelu", "swiglu", "embedding", "cross_entropy", "softmax", "dropout", "gelu",
 )
 for _kind in ELEMENTWISE_KINDS:
     SHAPES[_kind] = SHAPES[_kind + "_bwd"] = ("elements",)
-SHAPES["adam"] = ("elements",)
+for _kind in ("adam", "unscale_grads", "bias_add", "bias_grad", "residual_add", "zero_fill", "grad_accumulate"):
+    SHAPES[_kind] = ("elements",)
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 MAX_DIM = 1 << 40  # no real tensor has a dimension this long
 MAX_MICROS = 1e9  # a kernel of more than 1000 s is a unit error

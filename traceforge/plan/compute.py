@@ -61,9 +61,21 @@ ELEMENTWISE: dict[str, tuple[int, int, int, int]] = {
     "softmax_bwd": (3, 0, 0, 4),
     "dropout": (2, 0, 1, 2),
     "dropout_bwd": (2, 0, 1, 1),
-    # word embedding lookup (read rows, write) and its gradient (read dy, add into the rows)
+    # the same unfused (--no-bias-fusion): bias add (read, write), GeLU, dropout (below), residual
+    # add (read two, write); backward, the bias gradient reads dy once
+    "bias_add": (2, 0, 0, 1),
+    "gelu": (2, 0, 0, 8),
+    "gelu_bwd": (3, 0, 0, 16),
+    "residual_add": (3, 0, 0, 1),
+    "bias_grad": (1, 0, 0, 1),
+    # word embedding lookup (read rows, write) and its gradient (read dy, add into the rows of a
+    # zeroed dense gradient, which is then added to the main grad)
     "embedding": (2, 0, 0, 1),
     "embedding_bwd": (3, 0, 0, 1),
+    "zero_fill": (1, 0, 0, 0),
+    # main_grad.add_(grad) (Megatron's DDP backward hook) in the main-grad dtype: read and write it,
+    # and read the half-precision gradient (2 bytes)
+    "grad_accumulate": (2, 0, 2, 1),
     # vocab-parallel cross-entropy on fp32 logits (Megatron tensor_parallel/cross_entropy.py):
     # cast to fp32, max, subtract, exp, sum, divide; backward scales the softmax in place and
     # casts the gradient back
@@ -72,6 +84,8 @@ ELEMENTWISE: dict[str, tuple[int, int, int, int]] = {
     # Adam on fp32 main parameters: the grad-norm reads the grads, Adam reads parameter, grad
     # and both moments and writes three back, then the parameter is copied to the model's dtype
     "adam": (1, 9, 0, 12),
+    # fp16's loss scaling: unscale the fp32 main grads and check them for inf/nan (read, write)
+    "unscale_grads": (0, 2, 0, 1),
 }
 
 
@@ -138,7 +152,6 @@ class CostModel:
         # Attention's output: every query head's values (v_dim counts only the KV heads' under GQA).
         out_dim = s.heads * (s.v_head_dim if s.mla else s.head_dim)
         gated = 2 if s.arch == "llama" else 1  # SwiGLU's gate and up projections
-        act = "swiglu" if gated == 2 else "bias_gelu"
 
         if s.mla:
             # DeepSeek-V2 MLA: duplicated down projections (on this rank's sequence shard with
@@ -157,10 +170,10 @@ class CostModel:
         self.fc1, self.fc1_dgrad, self.fc1_wgrad = fc1.fwd, fc1.dgrad, fc1.wgrad
         self.fc2, self.fc2_dgrad, self.fc2_wgrad = fc2.fwd, fc2.dgrad, fc2.wgrad
         # Before each sublayer: the previous one's bias-dropout-add, then this one's norm.
-        self.norm = self.elementwise("bias_dropout_add", T_sp * h) + self.elementwise("layernorm", T_sp * h)
-        self.norm_bwd = self.elementwise("layernorm_bwd", T_sp * h) + self.elementwise("bias_dropout_add_bwd", T_sp * h)
-        self.act = self.elementwise(act, T * f // t)
-        self.act_bwd = self.elementwise(act + "_bwd", T * f // t)
+        residual, residual_bwd = self._residual(T_sp * h)
+        self.norm = residual + self.elementwise("layernorm", T_sp * h)
+        self.norm_bwd = self.elementwise("layernorm_bwd", T_sp * h) + residual_bwd
+        self.act, self.act_bwd = self._activation(T * f // t)
         self.core, self._core_bwd = self._attention(T, q_dim, v_dim)
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         # (MoE with TP runs with SP, so a rank routes its sequence shard; plan/expert.py agrees.)
@@ -170,21 +183,23 @@ class CostModel:
         router = self.linear(moe_tokens, h, s.experts, s.dtype) if s.experts else NO_LINEAR
         self.router, self.router_bwd = router.fwd, router.dgrad + router.wgrad
         experts = (self.linear(routed * t, h, gated * mf // t) + self.linear(routed * t, mf // t, h)) if s.experts else NO_LINEAR
-        expert_act = self.elementwise(act, routed * mf) if s.experts else NOTHING
-        expert_act_bwd = self.elementwise(act + "_bwd", routed * mf) if s.experts else NOTHING
+        expert_act, expert_act_bwd = self._activation(routed * mf) if s.experts else (NOTHING, NOTHING)
         self.experts = experts.fwd + expert_act
         self.experts_dgrad = experts.dgrad + expert_act_bwd
         self.experts_wgrad = experts.wgrad
         # Shared experts: one tensor-parallel MLP of inner size shared*moe_ffn over every token.
         sf = s.shared_experts * mf
         shared = (self.linear(T, h, gated * sf // t) + self.linear(T, sf // t, h)) if sf else NO_LINEAR
-        self.shared = shared.fwd + (self.elementwise(act, T * sf // t) if sf else NOTHING)
-        self.shared_dgrad = shared.dgrad + (self.elementwise(act + "_bwd", T * sf // t) if sf else NOTHING)
+        shared_act, shared_act_bwd = self._activation(T * sf // t) if sf else (NOTHING, NOTHING)
+        self.shared = shared.fwd + shared_act
+        self.shared_dgrad = shared.dgrad + shared_act_bwd
         self.shared_wgrad = shared.wgrad
         # Model edges: embedding lookup; final norm, LM head (vocab-parallel) and fp32 cross-entropy.
         vocab = padded_vocab(s) // t
         self.embed = self.elementwise("embedding", T * h)
-        self.embed_bwd = self.elementwise("embedding_bwd", T * h)
+        # The word embedding is no fused linear: its dense gradient is added to the main grad.
+        self.embed_bwd = (self.elementwise("zero_fill", vocab * h) + self.elementwise("embedding_bwd", T * h)
+                          + self.elementwise("grad_accumulate", vocab * h, s.grad_dtype))
         head = self.linear(T, h, vocab, s.dtype)
         self.head = (self.elementwise("layernorm", T_sp * h) + head.fwd
                      + self.elementwise("cross_entropy", T * vocab))
@@ -198,6 +213,8 @@ class CostModel:
         cost = self.kernels.get(k)
         if cost is None:
             cost = self._roofline(k)
+            if self.cal is not None and cost.micros < self.cal.launch_us:  # no kernel is quicker than its launch
+                cost = Cost(cost.flops, cost.bytes, self.cal.launch_us)
             self.model_micros[k] = cost.micros
             measured = self.measured.micros(KernelKey(k.kind, k.shape, k.dtype)) if self.measured else None
             if measured is not None:  # FLOPs and bytes stay the model's; the time is the GPU's
@@ -250,10 +267,35 @@ class CostModel:
         """Input tokens x k times weight k x n: forward, input-gradient and weight-gradient GEMMs
         (a transformer layer's in FP8 under --fp8)."""
         dtype = dtype or self.layer_dtype
-        return Linear(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), self.gemm(k, tokens, n, dtype=dtype))
+        wgrad = self.gemm(k, tokens, n, dtype=dtype)
+        if not self.spec.gradient_accumulation_fusion:  # the weight gradient added to the main grad
+            wgrad += self.elementwise("grad_accumulate", k * n, self.spec.grad_dtype)
+        return Linear(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), wgrad)
 
     def elementwise(self, kind: str, elements: int, dtype: str | None = None) -> Cost:
         return self.price(Kernel(kind, (elements,), dtype or self.spec.dtype))
+
+    def _activation(self, elements: int) -> tuple[Cost, Cost]:
+        """The MLP activation over `elements` outputs, forward and backward: SwiGLU (no biases), or
+        GeLU with its bias, fused or (--no-bias-fusion) as separate kernels."""
+        if self.spec.arch == "llama":
+            return self.elementwise("swiglu", elements), self.elementwise("swiglu_bwd", elements)
+        if self.spec.bias_fusion:
+            return self.elementwise("bias_gelu", elements), self.elementwise("bias_gelu_bwd", elements)
+        return (self.elementwise("bias_add", elements) + self.elementwise("gelu", elements),
+                self.elementwise("gelu_bwd", elements) + self.elementwise("bias_grad", elements))
+
+    def _residual(self, elements: int) -> tuple[Cost, Cost]:
+        """A sublayer's exit into the residual stream, forward and backward: bias (GPT), dropout
+        and the residual add in one fused kernel, or (--no-bias-fusion) in one kernel each."""
+        if self.spec.bias_fusion:
+            return self.elementwise("bias_dropout_add", elements), self.elementwise("bias_dropout_add_bwd", elements)
+        bias = self.spec.arch == "gpt"
+        fwd = self.elementwise("dropout", elements) + self.elementwise("residual_add", elements)
+        bwd = self.elementwise("dropout_bwd", elements)
+        if bias:
+            fwd, bwd = self.elementwise("bias_add", elements) + fwd, bwd + self.elementwise("bias_grad", elements)
+        return fwd, bwd
 
     def _attention(self, T: int, q_dim: int, v_dim: int) -> tuple[Cost, Cost]:
         """Attention's core, forward and backward: this rank's heads, its T = b*s/cp queries
@@ -309,4 +351,7 @@ class CostModel:
 
     def optimizer(self, params: int) -> Cost:
         """The optimizer step over the `params` this rank updates (its DP shard when sharded)."""
-        return self.elementwise("adam", params)
+        step = self.elementwise("adam", params)
+        if self.spec.dtype == "fp16":  # the grad scaler's unscale and inf/nan check first
+            step = self.elementwise("unscale_grads", params) + step
+        return step

@@ -15,13 +15,14 @@ See docs/moe-and-imbalance.md.
 
 from __future__ import annotations
 
-import json
+import io
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from traceforge.errors import SpecError
+from traceforge.files import MAX_JSON_FILE_BYTES, read_json, read_regular_file
 
 BALANCED = "balanced"
 
@@ -46,19 +47,23 @@ def parse_routing(text: str) -> tuple[str, float | str | None]:
     raise SpecError(f"moe_routing {text!r} is not one of balanced, zipf:S, trace:FILE (e.g. zipf:1.2)")
 
 
+MAX_TOKEN_COUNT = (1 << 53) - 1  # exact as a float and an int64, far past any batch
+
+
 @lru_cache(maxsize=8)
 def _load(path: str) -> np.ndarray:
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"moe_routing trace file {path} does not exist: "
-                        "give the path of a .npy or .json token-count array")
-    try:
+    fix = "give the path of a .npy or .json token-count array"
+    if not p.exists():
+        raise SpecError(f"moe_routing trace file {path} does not exist: {fix}")
+    if p.suffix.lower() not in (".npy", ".json"):
+        raise SpecError(f"moe_routing trace file {path}: unknown extension {p.suffix!r}; use .npy or .json")
+    try:  # through the one bounded reader: a regular file, bounded in size and nesting
         if p.suffix.lower() == ".npy":
-            raw = np.load(p, allow_pickle=False)
-        elif p.suffix.lower() == ".json":
-            raw = np.asarray(json.loads(p.read_text(encoding="utf-8")))
+            data = read_regular_file(p, "moe_routing trace file", MAX_JSON_FILE_BYTES, fix, SpecError)
+            raw = np.load(io.BytesIO(data), allow_pickle=False)
         else:
-            raise SpecError(f"moe_routing trace file {path}: unknown extension {p.suffix!r}; use .npy or .json")
+            raw = np.asarray(read_json(p, "moe_routing trace file", fix, MAX_JSON_FILE_BYTES, SpecError))
     except SpecError:
         raise
     except Exception as exc:  # numpy's and json's error types differ; all mean malformed input
@@ -68,12 +73,15 @@ def _load(path: str) -> np.ndarray:
     whole = raw.dtype.kind in "iu" or floats_whole
     if not whole:
         raise SpecError(f"moe_routing trace file {path}: counts must be whole numbers of tokens")
-    counts = raw.astype(np.int64)
-    if counts.size and counts.min() < 0:
-        where = tuple(int(i) for i in np.argwhere(counts < 0)[0])
-        raise SpecError(f"moe_routing trace file {path}: negative token count {int(counts[where])} "
-                        f"at index {list(where)}; counts must be >= 0")
-    return counts
+    # Range before the int64 cast: 1e300 or a uint64 of 2^63 would wrap (to a "negative" count).
+    bad = (raw < 0) | (raw > MAX_TOKEN_COUNT)
+    if raw.size and bool(np.any(bad)):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = raw[where].item()
+        what = f"negative token count {value:.6g}" if value < 0 else f"token count {value:.6g}"
+        raise SpecError(f"moe_routing trace file {path}: {what} at index {list(where)}; counts must be whole "
+                        f"numbers of tokens in 0..{MAX_TOKEN_COUNT:,} (2^53 - 1)")
+    return raw.astype(np.int64)
 
 
 def load_routing_trace(path: str, steps: int, m: int, moe_layers: int, ep: int) -> np.ndarray:

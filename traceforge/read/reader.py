@@ -6,6 +6,7 @@ file can be broken becomes a TraceReadError naming the file and byte offset.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.errors import TraceReadError
-from traceforge.files import MAX_JSON_FILE_BYTES, read_json
+from traceforge.files import MAX_JSON_FILE_BYTES, Fields, read_json
 from traceforge.read.frame import frames, read_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE
@@ -135,6 +136,71 @@ def load_groups(directory: Path, source: Path | None = None) -> dict[str, tuple[
     path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
     doc = read_json_file(path, required=source is not None)
     return None if doc is None else parse_groups(doc, path)
+
+
+_SPEC_KINDS: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+_KIND_WORDS: dict[type | tuple[type, ...], str] = {int: "a whole number", str: "a string", bool: "true or false"}
+
+
+def _spec_kinds() -> dict[str, type | tuple[type, ...]]:
+    """The JSON type of every plain spec field, from the Spec dataclass's annotations."""
+    import dataclasses
+
+    from traceforge.spec import Spec
+
+    return {f.name: _SPEC_KINDS[str(f.type)] for f in dataclasses.fields(Spec) if str(f.type) in _SPEC_KINDS}
+
+
+def check_manifest(doc: object, path: Path | str) -> dict:
+    """The fields of a manifest.json that readers use, checked (a side file we wrote is still
+    input once it is on disk): one line naming the file and the field, else the document."""
+    f = Fields(path, "fix or remove the manifest (traceforge check reads a set without one)", TraceReadError)
+    doc = f.mapping(doc, "the manifest")
+    for key in ("tool", "version", "prefix", "order"):
+        if key in doc:
+            f.text(doc[key], key)
+    if "world_size" in doc:
+        f.whole(doc["world_size"], "world_size", 1, MAX_WORLD_SIZE)
+    if doc.get("files") is not None:
+        for key, value in f.mapping(doc["files"], "files").items():
+            f.text(value, f"files.{key}")
+    if doc.get("spec") is not None:
+        spec = f.mapping(doc["spec"], "spec")
+        for key, kind in _spec_kinds().items():
+            if key not in spec:
+                continue
+            value = spec[key]
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+                f.fail(f"spec.{key}", value, _KIND_WORDS.get(kind, "a number"))
+            if isinstance(value, float) and not math.isfinite(value):
+                f.fail(f"spec.{key}", value, "a finite number")
+    if doc.get("ranks") is not None:
+        for i, row in enumerate(f.items(doc["ranks"], "ranks")):
+            if isinstance(row, dict):
+                for key, value in row.items():
+                    if key != "sha256" and not isinstance(value, str):
+                        f.whole(value, f"ranks[{i}].{key}")
+    if doc.get("jobs") is not None:
+        for j, job in enumerate(f.items(doc["jobs"], "jobs")):
+            job = f.mapping(job, f"jobs[{j}]")
+            for r in f.items(job.get("ranks", []), f"jobs[{j}].ranks"):
+                f.whole(r, f"jobs[{j}].ranks[]", 0, MAX_WORLD_SIZE - 1)
+            if "world_size" in job:
+                f.whole(job["world_size"], f"jobs[{j}].world_size", 1, MAX_WORLD_SIZE)
+            if "source" in job:
+                f.text(job["source"], f"jobs[{j}].source")
+            if job.get("spec") is not None:
+                f.mapping(job["spec"], f"jobs[{j}].spec")
+    return doc
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """DIR/manifest.json through the bounded reader, its fields checked; None when absent."""
+    path = Path(directory) / MANIFEST_FILE
+    doc = read_json_file(path)
+    return None if doc is None else check_manifest(doc, path)
 
 
 def manifest_world_size(directory: Path, prefix: str) -> int | None:

@@ -66,6 +66,7 @@ class Report:
     sim_view: Any = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    memory: Any = None  # memory.MemoryReport of the manifest's spec (our sets only)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -136,7 +137,7 @@ class Report:
         if self.replay is None:
             return None
         ranks = timeline_ranks(self.replay, self.track_ranks)
-        return chrome_trace(self.replay, ranks, self.gpus_per_node, self._timeline_meta(ranks))
+        return chrome_trace(self.replay, ranks, self.gpus_per_node, self._timeline_meta(ranks), self._memory_track())
 
     def write_timeline(self, path: Path) -> int:
         """Stream timeline.json to path; return the events written (0 and no file without a replay)."""
@@ -144,7 +145,23 @@ class Report:
             return 0
         ranks = timeline_ranks(self.replay, self.track_ranks)
         with open(path, "w", encoding="utf-8") as stream:
-            return write_chrome_trace(self.replay, ranks, self.gpus_per_node, stream, self._timeline_meta(ranks))
+            return write_chrome_trace(self.replay, ranks, self.gpus_per_node, stream, self._timeline_meta(ranks),
+                                      self._memory_track())
+
+    def _memory_track(self):
+        """The timeline's memory counter per rank class, for sets whose manifest holds the spec
+        (ours); None otherwise."""
+        from traceforge.layout import Layout
+        from traceforge.memory.manifest import manifest_spec
+        from traceforge.report.timeline import memory_track
+
+        if self.replay is None or self.memory is None:
+            return None
+        spec = manifest_spec(self.traces.manifest)
+        if spec is None or spec.world_size != self.world:
+            return None
+        pp = Layout.from_spec(spec).coords["pp"]
+        return memory_track(self.replay, spec, lambda rank: int(pp[rank]))
 
     def link_json(self) -> dict:
         if self.network is not None:
@@ -176,6 +193,7 @@ class Report:
                 **({"estimate": "analytical replay with ASTRA-sim's network arithmetic, not a simulation"}
                    if self.network is not None else {})},
             "simulation": self.simulation_json(),
+            "memory": None if self.memory is None else self.memory.to_json(),
             "notes": self.notes,
         }
         if self.nodes <= JSON_NODE_MATRIX_LIMIT:
@@ -329,6 +347,11 @@ def build_report(
     seconds["traffic"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
                     notes=list(ts.notes), seconds=seconds)
+    from traceforge.memory.manifest import manifest_memory
+
+    report.memory, why_not = manifest_memory(ts.manifest)
+    if why_not:
+        report.notes.append(why_not)
     if astra_model is None:
         astra_model = (Path(directory) / NETWORK_FILE).exists()
     if astra_model:

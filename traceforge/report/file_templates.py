@@ -81,6 +81,8 @@ class FileTemplate:
 def build_template(data: bytes, payloads: list[bytes], offsets: list[int], records: list[ScanRecord],
                    scan: RankScan) -> FileTemplate | None:
     """The template of a fully scanned file; None when its values do not allow one."""
+    if len(payloads) < 2 or len(offsets) != len(payloads) or len(records) != len(payloads) - 1:
+        return None  # no node after the metadata (a file of one 0x00 byte): nothing to template
     mask = np.full(len(data), FIXED, np.uint8)
     text: list[np.ndarray] = []
     group_index = {name: i for i, name in enumerate(scan.group_roles)}

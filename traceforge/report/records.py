@@ -77,7 +77,7 @@ class UnreadableValue(ValueError):
 
 # What each value may be (the ranges of the ROW columns, narrowed to what means something;
 # check names the same values as errors).
-_RANGES = {"type": (0, 127), "duration_micros": (0, 2**62 - 1), S.COMM_TYPE: (0, 2**15 - 1), S.COMM_SIZE: (0, 2**62 - 1),
+_RANGES = {"type": (0, 127), "duration_micros": (0, S.MAX_STEP_MICROS), S.COMM_TYPE: (0, 2**15 - 1), S.COMM_SIZE: (0, 2**62 - 1),
            S.COMM_TAG: (0, 2**63 - 1), S.STEP: (0, 2**31 - 1), S.COMM_SRC: (0, 2**32 - 1), S.COMM_DST: (0, 2**32 - 1)}
 
 

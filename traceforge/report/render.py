@@ -101,6 +101,19 @@ def test_table(report) -> Table:
     return t
 
 
+def memory_lines(report) -> list[str]:
+    """Peak memory per GPU by pipeline stage, from the manifest's spec (traceforge memory's model)."""
+    m = getattr(report, "memory", None)
+    if m is None:
+        return []
+    worst = m.worst
+    by_stage = " ".join(f"{s.peak / 1e9:.1f}" for s in m.stages)
+    verdict = "fits" if m.fits else "does NOT fit"
+    return [f"Memory per GPU (the manifest's spec; 'traceforge memory' for the breakdown): peak {worst.peak / 1e9:,.1f} GB "
+            f"on stage {worst.stage} ({worst.peak_when}) of the {m.gpu}'s {m.gpu_memory_bytes / 1e9:,.1f} GB: {verdict}; "
+            f"by stage {by_stage} GB"]
+
+
 def estimate_lines(report) -> list[str]:
     e = report.estimate
     if e is None:
@@ -216,6 +229,8 @@ def render_report(report, console) -> None:
     if jobs is not None:
         console.print(jobs)
     for line in estimate_lines(report):
+        console.print(line, markup=False)
+    for line in memory_lines(report):
         console.print(line, markup=False)
     for line in simulation_lines(report):
         console.print(line, markup=False)

@@ -85,6 +85,7 @@ class StreamReplay(_Replay):
         self.load: dict[Load, int] = defaultdict(int)
         self.bound_by: dict[Load, set[tuple[int, int]]] = defaultdict(set)  # load -> transfers it bounds
         self.active: dict[tuple[int, int], _Transfer] = {}
+        self.coll_bound: dict[tuple[int, int], tuple[Load, ...]] = {}  # (class, group role) -> its members' loads
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -109,7 +110,10 @@ class StreamReplay(_Replay):
         mates, n, inter = self.coll_info[(c, cp.roles[i])]
         wire = wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n)
         own = ((c, inter, OUT), (c, inter, IN))
-        bound = tuple((m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
+        bound = self.coll_bound.get((c, cp.roles[i]))
+        if bound is None:
+            bound = self.coll_bound[(c, cp.roles[i])] = tuple(
+                (m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
         self._begin(c, i, t0, wire, inter, own, bound)
 
     def send_transfer(self, c: int, i: int, t: float) -> None:

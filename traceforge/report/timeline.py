@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -205,8 +205,27 @@ def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
         yield {"name": "thread_name", "ph": "M", "pid": _PID, "tid": tid, "args": {"name": label}}
 
 
+def memory_track(result: ReplayResult, spec, stage_of_rank: Callable[[int], int]) -> Callable[[int], list[dict]]:
+    """Class c's memory counter events (traceforge.memory.timeline), pid left open; none when
+    its program does not match the spec's schedule."""
+    from traceforge.memory.timeline import counter_events, memory_counter
+
+    def events(c: int) -> list[dict]:
+        program = result.programs[c]
+        steps = program.steps.tolist()
+        first = min(steps, default=0)
+        compute = [kind == COMP and step == first for kind, step in zip(program.types.tolist(), steps, strict=True)]
+        stage = stage_of_rank(result.reps[c])
+        if not 0 <= stage < spec.pp:
+            return []
+        points = memory_counter(spec, stage, program.names, compute, result.start[c], result.finish[c])
+        return counter_events(points, _PID) if points else []
+
+    return events
+
+
 def write_chrome_trace(result: ReplayResult, ranks: Iterable[int], gpus_per_node: int, stream: TextIO,
-                       meta: dict | None = None) -> int:
+                       meta: dict | None = None, counters: Callable[[int], list[dict]] | None = None) -> int:
     """Stream the Chrome-trace JSON of the first step of each listed rank; return events written.
 
     A rank's events are its class's with its own pid, so each class is rendered to text once and
@@ -221,6 +240,7 @@ def write_chrome_trace(result: ReplayResult, ranks: Iterable[int], gpus_per_node
         c = result.color[rank]
         if c not in rendered:
             events = [json.dumps(e) for e in _class_events(result, c)]
+            events += [json.dumps(e) for e in (counters(c) if counters else [])]
             if kept > CLASS_TEXT_LIMIT:
                 rendered.clear()
                 kept = 0
@@ -241,10 +261,11 @@ def write_chrome_trace(result: ReplayResult, ranks: Iterable[int], gpus_per_node
     return written
 
 
-def chrome_trace(result: ReplayResult, ranks: list[int], gpus_per_node: int, meta: dict | None = None) -> dict:
+def chrome_trace(result: ReplayResult, ranks: list[int], gpus_per_node: int, meta: dict | None = None,
+                 counters: Callable[[int], list[dict]] | None = None) -> dict:
     """The timeline as one JSON document in memory (small sets; write_chrome_trace streams)."""
     buffer = io.StringIO()
-    write_chrome_trace(result, ranks, gpus_per_node, buffer, meta)
+    write_chrome_trace(result, ranks, gpus_per_node, buffer, meta, counters)
     return json.loads(buffer.getvalue())
 
 

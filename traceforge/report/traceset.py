@@ -17,10 +17,10 @@ from pathlib import Path
 from traceforge.errors import TraceReadError
 from traceforge.parallel import cores, fan_out
 from traceforge.read.progress import Progress
-from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_json_file
+from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_manifest
 from traceforge.report.dims import infer_group_dims
 from traceforge.report.scan import NO_DIM, WORLD, RankProgram, RankScan, forget, intern_traffic, scan_ranks
-from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.schema import COMM_GROUP_FILE
 
 P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
 
@@ -79,7 +79,7 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
                              f"({len(missing)} missing)")
     jobs = jobs if jobs is not None else cores()
     scans = sorted(_scan_all(files, jobs), key=lambda s: s.rank)
-    manifest = read_json_file(directory / MANIFEST_FILE)  # after the workers: they need none of it
+    manifest = read_manifest(directory)  # after the workers: they need none of it
     if isinstance(manifest, dict):
         manifest.pop("ranks", None)  # one row per rank (~200 MB as objects at 131k); the report reads none
     programs: dict[bytes, RankProgram] = {}

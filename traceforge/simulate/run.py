@@ -28,9 +28,9 @@ from traceforge.emit.astra import (
 from traceforge.errors import UserError
 from traceforge.files import read_json
 from traceforge.output import atomic_output_dir, is_simulator_log
-from traceforge.parallel import kill_group
-from traceforge.read.reader import read_json_file
-from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.parallel import kill_group, release_signals, signals_held
+from traceforge.read.reader import read_manifest
+from traceforge.schema import COMM_GROUP_FILE
 from traceforge.simulate.astra_log import FINISHED, AstraLog, read_astra_log
 
 ENV_BINARY = "ASTRA_SIM"
@@ -78,7 +78,7 @@ class RunResult:
 
 def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path | None = None) -> list[str]:
     directory = Path(directory)
-    manifest = read_json_file(directory / MANIFEST_FILE) or {}
+    manifest = read_manifest(directory) or {}
     missing = [name for name in BUNDLE_FILES if not (directory / name).is_file()]
     if missing:
         raise UserError(
@@ -143,7 +143,8 @@ def run_astra(
             system_file.write_text(json.dumps({**system, "trace-enabled": 1}, indent=1) + "\n")
         command = astra_command(Path(directory).resolve(), binary, tmp.resolve(), system_file)
         code, seconds, timed_out = _run_bounded(command, directory, tmp / "stdout.txt", world, timeout, progress)
-    command[-1] = f"--logging-folder={log_dir.resolve()}"  # where its logs are now
+    # The command as it ran, naming where its logs (and a --trace system input) are now.
+    command = [part.replace(str(tmp.resolve()), str(log_dir.resolve())) for part in command]
     try:
         log = read_astra_log(log_dir)
     except UserError:  # nothing ASTRA-sim wrote: the caller reports the failure
@@ -157,13 +158,21 @@ def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, time
     seconds, timed out). Whatever happens here (a timeout, an exception, SIGTERM/SIGHUP raised
     in this thread), the whole group is killed before returning."""
     started = time.monotonic()
+    proc: subprocess.Popen | None = None
     try:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-            start_new_session=True,  # its own group: our terminal's signals reach us, and we kill it whole
-        )
+        with signals_held():  # a signal now is raised once proc is known, inside the try below
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                start_new_session=True,  # its own group: our terminal's signals reach us, and we kill it whole
+                preexec_fn=release_signals,
+            )
     except OSError as exc:
         raise SimulatorError(f"cannot start {command[0]}: {exc.strerror or exc}; {HOW_TO_GET}") from None
+    except BaseException:
+        if proc is not None:  # a signal held while it started
+            kill_group(proc.pid)
+            proc.wait()
+        raise
     lines: queue.Queue = queue.Queue()
 
     def pump() -> None:

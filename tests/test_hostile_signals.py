@@ -1,0 +1,105 @@
+"""Signals and dying workers: SIGHUP is handled like SIGTERM, a signal to the whole process group
+never hangs (workers share no lock with each other or the parent), a worker killed half-way is
+one line, and no worker outlives the run (issue 22; docs/output-contract.md, Signals)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(ROOT))
+SLOW = ["generate", "-p", "llama3-70b", "--steps", "2", "-j", "2", "-o", "out"]
+
+
+def _start(tmp_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "traceforge", *SLOW], cwd=tmp_path, env=ENV, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _writing(tmp_path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(f".partial-{proc.pid}") and any(p.iterdir()) for p in tmp_path.iterdir()
+                  if p.name.startswith(".")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before writing"
+        time.sleep(0.02)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split(") ")[-1][0] != "Z"
+                   for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    try:
+        _, stderr = proc.communicate(timeout=60)  # a hang fails here instead of waiting forever
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return stderr
+
+
+def _left(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") or p.name == "out")
+
+
+def test_sighup_cleans_up_like_sigterm(tmp_path):
+    proc = _start(tmp_path)
+    _writing(tmp_path, proc)
+    workers = _children(proc.pid)
+    assert workers
+    proc.send_signal(signal.SIGHUP)
+    stderr = _finish(proc)
+    assert proc.returncode == 129, stderr
+    assert "Traceback" not in stderr and _gone(workers) and _left(tmp_path) == []
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
+def test_sigterm_to_the_whole_group_exits_143_and_never_hangs(tmp_path, delay):
+    proc = _start(tmp_path)
+    _writing(tmp_path, proc)
+    time.sleep(delay)
+    workers = _children(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)  # what a terminal or a job runner sends: the whole group
+    stderr = _finish(proc)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and _gone(workers) and _left(tmp_path) == []
+
+
+def test_a_worker_killed_half_way_is_one_line_and_nothing_is_left(tmp_path):
+    proc = _start(tmp_path)
+    _writing(tmp_path, proc)
+    workers = _children(proc.pid)
+    os.kill(workers[0], signal.SIGKILL)  # the OOM killer, say; Pool could hang on its queue lock here
+    stderr = _finish(proc)
+    assert proc.returncode == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "worker process died (signal 9)" in lines[0], stderr
+    assert _gone(workers) and _left(tmp_path) == []
+
+
+def test_workers_run_in_their_own_process_group(tmp_path):
+    proc = _start(tmp_path)
+    _writing(tmp_path, proc)
+    workers = _children(proc.pid)
+    groups = {os.getpgid(w) for w in workers}
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.pid not in groups and groups == set(workers)
+    assert _gone(workers)  # and they die with their parent, even on kill -9
