@@ -326,7 +326,7 @@ def test_show_json_prints_a_list_valued_attribute_as_a_list(make_set):
     assert rows[0]["comm_size"] == [1, 2, 3] and rows[0]["comm_type"] == "[0]"
 
 
-@pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"),
+@pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"), ("presets",),
                                   ("report", "{d}", "--json", "--no-timeline")])
 def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):
     import subprocess
@@ -360,3 +360,13 @@ def test_calibrate_refuses_its_output_before_measuring(make_set, tmp_path, targe
     one_line_error(res, "-o/--out")
     assert "PyTorch" not in res.stderr
     assert (path.read_bytes() if path.exists() else None) == before
+
+
+@pytest.mark.parametrize("name", ["comm_group.json", "manifest.json"])
+def test_merge_never_replaces_another_tools_side_file(home, tmp_path, name):
+    out = tmp_path / "d"
+    for k in (0, 1):
+        assert invoke("generate", *SMALL, "--shard", f"{k}/2", "-o", out).exit_code == 0
+    (out / name).write_text('{"theirs": true}')
+    one_line_error(invoke("merge", out), "did not write")
+    assert (out / name).read_text() == '{"theirs": true}'

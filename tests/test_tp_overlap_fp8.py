@@ -148,3 +148,21 @@ def test_fp8_gemms_at_the_fp8_rate():
     h100 = GPUS["h100"]
     assert h100.calibration is not None
     assert bf16.micros / fp8.micros == pytest.approx(FP8["h100"].peak_tflops * FP8["h100"].gemm / (989.0 * h100.calibration.gemm), rel=1e-9)
+
+
+def test_fp8_amax_reductions_over_the_stage(make_set):
+    """Delayed scaling: per micro-batch one forward and one backward AllReduce of the chunk's
+    amaxes (fp32; 3 per GEMM forward, 2 backward; 4 GEMMs per dense layer) over every rank of the
+    stage; none without --fp8."""
+    spec, out, _ = make_set("demo", fp8="hybrid", sequence_parallel=True)
+    ts = load_set(out)
+    layers_per_stage = LAYERS // spec.pp
+    for rank, nodes in ts.nodes.items():
+        amax = [n for n in nodes if n.type == COLL and n.dim == "amax"]
+        assert Counter((n.phase, n.size) for n in amax) == {("fwd", layers_per_stage * 4 * 3 * 4): M,
+                                                            ("bwd", layers_per_stage * 4 * 2 * 4): M}
+        stage = coord_of(rank, spec.order, {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp})["pp"]
+        members = {r for r in ts.nodes if coord_of(r, spec.order, {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp})["pp"] == stage}
+        assert {frozenset(ts.groups[n.group]) for n in amax} == {frozenset(members)}
+    _, plain, _ = make_set("demo", sequence_parallel=True)
+    assert not [n for nodes in load_set(plain).nodes.values() for n in nodes if n.dim == "amax"]

@@ -31,7 +31,7 @@ from traceforge.spec import KNOWN_DIMS, Spec
 # of ep/G consecutive EP ranks: epn the ranks of one node, epx the ranks at one position of every node.
 # tpepp: tp x ep x pp of the expert grid (parallel_state.py 'tp-ep-pp'), where the expert optimizer
 # of a replicated (ddp) optimizer reduces its gradient statistics.
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn", "tpepp")
+GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn", "tpepp", "amax")
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,8 @@ class Layout:
             return rows[np.argsort(rows[:, 0], kind="stable")]
         if kind == "mp":
             return self.dense.rows(("tp", "pp"))
+        if kind == "amax":  # FP8 amax reduction: every rank of a stage (Megatron's tp-cp-dp)
+            return self.dense.rows(("tp", "cp", "dp"))
         if kind == "world":
             return self.dense.ids.reshape(1, -1)
         if self.expert is None:

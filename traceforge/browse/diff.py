@@ -21,8 +21,11 @@ from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.browse.show import Row, node_row
 from traceforge.errors import TraceReadError
 from traceforge.parallel import fan_out
-from traceforge.read.frame import read_file
+from traceforge.read.decode import PayloadCache
+from traceforge.read.file_shape import Shapes
+from traceforge.read.frame import frames, read_file
 from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_manifest, trace_of
+from traceforge.read.spans import find_spans, sole_attributes, template_key
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 
 COMM_TYPES = {pb.COMM_COLL_NODE, pb.COMM_SEND_NODE}  # traffic a rank posts (recvs mirror sends)
@@ -129,19 +132,64 @@ class RankDiff:
         return not self.metadata_equal or self.first is not None
 
 
-def _tally(node: pb.Node, traffic: Counter) -> None:
+# What a payload adds to its rank's traffic, (dimension, bytes) or None, without parsing it again:
+# by its bytes, or by its template key (read/spans.py: the payload without its pg_name, comm_src
+# and comm_dst values, which the traffic does not depend on), once a parse proved the cut values
+# are the node's only attributes of their names. Bounded; cleared when full.
+_by_payload: PayloadCache[tuple[tuple[str, int] | None]] = PayloadCache(50_000)
+_by_key: PayloadCache[tuple[tuple[str, int] | None]] = PayloadCache(50_000)
+
+
+def _node_traffic(node: pb.Node) -> tuple[str, int] | None:
     key = traffic_key(node)
-    if key is not None:
-        traffic[key] += comm_size(node)
+    return None if key is None else (key, comm_size(node))
+
+
+def payload_traffic(offset: int, payload: bytes, path: str) -> tuple[str, int] | None:
+    """_node_traffic of the payload's node (a corrupt payload raises as parse_node does)."""
+    hit = _by_payload.get(payload)
+    if hit is not None:
+        return hit[0]
+    spans = find_spans(payload)
+    key = None
+    if spans and all(name != S.PG_NAME or payload[start:stop].isascii() for _, name, start, stop in spans):
+        key = template_key(payload, spans)  # text values must be ASCII, so protobuf takes any of them
+        hit = _by_key.get(key)
+        if hit is not None:
+            return hit[0]
+    node = parse_node(payload, offset, path)
+    found = _node_traffic(node)
+    if key is not None and spans and sole_attributes(payload, node, spans):
+        _by_key.remember(key, (found,))
+    elif spans == []:
+        _by_payload.remember(payload, (found,))
+    return found
+
+
+def _tally(offset: int, payload: bytes, path: str, traffic: Counter) -> None:
+    found = payload_traffic(offset, payload, path)
+    if found is not None:
+        traffic[found[0]] += found[1]
+
+
+# Node count and traffic of files seen before, by shape (read/file_shape.py): a file equal to one
+# of them but for its group and peer values has the same, without a pass over its nodes.
+_shapes: Shapes[tuple[int, Counter]] = Shapes(128)
 
 
 def _same_file_stats(rank: int, path: Path, data: bytes) -> RankDiff:
+    shape = _shapes.find(data)
+    if shape is not None:
+        n, known = shape.value
+        return RankDiff(rank, n, n, Counter(known), Counter(known), True, None)
     _, payloads = trace_of(data, str(path))
     traffic: Counter[tuple] = Counter()
     n = 0
+    name = str(path)
     for offset, payload in payloads:
-        _tally(parse_node(payload, offset, str(path)), traffic)
+        _tally(offset, payload, name, traffic)
         n += 1
+    _shapes.remember(data, frames(data, name), (n, Counter(traffic)))
     return RankDiff(rank, n, n, traffic, Counter(traffic), True, None)
 
 
@@ -166,17 +214,18 @@ def _compare_rank(rank: int, path_a: Path, path_b: Path, groups_a, groups_b) -> 
     traffic_b: Counter[tuple] = Counter()
     nodes_a = nodes_b = 0
     first: NodeDifference | None = None
+    name_a, name_b = str(path_a), str(path_b)
     for index, (pa, pb_) in enumerate(zip_longest(payloads_a, payloads_b)):
-        node_a = parse_node(pa[1], pa[0], str(path_a)) if pa else None
-        node_b = parse_node(pb_[1], pb_[0], str(path_b)) if pb_ else None
-        if node_a is not None:
+        if pa:
             nodes_a += 1
-            _tally(node_a, traffic_a)
-        if node_b is not None:
+            _tally(pa[0], pa[1], name_a, traffic_a)
+        if pb_:
             nodes_b += 1
-            _tally(node_b, traffic_b)
-        if first is not None or (node_a is not None and node_b is not None and same_groups and pa[1] == pb_[1]):
+            _tally(pb_[0], pb_[1], name_b, traffic_b)
+        if first is not None or (pa and pb_ and same_groups and pa[1] == pb_[1]):
             continue
+        node_a = parse_node(pa[1], pa[0], name_a) if pa else None
+        node_b = parse_node(pb_[1], pb_[0], name_b) if pb_ else None
         ca = canonical(node_a, groups_a) if node_a is not None else {}
         cb = canonical(node_b, groups_b) if node_b is not None else {}
         if node_a is None or node_b is None or ca != cb:

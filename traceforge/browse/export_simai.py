@@ -96,7 +96,7 @@ def _slot(phase: str, dim: str, where: str) -> tuple[str, str] | None:
             raise UserError(f"{where}: an expert-DP collective in the forward; SimAI's forward slot holds TP, EP or "
                             "expert-DP only as _DP_EP and this one cannot be placed")
         return "_DP_EP", "wg"
-    if dim in ("emb", "mp", "world", "tpep", "tpepp"):  # tied-embedding sync and the tiny synchronising collectives
+    if dim in ("emb", "mp", "world", "tpep", "tpepp", "amax"):  # tied-embedding sync, the tiny synchronising collectives, FP8 amaxes
         return None
     if dim == "dp" and not forward:
         return "", "wg"

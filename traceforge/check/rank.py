@@ -19,6 +19,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.check.file_templates import FileTemplates, Matched, build_template
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
 from traceforge.check.nodes import COLL, SEND, WORLD, CheckRecord, decode_node
 from traceforge.check.program import Program, Structure, analyse, build
@@ -78,13 +79,28 @@ def _scan(s: RankSummary, world: int) -> None:
     try:
         data = read_file(s.path)
         s.size, s.sha256 = len(data), hashlib.sha256(data).hexdigest()  # compared with manifest.json
+        matched = _files.match(s.rank, data, world)
+        if matched is not None:  # a clean rank's file but for its groups and peers
+            s.nodes, s.digest, s.groups, s.peers = matched.nodes, matched.digest, matched.groups, matched.peers
+            _hand_out(s, matched.program)
+            return
         records, offsets = _decode(data, s.path)
     except FrameError as exc:
         raise _Fatal(exc.kind, exc.detail) from None
     if not records:
         raise _Fatal("empty", "holds a GlobalMetadata but no nodes; ASTRA-sim aborts on a file with nothing to issue")
     s.nodes = len(records)
-    _check_graph(s, records, offsets, world)
+    program = _check_graph(s, records, offsets, world)
+    if not s.findings and program is not None:
+        own = Matched(s.nodes, s.digest, program, s.groups, s.peers)
+        _files.remember(build_template(data, list(frames(data, s.path)), records, s.rank, world, own))
+
+
+def _hand_out(s: RankSummary, program: Program) -> None:
+    """The Program travels to the parent the first time this process meets its digest."""
+    if program.digest not in _sent:
+        _sent.add(program.digest)
+        s.program = program
 
 
 def _decode(data: bytes, name: str) -> tuple[list[CheckRecord], list[int]]:
@@ -142,7 +158,7 @@ def _check_metadata(payload: bytes) -> None:
                                     "starts with one") from None
 
 
-def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> None:
+def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> Program:
     rank, tally = s.rank, Tally(s.rank)
     # The structure (ids, types, dependencies) repeats across the ranks of a stage: analyse it once.
     key = tuple(map(_SHAPE, records))
@@ -172,9 +188,8 @@ def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int],
             _programs.remember(pkey, program)
     p = program[1]
     s.digest, s.groups, s.peers = p.digest, groups, peers
-    if p.digest not in _sent:
-        _sent.add(p.digest)
-        s.program = p
+    _hand_out(s, p)
+    return p
 
 
 _SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
@@ -182,11 +197,14 @@ _SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
 _structures: PayloadCache[Structure] = PayloadCache(256)
 _programs: PayloadCache[tuple[Structure, Program]] = PayloadCache(1024)
 _sent: set[bytes] = set()  # digests whose Program this process has handed out in this check
+_files = FileTemplates()  # whole files of clean ranks (check/file_templates.py)
 
 
 def new_check() -> None:
-    """Forget which Programs were handed out (each check's parent starts with none)."""
+    """Forget which Programs were handed out (each check's parent starts with none), and the
+    file templates (they belong to one set's world)."""
     _sent.clear()
+    _files.clear()
 
 
 def _structure(records: list[CheckRecord], tally: Tally) -> Structure:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from traceforge import schema as S
 from traceforge.check.nodes import COLL, CheckRecord, decode_node
-from traceforge.read.decode import PayloadCache, parse_node
+from traceforge.read.decode import CorruptNode, PayloadCache, parse_node
 from traceforge.read.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
 from traceforge.wire import read_varint
 
@@ -91,3 +91,17 @@ def decode_with_templates(payload: bytes) -> tuple[CheckRecord, bool]:
     if key not in _templates:
         _templates.remember(key, _make(payload, spans, record))
     return record, True
+
+
+def is_sound(payload: bytes, spans: list[Span]) -> bool:
+    """Whether the payload's values are plain and its spans are its only attributes of their
+    names, so any other plain values of the same widths there parse alike (check/file_templates.py)."""
+    if _values(payload, spans) is None:
+        return False
+    key = template_key(payload, spans)
+    if key in _templates:
+        return _templates.get(key) is not None
+    try:
+        return sole_attributes(payload, parse_node(payload), spans)
+    except CorruptNode:
+        return False

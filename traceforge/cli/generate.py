@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.errors import UserError
 from traceforge.output import check_prefix
 from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
@@ -279,6 +279,7 @@ def presets() -> None:
     from traceforge.model import active_params, total_params
     from traceforge.presets import PRESETS
 
+    answer_to_stdout("the presets")
     table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
     for col in ("preset", "arch", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp/cp/pp/dp/ep",
                 "experts", "GPUs", "global batch", "m"):

@@ -34,7 +34,7 @@ from traceforge.layout import Layout
 from traceforge.output import check_shard_dir, remove_stale
 from traceforge.plan.program import program_variants, stage_program
 from traceforge.read.reader import read_json_file
-from traceforge.schema import MANIFEST_FILE
+from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.spec import MAX_WORLD_SIZE, Spec, build_spec
 
 _SHARD_ARG = re.compile(r"^\s*([0-9]+)\s*/\s*([0-9]+)\s*$", re.ASCII)
@@ -167,6 +167,17 @@ def _check_spec_matches_files(spec: Spec, layout: Layout, out: Path, prefix: str
                             "the manifests were edited or come from another spec: rerun the shards")
 
 
+def _check_nothing_foreign(out: Path) -> None:
+    """merge writes manifest.json and comm_group.json: never over another tool's (output rule)."""
+    merged = read_json_file(out / MANIFEST_FILE)
+    ours = isinstance(merged, dict) and merged.get("tool") == "traceforge"
+    for name in (MANIFEST_FILE, COMM_GROUP_FILE):
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not ours:
+            raise UserError(f"{path} exists and traceforge did not write it; merge never replaces another tool's "
+                            "files: move it away, then merge")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -224,6 +235,7 @@ def merge_shards(out: Path) -> dict:
         if hashlib.sha256(path.read_bytes()).hexdigest() != rec.sha256:
             raise UserError(f"{path}: its bytes changed since its shard wrote it (sha256 differs); rerun its shard with --force")
     _check_spec_matches_files(spec, layout, out, prefix, records)
+    _check_nothing_foreign(out)
     table = RankTable(range(layout.world_size))
     table.add(records)
     doc = finish_trace_set(spec, layout, out, prefix, table)

@@ -28,7 +28,7 @@ TransformerEngine (the layers' linear modules; embedding and LM head are Megatro
 
 from __future__ import annotations
 
-from traceforge.model import activation_bytes
+from traceforge.model import Chunk, activation_bytes, is_moe_layer
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec
@@ -39,6 +39,27 @@ PIPELINE_SPLITS = 4
 # Ring exchanges per layer and micro-batch, each with its own tags: the forward's qkv and fc1,
 # the backward's proj and fc2 output gradients, and the forward's again when recomputed.
 RING_KINDS = ("qkv", "fc1", "proj_grad", "fc2_grad", "qkv_recompute", "fc1_recompute")
+
+
+# FP8 delayed scaling: amaxes per TE GEMM, forward (input, weight, output) and backward (output
+# gradient, input gradient), fp32 each (TE's scaling_fwd / scaling_bwd meta).
+AMAX_PER_GEMM = {"fwd": 3, "bwd": 2}
+FP32 = 4
+
+
+def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) -> None:
+    """TE's delayed-scaling amax reduction: when a model chunk's forward leaves fp8_autocast, and
+    after its backward, one blocking AllReduce(MAX) of every FP8 tensor's amax in it over the amax
+    group (every rank of the stage). GEMMs per layer: qkv and proj, then fc1 and fc2, or an MoE
+    layer's two grouped GEMMs per local expert (and a shared expert's two)."""
+    if spec.fp8 == "none" or not chunk.layers:
+        return
+    gemms = 0
+    for layer in chunk.layers:
+        moe = is_moe_layer(spec, layer)
+        gemms += 2 + (2 * (spec.experts // spec.ep) + 2 * (spec.shared_experts > 0) if moe else 2)
+    b.ctx.layer = None
+    b.collective("fp8_amax", Coll.ALL_REDUCE, gemms * AMAX_PER_GEMM[phase] * FP32, "amax")
 
 
 def overlap_tags(steps: int, m: int, layers: int, tp: int) -> int:
