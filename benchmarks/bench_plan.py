@@ -30,7 +30,8 @@ H100_ROCE = dict(gpus_per_node=8, scale_up_bw=450.0, scale_out_bw=50.0)
 
 def megatron(h: int, heads: int, layers: int, batch: int) -> dict:
     return dict(arch="gpt", layers=layers, hidden=h, ffn_hidden=4 * h, heads=heads, kv_heads=heads, vocab=51200,
-                seq_len=2048, global_batch=batch, dtype="fp16", attention="unfused", gpu="a100")
+                seq_len=2048, global_batch=batch, dtype="fp16", attention="unfused", gpu="a100",
+                dp_mode="ddp")  # SC'21 predates the distributed optimizer
 
 
 # (name, preset, model flags, machine, GPUs, published (tp, cp, pp))
