@@ -41,6 +41,10 @@ DIM = "dim"
 STEP = "step"
 MICROBATCH = "microbatch"
 LAYER = "layer"
+# Activation memory (docs/memory.md "Memory in the trace"): on a pass's first compute node, the
+# bytes allocated as it starts; on its last, the bytes freed as it ends. From memory/activations.
+MEM_ALLOC_BYTES = "mem_alloc_bytes"
+MEM_FREE_BYTES = "mem_free_bytes"
 
 # The AttributeProto member each attribute is written in. For those ASTRA-sim reads it is the
 # member Chakra's v1 feeder reads (mlcommons/chakra src/feeder/et_feeder_node.cpp:28-50, the
@@ -65,6 +69,8 @@ ATTR_MEMBER: dict[str, str] = {
     STEP: "int64_val",
     MICROBATCH: "int64_val",
     LAYER: "int64_val",
+    MEM_ALLOC_BYTES: "uint64_val",  # a byte count, as tensor_size
+    MEM_FREE_BYTES: "uint64_val",
 }
 # The attributes whose member matters to the v1 feeder (the rest it ignores or keeps as is).
 V1_READ = frozenset((IS_CPU_OP, NUM_OPS, TENSOR_SIZE, COMM_TYPE, COMM_SIZE, COMM_SRC, COMM_DST, COMM_TAG, PG_NAME))

@@ -48,6 +48,10 @@ def node_attributes(op: Op) -> list[tuple[str, Value]]:
         attrs.append((S.MICROBATCH, op.microbatch))
     if op.layer is not None:
         attrs.append((S.LAYER, op.layer))
+    if op.mem_alloc:
+        attrs.append((S.MEM_ALLOC_BYTES, op.mem_alloc))
+    if op.mem_free:
+        attrs.append((S.MEM_FREE_BYTES, op.mem_free))
     return attrs + holes
 
 

@@ -90,6 +90,9 @@ class Op:
     duration_micros: int = 0
     num_ops: int = 0
     tensor_size: int = 0
+    # activation bytes allocated as this compute starts / freed as it ends (memory model)
+    mem_alloc: int = 0
+    mem_free: int = 0
     # communication
     comm_type: Coll | None = None
     comm_size: int = 0

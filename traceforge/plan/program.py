@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 
 from traceforge.errors import SpecError
+from traceforge.memory.activations import chunk_activations
 from traceforge.model import Chunk, activation_bytes, embedding_stages, model_chunks, p2p_bytes, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import DataParallel
@@ -17,7 +19,7 @@ from traceforge.plan.embedding import (
     tied_embedding_sync,
 )
 from traceforge.plan.layer import LayerTemplate
-from traceforge.plan.ops import NEXT, PREV, Coll, Program, ProgramBuilder
+from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuilder
 from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
 from traceforge.plan.routing import BALANCED
 from traceforge.plan.sync import SyncCollectives
@@ -58,6 +60,7 @@ class StagePlanner:
         # The layers' linear modules are TransformerEngine's (FP8 gathers, userbuffers overlap).
         self.layer = LayerTemplate(spec, TensorParallel.for_layers(spec), self.cost, variant)
         self.chunks = model_chunks(spec, stage)
+        self.activations = [chunk_activations(spec, chunk) for chunk in self.chunks]  # the memory model's
         self.dp = DataParallel(b, spec, self.params, self.chunks)
         self.sync = SyncCollectives(b, spec, stage)
         # (chunk, micro-batch) -> unit -> weight-gradient GEMMs an I pass left for its W pass
@@ -167,17 +170,39 @@ class StagePlanner:
             b.ctx.layer = None
             self.dp.after_unit_backward(chunk.index, name, n, mb == self.spec.num_microbatches - 1)
 
+    def _carry_activations(self, kind: str, c: int, since: int) -> None:
+        """Put one pass's activation bytes (the memory model's, as the schedule walk
+        memory/walk.py counts them) on the compute nodes it recorded from op `since` on:
+        allocated as the first starts, freed as the last ends. F keeps `stored` and has
+        `forward` transient; I and B have `backward` transient; B, or the W after an I, frees
+        `stored`."""
+        ops = self.b.program.ops
+        compute = [i for i in range(since, len(ops)) if ops[i].type == NodeType.COMP]
+        if not compute:  # a pass without compute has no node to carry its bytes
+            raise SpecError(f"a {kind} pass of model chunk {c} on stage {self.stage} has no compute")
+        cost = self.activations[c]
+        alloc = {"F": cost.stored + cost.forward, "I": cost.backward, "B": cost.backward}.get(kind, 0)
+        free = {"F": cost.forward, "I": cost.backward, "B": cost.backward + cost.stored, "W": cost.stored}[kind]
+        first, last = compute[0], compute[-1]
+        ops[first] = replace(ops[first], mem_alloc=ops[first].mem_alloc + alloc)
+        ops[last] = replace(ops[last], mem_free=ops[last].mem_free + free)
+
     def run_passes(self, passes: list[tuple[str, int, int]]) -> None:
         k = 0
+        ops = self.b.program.ops
         while k < len(passes):
             kind, c, mb = passes[k]
             chunk = self.chunks[c]
             if kind == "W":
+                since = len(ops)
                 self.weight_pass(chunk, mb)
+                self._carry_activations("W", c, since)
             elif kind in ("B", "I"):
                 self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb
                 self._recv(chunk, mb, backward=True)
+                since = len(ops)
                 done = self.backward_compute(chunk, mb, input_only=kind == "I")
+                self._carry_activations(kind, c, since)
                 self._send(chunk, mb, backward=True)
                 self.reduce_gradients(chunk, mb, done)
             elif kind == "F&" and k + 1 < len(passes) and passes[k + 1][0] == "B":
@@ -185,10 +210,14 @@ class StagePlanner:
                 back = self.chunks[c2]
                 self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 self._recv(chunk, mb, backward=False)
+                since = len(ops)
                 self.forward_compute(chunk, mb)
+                self._carry_activations("F", c, since)
                 self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
                 self._recv(back, mb2, backward=True)
+                since = len(ops)
                 done = self.backward_compute(back, mb2, input_only=False)
+                self._carry_activations("B", c2, since)
                 self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 self._send(chunk, mb, backward=False)
                 self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
@@ -198,7 +227,9 @@ class StagePlanner:
             else:
                 self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 self._recv(chunk, mb, backward=False)
+                since = len(ops)
                 self.forward_compute(chunk, mb)
+                self._carry_activations("F", c, since)
                 self._send(chunk, mb, backward=False)
             k += 1
 
@@ -263,7 +294,8 @@ INT64_MAX = 2**63 - 1
 
 def build_program(spec: Spec, stage: int, variant: int = 0) -> Program:
     program = StagePlanner(spec, stage, variant).build()
-    biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros) for op in program.ops)
+    biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros, op.mem_alloc, op.mem_free)
+                  for op in program.ops)
     if biggest > INT64_MAX:
         raise SpecError(f"this spec makes a node value of {biggest:.3g} (FLOPs, bytes or microseconds), beyond "
                         "Chakra's 64-bit integer fields: reduce hidden, ffn_hidden, vocab, seq_len or micro_batch")
