@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -467,6 +467,19 @@ def build_spec(
     overrides: Mapping[str, Any] | None = None,
 ) -> Spec:
     """Merge preset < config < overrides into a validated Spec."""
+    return spec_builder(preset, config, overrides)({})
+
+
+def spec_builder(
+    preset: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Callable[..., Spec]:
+    """build_spec for many sets of further overrides over one base (the planner's candidates):
+    the base is merged and coerced once; each call validates base + its values exactly as
+    build_spec(preset, config, {**overrides, **values}) would. ``reads``, when given, collects
+    every key the validation looked up: a refusal that read none of some keys holds for every
+    value of them (the planner skips such subtrees without trying each)."""
     from traceforge.presets import get_preset
 
     config = dict(config or {})
@@ -485,14 +498,44 @@ def build_spec(
     for layer in (config, overrides):
         for key, value in layer.items():
             explicit[key] = _coerce(key, value)
-    raw = {k: _coerce(k, v) for k, v in base.items()}
-    # A value the preset derived from another (ffn_hidden = 4h, kv_heads = heads) follows that
-    # other value when it is given and the derived one is not, as --help promises.
-    for derived, source in DERIVED_DEFAULTS.items():
-        if source in explicit and derived not in explicit:
-            raw[derived] = None
-    raw.update(explicit)
-    return _normalize(raw, explicit, preset_name)
+    preset_raw = {k: _coerce(k, v) for k, v in base.items()}
+
+    def build(values: Mapping[str, Any], reads: set[str] | None = None) -> Spec:
+        given = {k: v for k, v in values.items() if v is not None}
+        _check_keys("flags", given)
+        merged = {**explicit, **{k: _coerce(k, v) for k, v in given.items()}}
+        raw = dict(preset_raw)
+        # A value the preset derived from another (ffn_hidden = 4h, kv_heads = heads) follows that
+        # other value when it is given and the derived one is not, as --help promises.
+        for derived, source in DERIVED_DEFAULTS.items():
+            if source in merged and derived not in merged:
+                raw[derived] = None
+        raw.update(merged)
+        if reads is not None:
+            return _normalize(_Reads(raw, reads), _Reads(merged, reads), preset_name)
+        return _normalize(raw, merged, preset_name)
+
+    return build
+
+
+class _Reads(dict):
+    """A mapping that notes every key looked up in it (spec_builder's ``reads``)."""
+
+    def __init__(self, data: Mapping[str, Any], seen: set[str]):
+        super().__init__(data)
+        self.seen = seen
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.seen.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
 
 
 # Defaults computed from another field (see _model): derived -> the field it follows.

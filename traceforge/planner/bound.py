@@ -1,0 +1,149 @@
+"""A lower bound on a candidate's replayed step time, without building its programs.
+
+The search replays candidates in increasing bound order and stops once the bound passes the
+K-th best replayed step (branch and bound), so the bound must never exceed the replay:
+
+- one layer's forward (or backward) is recorded into a scratch builder by the same
+  LayerTemplate the stage programs use; its longest dependency path, compute at its recorded
+  duration and each transfer at its cheapest link class (latency + wire bytes / bandwidth, the
+  replay's own charge, never more), is a floor for that layer: every op of the next layer
+  follows this layer's stream position, so floors of consecutive layers add;
+- a stage computes its chunks' forward and backward once per micro-batch, one compute at a
+  time;
+- pipeline fill: a stage cannot start before micro-batch 0's forward has passed every earlier
+  virtual stage; drain (schedules whose backward is not split, where a stage's last layer
+  compute is a full backward): the gradient then still crosses every earlier virtual stage.
+
+Optimizer, data-parallel and pipeline transfers are left out: they only add to the replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from traceforge.model import activation_bytes, is_moe_layer, model_chunks, virtual_stage_layers
+from traceforge.plan.compute import CostModel
+from traceforge.plan.embedding import embedding_backward, embedding_forward, head_backward, head_forward
+from traceforge.plan.layer import LayerTemplate
+from traceforge.plan.ops import NodeType, Op, ProgramBuilder
+from traceforge.plan.pipeline import placement, virtual_stage
+from traceforge.plan.program import group_sizes
+from traceforge.plan.tensor import TensorParallel
+from traceforge.report.ring import wire_bytes
+from traceforge.report.timing_replay import LinkModel
+from traceforge.spec import Spec
+
+# Schedules whose stages end on a full backward (no weight-gradient pass split off).
+UNSPLIT = ("1f1b", "gpipe", "interleaved")
+# Microseconds a recorded segment may lose to rounding (compute durations are whole
+# microseconds with the error carried forward, so a chain of them is within 1 us of exact).
+ROUNDING_US = 1.0
+
+
+@dataclass(frozen=True)
+class Piece:
+    forward: float
+    backward: float
+
+
+def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
+    """Longest path through a scratch recording's ops (ids are topological)."""
+    end: list[float] = []
+    for op in ops:
+        if op.type == NodeType.COMP:
+            cost = float(op.duration_micros)
+        elif op.type == NodeType.COLL:
+            assert op.comm_type is not None and op.group is not None
+            wire = wire_bytes(int(op.comm_type), op.comm_size, sizes[op.group])
+            cost = min(link.micros(wire, False), link.micros(wire, True))
+        elif op.type == NodeType.SEND:
+            cost = min(link.micros(op.comm_size, False), link.micros(op.comm_size, True))
+        else:
+            cost = 0.0
+        end.append(max((end[d] for d in op.deps), default=0.0) + cost)
+    return max(end, default=0.0)
+
+
+def _record(spec: Spec, link: LinkModel, emit) -> float:
+    b = ProgramBuilder(0, group_sizes(spec))
+    emit(b)
+    return max(0.0, _floor(b.program.ops, b.group_sizes, link) - ROUNDING_US)
+
+
+def _layer_key(spec: Spec) -> tuple:
+    """What a layer's recorded ops depend on among the values a search varies (everything else
+    is fixed for the whole search, and part of the key through the spec's model fields)."""
+    return (spec.tp, spec.cp, spec.ep, spec.micro_batch, spec.recompute, spec.sequence_parallel,
+            spec.cp_comm_type, spec.arch, spec.hidden, spec.ffn_hidden, spec.heads,
+            spec.kv_heads, spec.head_dim, spec.kv_lora_rank, spec.q_lora_rank, spec.seq_len, spec.vocab,
+            spec.experts, spec.top_k, spec.moe_ffn_hidden, spec.shared_experts, spec.moe_router_num_groups,
+            spec.moe_router_group_topk, spec.dtype, spec.grad_dtype, spec.gpu, spec.gpu_tflops,
+            spec.gpu_hbm_gbps, spec.gpu_efficiency, spec.attention, spec.layers, spec.moe_layer_freq,
+            spec.moe_first_dense_layers, spec.tied_embeddings)
+
+
+@lru_cache(maxsize=4096)
+def _pieces(key: tuple, spec: Spec, link: LinkModel) -> dict[str, Piece]:
+    """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
+    del key  # the cache key; spec is any spec with that key
+    cost = CostModel(spec)
+    tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
+    template = LayerTemplate(spec, tp, cost)
+
+    def layer(index: int) -> Piece:
+        def fwd(b: ProgramBuilder) -> None:
+            b.ctx.layer, b.ctx.microbatch = index, 0
+            template.forward(b, index)
+
+        def bwd(b: ProgramBuilder) -> None:
+            b.ctx.layer, b.ctx.microbatch, b.ctx.phase = index, 0, "bwd"
+            if spec.recompute == "full":
+                template.forward(b, index, recompute=True)
+            template.backward(b, index, recompute_core=spec.recompute == "selective")
+
+        return Piece(_record(spec, link, fwd), _record(spec, link, bwd))
+
+    out = {"embed": Piece(_record(spec, link, lambda b: embedding_forward(b, tp, cost, spec)),
+                          _record(spec, link, lambda b: embedding_backward(b, tp, cost))),
+           "head": Piece(_record(spec, link, lambda b: head_forward(b, tp, cost, spec)),
+                         _record(spec, link, lambda b: head_backward(b, tp, cost)))}
+    kinds = {is_moe_layer(spec, i): i for i in range(spec.layers)}
+    for moe, index in kinds.items():
+        out["moe" if moe else "dense"] = layer(index)
+    return out
+
+
+def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
+    pieces = _pieces(_layer_key(spec), spec, link)
+    ranges = virtual_stage_layers(spec)
+    n = len(ranges)
+
+    def vstage(j: int) -> Piece:
+        f = b = 0.0
+        for i in ranges[j]:
+            piece = pieces["moe" if is_moe_layer(spec, i) else "dense"]
+            f, b = f + piece.forward, b + piece.backward
+        for edge, present in (("embed", j == 0), ("head", j == n - 1)):
+            if present:
+                f, b = f + pieces[edge].forward, b + pieces[edge].backward
+        return Piece(f, b)
+
+    per = [vstage(j) for j in range(n)]
+    fill = [0.0]
+    drain = [0.0]
+    for p in per:
+        fill.append(fill[-1] + p.forward)
+        drain.append(drain[-1] + p.backward)
+    m = spec.num_microbatches
+    best = 0.0
+    for stage in range(spec.pp):
+        chunks = model_chunks(spec, stage)
+        first = min(virtual_stage(spec, stage, c.index) for c in chunks)
+        work = m * sum(per[virtual_stage(spec, stage, c.index)].forward + per[virtual_stage(spec, stage, c.index)].backward
+                       for c in chunks)
+        tail = drain[first] if spec.schedule in UNSPLIT else 0.0
+        best = max(best, (fill[first] + spec.steps * work + tail) / spec.steps)
+    assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
+    return best

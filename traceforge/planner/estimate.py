@@ -1,0 +1,147 @@
+"""One candidate's step time: the report's timed replay over the stage programs, in memory.
+
+No trace file is written or read. The stage programs (plan/program.py) become the rank-
+independent programs the report's scanner would have read back (report/scan.RankProgram), and
+the layout (layout.py) gives every rank its group ids and peers, so the replay sees the same
+TraceSet a generated set would load as, and charges every node the same time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traceforge.layout import Layout
+from traceforge.model import active_params, qkv_channels
+from traceforge.plan.ops import NodeType, Program
+from traceforge.plan.program import build_program
+from traceforge.report.scan import RankProgram, RankScan
+from traceforge.report.timeline import _measure, _overlap, _union, step_estimate
+from traceforge.report.timing_replay import HARDWARE, LinkModel, replay
+from traceforge.report.traceset import TraceSet
+from traceforge.spec import Spec
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One candidate's replayed step, per step, in microseconds."""
+
+    step_us: float
+    compute_us: float  # the critical rank's busy compute
+    exposed_us: dict[str, float]  # the critical rank's communication not hidden by compute, per dimension
+    idle_us: float  # the rest: pipeline bubble and waiting for peers
+    classes: int  # rank classes replayed
+    stalled: int  # nodes that never ran (0 for every legal spec)
+
+
+def model_flops_per_step(spec: Spec) -> float:
+    """Model FLOPs of one step, as publications count them (recomputation not included):
+    6 x active parameters per token for the weights, and causal attention's score and value
+    products, 3 x s x (query + value channels) per layer and token (forward and backward)."""
+    q_dim, _, v_dim = qkv_channels(spec)
+    tokens = spec.global_batch * spec.seq_len
+    return tokens * (6.0 * active_params(spec) + 3.0 * spec.layers * spec.seq_len * (q_dim + v_dim))
+
+
+def _rank_program(program: Program, groups: tuple[str, ...], peers: tuple[str, ...],
+                  peer_rank: dict[str, int]) -> tuple[RankProgram, tuple[int, ...]]:
+    """The program as the scanner reads it back: roles numbered by first use, peers by the rank
+    they resolve to (two roles naming one rank, as next and prev at pp = 2, are one peer)."""
+    ops = program.ops
+    n = len(ops)
+    types = np.fromiter((int(op.type) for op in ops), np.int8, n)
+    durations = np.fromiter((op.duration_micros for op in ops), np.int64, n)
+    ctypes = np.fromiter((-1 if op.comm_type is None else int(op.comm_type) for op in ops), np.int16, n)
+    sizes = np.fromiter((op.comm_size for op in ops), np.int64, n)
+    tags = np.fromiter((op.tag for op in ops), np.int64, n)
+    steps = np.fromiter((op.step for op in ops), np.int32, n)
+    group_number = {g: i for i, g in enumerate(groups)}
+    peer_ranks: dict[int, int] = {}
+    for role in peers:
+        peer_ranks.setdefault(peer_rank[role], len(peer_ranks))
+    roles = np.fromiter(
+        (group_number[op.group or ""] if op.type == NodeType.COLL else
+         peer_ranks[peer_rank[op.peer]] if op.peer is not None else -1 for op in ops), np.int32, n)
+    counts = np.fromiter((len(op.deps) for op in ops), np.int64, n)
+    dep_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=dep_ptr[1:])
+    dep_idx = np.fromiter((d for op in ops for d in op.deps), np.int64, int(dep_ptr[-1]))
+    rp = RankProgram(types, durations, ctypes, sizes, roles, tags, steps, dep_ptr, dep_idx,
+                     names=[op.name for op in ops], dims=[op.dim for op in ops])
+    return rp, tuple(peer_ranks)
+
+
+def _first_use(values: list[str | None]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v for v in values if v is not None))
+
+
+def in_memory_trace_set(spec: Spec, programs: list[Program] | None = None) -> TraceSet:
+    """The TraceSet report would load from the set generate writes for spec (balanced routing:
+    one program per stage), built from the programs and the layout without any file."""
+    layout = Layout.from_spec(spec)
+    programs = programs if programs is not None else [build_program(spec, s) for s in range(spec.pp)]
+    stage_of = layout.coords["pp"]
+    nxt, prv = layout.pipeline_peers
+    cp_next, cp_prev = layout.context_peers
+    ids = layout.group_id_of
+    shared: list[tuple[Program, tuple[str, ...], tuple[str, ...], bytes]] = []
+    for program in programs:
+        groups = _first_use([op.group for op in program.ops if op.type == NodeType.COLL])
+        peers = _first_use([op.peer for op in program.ops if op.type in (NodeType.SEND, NodeType.RECV)])
+        shared.append((program, groups, peers, b""))
+    rank_programs: dict[bytes, RankProgram] = {}
+    role_arrays = {"next": nxt, "prev": prv, "cp_next": cp_next, "cp_prev": cp_prev}
+    scans: list[RankScan] = []
+    # Ranks of one stage whose peer roles resolve with the same pattern of equal ranks share a
+    # program (the pattern is a stage property in every layout traceforge makes).
+    by_key: dict[tuple[int, tuple[int, ...]], tuple[bytes, tuple[str, ...]]] = {}
+    group_cols = {kind: ids[kind].tolist() for kind in {g for _, gs, _, _ in shared for g in gs}}
+    peer_cols = {role: role_arrays[role].tolist() for role in {p for _, _, ps, _ in shared for p in ps}}
+    stages = stage_of.tolist()
+    for rank in range(layout.world_size):
+        stage = stages[rank]
+        program, groups, peers, _ = shared[stage]
+        resolved = {role: peer_cols[role][rank] for role in peers}
+        pattern = tuple(list(dict.fromkeys(resolved.values())).index(resolved[r]) for r in peers)
+        key = (stage, pattern)
+        if key not in by_key:
+            rp, _ = _rank_program(program, groups, peers, resolved)
+            shape = rp.digest()
+            rank_programs.setdefault(shape, rp)
+            by_key[key] = (shape, groups)
+        shape, _ = by_key[key]
+        scans.append(RankScan(rank=rank, nodes=len(program.ops), compute_micros=0, max_step=spec.steps - 1,
+                              group_roles=tuple(str(group_cols[g][rank]) for g in groups),
+                              peer_roles=tuple(dict.fromkeys(resolved.values())), shape=shape,
+                              has_annotations=True))
+    members: dict[str, tuple[int, ...]] = {}
+    for kind in group_cols:
+        first, rows = layout.group_rows[kind]
+        for i, row in enumerate(rows.tolist()):
+            members[str(first + i)] = tuple(row)
+    return TraceSet(Path("."), "workload", layout.world_size, scans, rank_programs, members, {}, spec.steps, True)
+
+
+def estimate(spec: Spec, link: LinkModel) -> Estimate:
+    """Replay the candidate's programs on the machine (the report's hardware estimate mode: a
+    stream per communicator, links shared); the critical rank's split per step."""
+    ts = in_memory_trace_set(spec)
+    result = replay(ts, link, mode=HARDWARE)
+    est = step_estimate(result, spec.steps)
+    c = result.color[est.critical_rank]
+    program = result.programs[c]
+    compute: list[tuple[float, float]] = []
+    comm: dict[str, list[tuple[float, float]]] = {}
+    for t, dim, s, f in zip(program.types.tolist(), program.dims, result.start[c], result.finish[c], strict=True):
+        if s is None or f is None:
+            continue
+        if t == int(NodeType.COMP):
+            compute.append((s, f))
+        else:
+            comm.setdefault(dim or "other", []).append((s, f))
+    busy = _union(compute)
+    per = 1 / max(1, spec.steps)
+    exposed = {dim: (_measure(_union(iv)) - _overlap(busy, _union(iv))) * per for dim, iv in sorted(comm.items())}
+    return Estimate(est.critical.total, est.critical.compute, exposed, est.critical.idle, est.classes, est.stalled)

@@ -1,0 +1,20 @@
+"""The planner's memory filter: one function, so the model behind it is one import."""
+
+from __future__ import annotations
+
+from traceforge.spec import Spec
+
+
+def peak_bytes(spec: Spec, gpu_memory_bytes: int | None) -> tuple[int, bool]:
+    """(peak bytes on the fullest GPU, whether it fits) from `traceforge memory`'s model."""
+    from traceforge.memory import memory_report
+
+    report = memory_report(spec, gpu_memory_bytes)
+    return report.peak_bytes, report.fits
+
+
+def gpu_memory(spec: Spec, memory_gb: float | None = None) -> int:
+    """Bytes of memory of the spec's GPU (--gpu-memory-gb overrides it)."""
+    from traceforge.memory.gpus import gpu_memory_bytes
+
+    return gpu_memory_bytes(spec.gpu, memory_gb)

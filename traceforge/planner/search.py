@@ -1,0 +1,215 @@
+"""The search: every candidate through the validator and the memory model, then the feasible
+ones replayed in increasing lower-bound order until the bound passes the K-th best step.
+
+Branch and bound keeps the top K exact: a candidate whose lower bound is at least the K-th
+best replayed step cannot enter the top K, and neither can any after it (they are sorted by
+bound). ``--all`` replays every feasible candidate instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from traceforge.errors import SpecError, UserError
+from traceforge.parallel import fan_out
+from traceforge.planner.bound import step_lower_bound
+from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
+from traceforge.planner.memory import peak_bytes
+from traceforge.planner.space import LEVELS, Model, _layouts, walk
+from traceforge.read.progress import Progress
+from traceforge.report.timing_replay import LinkModel
+from traceforge.spec import Spec, spec_builder
+
+
+@dataclass(frozen=True)
+class Base:
+    """What every candidate shares: the preset, spec file and flags the user gave."""
+
+    preset: str | None
+    config: Mapping[str, Any] | None
+    overrides: Mapping[str, Any]
+    config_path: str | None = None  # the spec file's path, for the flags that reproduce a candidate
+
+    def builder(self) -> Callable[..., Spec]:
+        return spec_builder(self.preset, self.config, self.overrides)
+
+
+@dataclass
+class Ranked:
+    """One replayed candidate."""
+
+    values: dict[str, Any]  # the spec values the search chose
+    spec: Spec
+    peak_bytes: int
+    bound_us: float
+    estimate: Estimate
+
+    @property
+    def step_ms(self) -> float:
+        return self.estimate.step_us / 1e3
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return model_flops_per_step(self.spec) / (self.spec.world_size * self.estimate.step_us * 1e-6) / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu / self.spec.gpu_tflops
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.spec.global_batch * self.spec.seq_len / (self.estimate.step_us * 1e-6)
+
+
+@dataclass
+class PlanResult:
+    gpus: int
+    considered: int = 0
+    legal: int = 0
+    feasible: int = 0
+    seconds: float = 0.0
+    replayed: int = 0
+    candidates: list[Ranked] = field(default_factory=list)
+    smallest_peak: int | None = None  # the least memory any legal candidate needs
+    gpu_memory_bytes: int = 0
+
+
+def sort_key(values: Mapping[str, Any]) -> tuple:
+    """A total, deterministic order among candidates of equal time (layout fields, then flags)."""
+    return tuple((k, str(values.get(k))) for k in sorted(values))
+
+
+# -- phase 1: validate and filter, per layout (in worker processes) -------------------------
+
+@dataclass
+class _Job:
+    builder: Callable[..., Spec]
+    model: Model
+    fixed: Mapping[str, Any]
+    link: LinkModel
+    gpu_memory: int | None
+
+
+_job: _Job | None = None
+
+
+def _check(values: dict[str, Any], reads: set[str] | None) -> Spec | None:
+    assert _job is not None
+    try:
+        return _job.builder(values, reads)
+    except SpecError:
+        return None
+
+
+@dataclass
+class _Share:
+    considered: int = 0
+    legal: int = 0
+    feasible: list[tuple[float, tuple, dict[str, Any], int]] = field(default_factory=list)  # (bound, key, values, peak)
+    smallest_peak: int | None = None
+
+
+def _filter_layout(layout: dict[str, Any]) -> _Share:
+    """Validate, size and bound every candidate under one layout."""
+    assert _job is not None
+    share = _Share()
+    for values, spec, count in walk(_job.model, _job.fixed, _check, layout, 1):
+        share.considered += count
+        if spec is None:
+            continue
+        share.legal += 1
+        peak, fits = peak_bytes(spec, _job.gpu_memory)
+        if not fits:
+            share.smallest_peak = peak if share.smallest_peak is None else min(share.smallest_peak, peak)
+            continue
+        share.feasible.append((step_lower_bound(spec, _job.link), sort_key(values), values, peak))
+    return share
+
+
+def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """The search's top level (tp, cp, pp, dp, ep), this shard's share of it (every N-th)."""
+    top = _layouts(model, fixed, {})
+    assert LEVELS[0][0] is _layouts
+    return top if shard is None else top[shard[0]::shard[1]]
+
+
+def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
+           top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
+           quiet: bool = False, until_us: float | None = None) -> PlanResult:
+    """until_us: also replay every candidate whose bound is below it (and keep them all), so the
+    rank of a layout of that step among all candidates is exact (the published-run check)."""
+    global _job
+    started = time.perf_counter()
+    builder = base.builder()
+    _job = _Job(builder, model, fixed, link, gpu_memory)
+    result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
+    tops = layouts(model, fixed, shard)
+    progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
+    feasible: list[tuple[float, tuple, dict[str, Any], int]] = []
+    shares: Iterator[_Share] = (fan_out(_filter_layout, tops, jobs) if jobs > 1 and len(tops) > 1
+                                else map(_filter_layout, tops))
+    for share in shares:
+        result.considered += share.considered
+        result.legal += share.legal
+        feasible += share.feasible
+        if share.smallest_peak is not None:
+            result.smallest_peak = share.smallest_peak if result.smallest_peak is None else min(result.smallest_peak, share.smallest_peak)
+        if progress:
+            progress.advance()
+    if progress:
+        progress.close()
+    result.feasible = len(feasible)
+    feasible.sort(key=lambda c: (c[0], c[1]))
+    result.candidates, result.replayed = _branch_and_bound(builder, feasible, link, top, every, quiet, until_us)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+# -- phase 2: replay in bound order ---------------------------------------------------------
+
+def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
+                      link: LinkModel, top: int, every: bool, quiet: bool,
+                      until_us: float | None = None) -> tuple[list[Ranked], int]:
+    best: list[float] = []  # the K best steps so far, as a max-heap of -step
+    ranked: list[Ranked] = []
+    progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
+    for bound, _key, values, peak in feasible:
+        if not every and len(best) >= top and bound > max(-best[0], until_us or 0.0):
+            break  # strictly: a candidate whose step ties the K-th may still rank before it
+        spec = builder(values)
+        est = estimate(spec, link)
+        if est.stalled:
+            raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
+                            "please report this spec: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+        ranked.append(Ranked(values, spec, peak, bound, est))
+        if len(best) < top:
+            heapq.heappush(best, -est.step_us)
+        elif -est.step_us > best[0]:
+            heapq.heapreplace(best, -est.step_us)
+        if progress:
+            progress.advance()
+    if progress:
+        progress.close()
+    replayed = len(ranked)
+    ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
+    return (ranked if every or until_us is not None else ranked[:top]), replayed
+
+
+def check_feasible(result: PlanResult, model: Model) -> None:
+    """One line naming the constraint that removed the last candidates, when none is left."""
+    if not result.considered:
+        raise UserError(f"no layout to consider for {model.world:,} GPUs: the GPU count has no tensor-parallel size "
+                        "that divides it within a node; give a multiple of --gpus-per-node or --tp-across-nodes")
+    if not result.legal:
+        raise UserError(f"none of the {result.considered:,} layouts for {model.world:,} GPUs is legal (each refused by "
+                        f"generate's validator): check --global-batch (divisible by micro-batch x dp) and "
+                        f"the layers and heads against the GPU count; 'traceforge generate' with one layout names the rule")
+    if not result.feasible:
+        need = (result.smallest_peak or 0) / 1e9
+        raise UserError(f"none of the {result.legal:,} legal layouts fits in GPU memory ({result.gpu_memory_bytes / 1e9:,.1f} GB): "
+                        f"the smallest needs {need:,.1f} GB per GPU; use more GPUs, a GPU with more memory "
+                        "(--gpu, --gpu-memory-gb) or a smaller --global-batch/--seq-len")
