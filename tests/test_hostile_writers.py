@@ -370,3 +370,31 @@ def test_merge_never_replaces_another_tools_side_file(home, tmp_path, name):
     (out / name).write_text('{"theirs": true}')
     one_line_error(invoke("merge", out), "did not write")
     assert (out / name).read_text() == '{"theirs": true}'
+
+
+# -- plan --merge (a command added since): its shard files are side files too ---------------------
+
+
+@pytest.mark.parametrize("forge, field", [
+    (lambda d: d["rows"][0].update(bound_ms="x"), "rows[0].bound_ms"),
+    (lambda d: d["rows"][0].update(tp=-3), "rows[0].tp"),
+    (lambda d: d["rows"].__setitem__(0, {}), "rows[0].tp"),
+    (lambda d: d["rows"][0].update(exposed_ms=[1]), "rows[0].exposed_ms"),
+    (lambda d: d["rows"][0].update(step_ms=float("inf")), "Infinity"),
+])
+def test_forged_plan_shard_row_is_one_line(tmp_path, forge, field):
+    out = tmp_path / "s"
+    for k in (0, 1):
+        assert invoke("plan", "--gpus", "8", "--shard", f"{k}/2", "-o", out, "-q").exit_code == 0
+    path = out / "plan-shard-0-of-2.json"
+    doc = json.loads(path.read_text())
+    forge(doc)
+    path.write_text(json.dumps(doc))
+    one_line_error(invoke("plan", "--merge", out, "-q"), "plan-shard-0-of-2.json", field)
+
+
+def test_plan_shard_nested_100000_deep_is_one_line(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "plan-shard-0-of-1.json").write_text("[" * 100_000 + "]" * 100_000)
+    one_line_error(invoke("plan", "--merge", out, "-q"), "nested too deeply")

@@ -177,13 +177,13 @@ class StagePlanner:
         `forward` transient; I and B have `backward` transient; B, or the W after an I, frees
         `stored`."""
         ops = self.b.program.ops
-        compute = [i for i in range(since, len(ops)) if ops[i].type == NodeType.COMP]
-        if not compute:  # a pass without compute has no node to carry its bytes
+        first = next((i for i in range(since, len(ops)) if ops[i].type == NodeType.COMP), None)
+        if first is None:  # a pass without compute has no node to carry its bytes
             raise SpecError(f"a {kind} pass of model chunk {c} on stage {self.stage} has no compute")
+        last = next(i for i in range(len(ops) - 1, first - 1, -1) if ops[i].type == NodeType.COMP)
         cost = self.activations[c]
         alloc = {"F": cost.stored + cost.forward, "I": cost.backward, "B": cost.backward}.get(kind, 0)
         free = {"F": cost.forward, "I": cost.backward, "B": cost.backward + cost.stored, "W": cost.stored}[kind]
-        first, last = compute[0], compute[-1]
         ops[first] = replace(ops[first], mem_alloc=ops[first].mem_alloc + alloc)
         ops[last] = replace(ops[last], mem_free=ops[last].mem_free + free)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from traceforge.errors import UserError
-from traceforge.files import MAX_JSON_FILE_BYTES, read_regular_file
+from traceforge.files import Fields, read_json
 
 SHARD_FILE = re.compile(r"^plan-shard-(?P<k>[0-9]+)-of-(?P<n>[0-9]+)\.json$", re.ASCII)
 FORMAT = "traceforge plan shard 1"
@@ -29,17 +29,37 @@ def shard_document(k: int, n: int, query: Mapping[str, Any], counts: Mapping[str
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
+# Every row field merge, the table, plan.csv and --write-top use, with its kind (files.Fields).
+_ROW_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "num_microbatches")
+_ROW_TIMES = ("step_ms", "tflops_per_gpu", "mfu", "tokens_per_s", "compute_ms", "bubble_ms", "bound_ms")
+_ROW_TEXT = ("schedule", "recompute", "dp_mode", "flags", "layer_split")
+
+
+def _check_rows(rows: list, path: Path) -> None:
+    """A forged or damaged row is one line naming the file and the field, never a KeyError later."""
+    f = Fields(path, "rerun that shard")
+    for i, row in enumerate(rows):
+        row = f.mapping(row, f"rows[{i}]")
+        for key in _ROW_COUNTS:
+            f.whole(row.get(key), f"rows[{i}].{key}", 1)
+        f.whole(row.get("peak_bytes"), f"rows[{i}].peak_bytes")
+        for key in _ROW_TIMES:
+            f.number(row.get(key), f"rows[{i}].{key}", 0.0, 1e18)
+        for key in _ROW_TEXT:
+            f.text(row.get(key), f"rows[{i}].{key}")
+        for dim, ms in f.mapping(row.get("exposed_ms"), f"rows[{i}].exposed_ms").items():
+            f.number(ms, f"rows[{i}].exposed_ms.{dim}", 0.0, 1e18)
+        f.mapping(row.get("values"), f"rows[{i}].values")
+
+
 def _read(path: Path) -> dict[str, Any]:
-    data = read_regular_file(path, "plan shard file", MAX_JSON_FILE_BYTES, "rerun that shard", UserError)
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not a plan shard file (not JSON): rerun that shard") from None
+    doc = read_json(path, "plan shard file", "rerun that shard")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
         raise UserError(f"{path} is not a plan shard file of this traceforge version: rerun that shard")
     for key in ("considered", "legal", "feasible", "seconds"):
         if not isinstance(doc.get(key), (int, float)) or isinstance(doc.get(key), bool) or doc[key] < 0:
             raise UserError(f"{path}: {key} is not a count: rerun that shard")
+    _check_rows(doc["rows"], path)
     return doc
 
 
