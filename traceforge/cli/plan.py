@@ -170,6 +170,9 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
               "bubble and waiting for peers", markup=False)
     out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
               f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
+    if counts.get("too_big"):
+        out.print(f"note: {counts['too_big']:,} feasible candidates have more nodes than the replay takes (4,000,000) "
+                  "and were not ranked", markup=False)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()

@@ -92,7 +92,7 @@ class _GpuOnly:
 
 def _counts(result: PlanResult) -> dict[str, Any]:
     return {"considered": result.considered, "legal": result.legal, "feasible": result.feasible,
-            "seconds": result.seconds, "replayed": result.replayed}
+            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big}
 
 
 def _title(query: Query, gpus: int) -> str:
@@ -208,7 +208,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
     result = run_search(query, gpus, jobs, quiet, (k, n))
     ranked = rank_rows(rows(query.base(), result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {key: v for key, v in _counts(result).items() if key != "replayed"}
+    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
     target = out_dir / shard_file_name(k, n)
     tmp = out_dir / f".{target.name}.partial-{os.getpid()}"

@@ -21,7 +21,7 @@ from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
 from traceforge.planner.memory import peak_bytes
 from traceforge.planner.space import LEVELS, Model, _layouts, walk
 from traceforge.read.progress import Progress
-from traceforge.report.timing_replay import LinkModel
+from traceforge.report.timing_replay import LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
 
 
@@ -73,6 +73,7 @@ class PlanResult:
     feasible: int = 0
     seconds: float = 0.0
     replayed: int = 0
+    too_big: int = 0  # feasible candidates beyond the replay's node limit, not ranked
     candidates: list[Ranked] = field(default_factory=list)
     smallest_peak: int | None = None  # the least memory any legal candidate needs
     gpu_memory_bytes: int = 0
@@ -164,7 +165,8 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
         progress.close()
     result.feasible = len(feasible)
     feasible.sort(key=lambda c: (c[0], c[1]))
-    result.candidates, result.replayed = _branch_and_bound(builder, feasible, link, top, every, quiet, until_us)
+    result.candidates, result.replayed, result.too_big = _branch_and_bound(builder, feasible, link, top, every, quiet,
+                                                                           until_us)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -173,15 +175,20 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
 
 def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
                       link: LinkModel, top: int, every: bool, quiet: bool,
-                      until_us: float | None = None) -> tuple[list[Ranked], int]:
+                      until_us: float | None = None) -> tuple[list[Ranked], int, int]:
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
+    too_big = 0
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
     for bound, _key, values, peak in feasible:
         if not every and len(best) >= top and bound > max(-best[0], until_us or 0.0):
             break  # strictly: a candidate whose step ties the K-th may still rank before it
         spec = builder(values)
-        est = estimate(spec, link)
+        try:
+            est = estimate(spec, link)
+        except ReplayTooBig:  # millions of nodes (thousands of micro-batches): not ranked, counted
+            too_big += 1
+            continue
         if est.stalled:
             raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
                             "please report this spec: " + ", ".join(f"{k}={v}" for k, v in values.items()))
@@ -196,7 +203,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
         progress.close()
     replayed = len(ranked)
     ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
-    return (ranked if every or until_us is not None else ranked[:top]), replayed
+    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:
