@@ -151,12 +151,15 @@ def layout(tp: int, pp: int, world: int, batch: int, micro: int = 1, recompute: 
 
 
 # ---- Narayanan et al. 2021 (SC'21), Table 1 ----------------------------------------------------
+# Megatron-LM fused gradient accumulation into the wgrad GEMM only from commit 83b1e42f
+# (2022-02-13), after these runs: each weight gradient was added to main_grad by its own kernel.
 def narayanan(name: str, h: int, heads: int, layers: int, t: int, p: int, n: int, batch: int,
               published: float) -> Run:
     s, vocab = 2048, 51200
     spec = gpt(layers, h, heads, vocab, s, tp=t, pp=p, world=n, batch=batch, recompute="full", dtype="fp16")
     return Run(name, "Narayanan et al. 2021, Table 1", spec, SELENE, megatron_eq3(batch, s, layers, h, vocab),
-               "HFU", published, f"{published:.0f} TFLOP/s", extra=["--attention", "unfused"])
+               "HFU", published, f"{published:.0f} TFLOP/s",
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
 
 
 # ---- Korthikanti et al. 2022 (MLSys'23), Tables 3 and 4 ----------------------------------------
