@@ -17,7 +17,26 @@ def invoke(*args: object) -> Result:
         import traceback
 
         raise AssertionError("traceback:\n" + "".join(traceback.format_exception(result.exception)))
+    if result.exit_code == 0:
+        _check_written_set([str(a) for a in args])
     return result
+
+
+def _check_written_set(args: list[str]) -> None:
+    """Every whole set a test writes through the CLI must be consistent across ranks (collectives
+    matched per group, Send/Recv paired) and run to its end, by the independent oracle."""
+    if not args or args[0] != "generate" or "--shard" in args or "--help" in args:
+        return
+    from pathlib import Path
+
+    from oracle import consistency_problems, load_set, unfinished
+
+    out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-o", "--out")), "traces")
+    if not (Path(out) / "manifest.json").is_file():
+        return
+    ts = load_set(Path(out))
+    assert not consistency_problems(ts), consistency_problems(ts)[:5]
+    assert not unfinished(ts), unfinished(ts)[:5]
 
 
 def one_line_error(result: Result, *words: str, code: int = 2) -> str:
