@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from traceforge.cli import app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size",
@@ -86,6 +86,8 @@ def plan(**kwargs: Any) -> None:
     machine = {k: kwargs.pop(k) for k in FIELD}
     spec_flags = {k: v for k, v in kwargs.items() if v is not None}
     jobs = resolve_jobs(opts["jobs"])
+    if opts["shard"] is None:  # a shard's answer is its file; every other run's is stdout
+        answer_to_stdout("the plan")
     if opts["merge"] is not None:
         planner_run.print_merged(opts["merge"], opts["as_json"])
         return

@@ -12,9 +12,3 @@ def peak_bytes(spec: Spec, gpu_memory_bytes: int | None) -> tuple[int, bool]:
     report = memory_report(spec, gpu_memory_bytes)
     return report.peak_bytes, report.fits
 
-
-def gpu_memory(spec: Spec, memory_gb: float | None = None) -> int:
-    """Bytes of memory of the spec's GPU (--gpu-memory-gb overrides it)."""
-    from traceforge.memory.gpus import gpu_memory_bytes
-
-    return gpu_memory_bytes(spec.gpu, memory_gb)

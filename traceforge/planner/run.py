@@ -3,7 +3,6 @@ and how each answer is printed or written."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,7 +58,7 @@ def _whole(raw: Mapping[str, Any], name: str, flag: str) -> int:
 def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None,
                until_us: float | None = None) -> PlanResult:
     from traceforge.cluster import Cluster
-    from traceforge.planner.memory import gpu_memory
+    from traceforge.memory.gpus import gpu_memory_bytes
     from traceforge.report.timing_replay import LinkModel
     from traceforge.spec import MAX_WORLD_SIZE
 
@@ -75,7 +74,7 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     from traceforge.errors import SpecError
 
     try:
-        memory = gpu_memory(_GpuOnly(str(raw.get("gpu", "h100"))), query.gpu_memory_gb)  # type: ignore[arg-type]
+        memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
@@ -83,11 +82,6 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     if shard is None:
         check_feasible(result, model)
     return result
-
-
-@dataclass(frozen=True)
-class _GpuOnly:
-    gpu: str
 
 
 def _counts(result: PlanResult) -> dict[str, Any]:
@@ -200,7 +194,8 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
 def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, quiet: bool) -> None:
     from traceforge.cli import out
     from traceforge.emit.shard import parse_shard
-    from traceforge.planner.shard import shard_document, shard_file_name
+    from traceforge.output import write_output_file
+    from traceforge.planner.shard import SHARD_FILE, shard_document, shard_file_name
 
     if out_dir is None:
         raise UserError("--shard K/N needs -o DIR: the folder every shard writes its file into")
@@ -210,10 +205,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
-    target = out_dir / shard_file_name(k, n)
-    tmp = out_dir / f".{target.name}.partial-{os.getpid()}"
-    tmp.write_text(text_doc)
-    tmp.replace(target)  # a killed shard leaves no half file under the real name
+    target = write_output_file(out_dir / shard_file_name(k, n), text_doc, is_ours=lambda p: bool(SHARD_FILE.match(p.name)))
     if not quiet:
         out.print(f"wrote {target}: {result.considered:,} layouts considered; run 'traceforge plan --merge {out_dir}' "
                   "once every shard is done", markup=False)
