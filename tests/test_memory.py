@@ -187,3 +187,23 @@ def test_communicators_counted_per_group():
     assert communicators(small(tp=1, pp=1, dp=8, layers=2)) == 1
     assert communicators(small(experts=4, top_k=2, tp=1, ep=2, order="megatron")) == 2 + 2  # dp, ep (expert DP of 1); pp
     assert communicators(small(experts=4, top_k=2, tp=1, ep=2, dp=4, order="megatron")) == 3 + 2  # dp, ep, edp of 2; pp
+
+
+def test_suggested_fixes_fit_under_the_overhead_the_user_gave():
+    """The refusal's fixes are checked with the same overhead (--overhead-gb) as the refusal."""
+    import dataclasses
+
+    from traceforge.memory.feasibility import _candidates, fixes
+    from traceforge.memory.report import memory_report
+    from traceforge.spec import build_spec
+
+    spec = build_spec("llama3-70b", overrides=dict(seq_len=131072))
+    plain = memory_report(spec)
+    for overhead in (None, plain.gpu_memory_bytes - 30 * 10**9):
+        report = memory_report(spec, overhead_bytes=overhead)
+        assert not report.fits
+        changes = dict(_candidates(spec))
+        for fix in fixes(spec, report):
+            changed = dataclasses.replace(spec, **{k: v for flag in fix.split(" --") for k, v in
+                                                   changes["--" + flag.lstrip("-")].items()})
+            assert memory_report(changed, overhead_bytes=overhead).fits, (overhead, fix)

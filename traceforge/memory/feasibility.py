@@ -38,7 +38,8 @@ def fixes(spec: Spec, report: MemoryReport) -> list[str]:
 
     def fits(*changes: dict) -> bool:
         merged = {k: v for change in changes for k, v in change.items()}
-        return memory_report(dataclasses.replace(spec, **merged), report.gpu_memory_bytes).fits
+        changed = dataclasses.replace(spec, **merged)
+        return memory_report(changed, report.gpu_memory_bytes, overhead_bytes=report.overhead_bytes).fits
 
     single = [flag for flag, change in candidates if fits(change)]
     if single:

@@ -64,6 +64,7 @@ class MemoryReport:
     peak_bytes: int
     fits: bool
     stages: list[StageMemory] = field(default_factory=list)
+    overhead_bytes: int | None = None  # what memory_report was given (None: the stated default)
 
     @property
     def worst(self) -> StageMemory:
@@ -105,7 +106,7 @@ def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_b
         stages.append(StageMemory(stage, weights, gradients, optimizer, activations, buffers, overhead, total,
                                   total <= memory, when))
     top = max(s.peak for s in stages)
-    return MemoryReport(spec.gpu, memory, top, top <= memory, stages)
+    return MemoryReport(spec.gpu, memory, top, top <= memory, stages, overhead_bytes)
 
 
 def _gpu_memory(gpu: str) -> int:
