@@ -203,3 +203,30 @@ def test_help_every_option_explained():
     text = invoke("plan", "--help").stdout
     assert "--scale-out-bw X[,...]" in text and "--gpus N[,N...]" in text and "--write-top K" in text
     assert "Searched unless given" in text and "fixes its axis" in text
+
+
+def test_write_top_astra_sim_bundle_is_generates(tmp_path):
+    """--astra-sim beside a written set: the same bundle `generate --astra-sim` writes from the
+    candidate's flags and the same machine flags."""
+    machine = ("--scale-out-bw", "100", "--gpus-per-node", "4")
+    out = tmp_path / "top"
+    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 1, "--write-top", 1, "--astra-sim", "-o", out,
+                    *machine, "--json")
+    assert result.exit_code == 0, result.stderr
+    flags = json.loads(result.stdout)["candidates"][0]["flags"].split()
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    again = tmp_path / "again"
+    assert invoke("generate", *flags, *machine, "--astra-sim", "-o", again, "-q", "-j", 1).exit_code == 0
+    bundle = sorted(p.name for p in again.iterdir() if p.name.startswith(("astra_", "run_astra")))
+    assert len(bundle) >= 3
+    for name in bundle:
+        assert (folder / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_json_document_keys_exactly_the_issues():
+    doc = json.loads(invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 2, "--json").stdout)
+    assert list(doc) == ["gpus", "considered", "legal", "feasible", "seconds", "candidates"]
+    assert [list(c) for c in doc["candidates"]] == [["tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
+                                                     "num_microbatches", "schedule", "recompute", "dp_mode",
+                                                     "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "flags"]] * 2
+    assert doc["considered"] >= doc["legal"] >= doc["feasible"] >= 2 and doc["gpus"] == 8

@@ -121,7 +121,7 @@ def _why_none_considered(query: Query, model: Model) -> str:
             "data-parallel size of these GPUs divides, or another --gpus")
 
 
-def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2000) -> str:
+def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 20_000) -> str:
     """generate's most frequent refusal among the candidates (the first `budget` validations), with
     the layout of one it refused: what the user must change."""
     import re
@@ -155,7 +155,8 @@ def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2
     message, values = example[rule]
     layout = ", ".join(f"{k.replace('_', '-')} {values[k]}" for k in ("tp", "cp", "pp", "dp", "ep", "micro_batch",
                                                                        "schedule") if k in values)
-    share = "all" if n == considered else f"{n:,}"
+    seen = sum(rules.values())
+    share = "all" if n == considered else f"{n:,}" if seen == considered else f"{n:,} of the first {seen:,}"
     return (f"none of the {considered:,} layouts for {model.world:,} GPUs is legal: generate's validator refused "
             f"{share} of them with the rule it gives for {layout}: {message.rstrip('.')}")
 
