@@ -164,7 +164,8 @@ def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     (("--gpus", "8", "--tp", "3"), ("--tp 3", "divide the GPUs")),  # a fixed value no layout has
     (("--gpus", "8", "--pp", "8"), ("pp 8", "layers (4) must be at least pp", "lower --pp")),
     (("--gpus", "8", "--global-batch", "3", "--micro-batch", "2"), ("global_batch", "divisible")),
-    (("--gpus", "8", "--gpu-memory-gb", "0.5"), ("none of the", "fits in GPU memory", "0.5 GB", "smallest needs")),
+    (("--gpus", "8", "--gpu-memory-gb", "0.5"), ("none of the", "fits in GPU memory", "0.5 GB", "smallest needs",
+                                                 "drop --dp-mode ddp, --recompute none")),  # the axes QUERY fixed
     (("--gpus", "0"), ("--gpus 0",)),
     (("--gpus", "x"), ("--gpus",)),
     (("--gpus", "8", "--dp", "2"), ("--dp is what plan decides",)),

@@ -41,7 +41,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("every", bool, typer.Option(False, "--all", help="Replay and list every feasible candidate (slow on big searches).")),
         opt("write_top", int | None, typer.Option(None, "--write-top", metavar="K", help="Write the K best trace sets (each with its spec.json), plan.csv, plan.json and a plot into -o DIR.")),
         opt("out_dir", Path | None, typer.Option(None, "--out", "-o", metavar="DIR", help="Output directory of --write-top, --sweep (its plot and sweep.csv) or --shard.")),
-        opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
+        opt("force", bool, typer.Option(False, "--force", help="Replace -o DIR when it holds an earlier plan's (or another traceforge) output.")),
         opt("astra_sim", bool, typer.Option(False, "--astra-sim", help="With --write-top: an ASTRA-sim bundle beside each set.")),
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),

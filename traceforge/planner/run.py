@@ -84,7 +84,13 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
             raise UserError(_why_none_considered(query, model))
         if not result.legal:
             raise UserError(_why_none_legal(query, model, result.considered))
-        check_feasible(result, model)
+        try:
+            check_feasible(result, model)
+        except UserError as exc:  # none fits: the axes the user fixed may be what removed the last ones
+            fixed = [f"--{k.replace('_', '-')} {query.spec_flags[k]}" for k in (*_AXIS_RULES, "recompute")
+                     if query.spec_flags.get(k) is not None]
+            raise UserError(str(exc) + (f"; or drop {', '.join(fixed)} so the search tries the other values"
+                                        if fixed else "")) from None
         if not result.candidates:  # every feasible one was beyond the replay's node limit
             raise UserError(f"all {result.feasible:,} feasible layouts have more nodes than the replay takes "
                             "(4,000,000: thousands of micro-batches per step): give a smaller --global-batch "
