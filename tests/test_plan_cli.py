@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -174,6 +175,7 @@ def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     (("--gpus", "8", "--write-top", "0", "-o", "x"), ("--write-top must be at least 1",)),
     (("--gpus", "8", "-o", "x"), ("-o DIR",)),
     (("--gpus", "8", "--astra-sim"), ("--write-top",)),
+    (("--gpus", "8", "--shard", "0/2", "--write-top", "1", "-o", "x"), ("--shard", "--merge")),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
@@ -231,3 +233,32 @@ def test_json_document_keys_exactly_the_issues():
                                                      "num_microbatches", "schedule", "recompute", "dp_mode",
                                                      "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "flags"]] * 2
     assert doc["considered"] >= doc["legal"] >= doc["feasible"] >= 2 and doc["gpus"] == 8
+
+
+def test_every_feasible_layout_beyond_the_replay_limit(monkeypatch):
+    """When the replay refuses every feasible candidate (too many nodes), plan says so in one line
+    instead of printing an empty table; one refused among others is counted in a note."""
+    from traceforge.planner import search
+    from traceforge.report.timing_replay import ReplayTooBig
+
+    real = search.estimate
+
+    def too_big(spec, link):
+        raise ReplayTooBig("stand-in: over the node limit")
+
+    monkeypatch.setattr(search, "estimate", too_big)
+    one_line_error(invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b"), "feasible layouts have more nodes", "--global-batch")
+
+    def some_too_big(spec, link):
+        if spec.micro_batch == 1:
+            raise ReplayTooBig("stand-in")
+        return real(spec, link)
+
+    monkeypatch.setattr(search, "estimate", some_too_big)
+    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--all")
+    assert result.exit_code == 0, result.stderr
+    header, *rows = _table_rows(result.stdout)
+    assert rows and all(row[header.index("mb")] != "1" for row in rows)
+    feasible = int(re.search(r"([0-9,]+) fit in memory", result.stdout).group(1).replace(",", ""))
+    not_ranked = int(re.search(r"note: ([0-9,]+) feasible candidates .* not ranked", result.stdout).group(1))
+    assert not_ranked > 0 and len(rows) + not_ranked == feasible

@@ -153,6 +153,9 @@ def plan(**kwargs: Any) -> None:
         Cluster.from_options(**values)
     if swept and (opts["write_top"] is not None or opts["shard"] is not None):
         raise UserError("--sweep prints one table (and with -o DIR writes its plot and sweep.csv): drop --write-top and --shard")
+    if opts["shard"] is not None and opts["write_top"] is not None:
+        raise UserError("--shard writes its share of the plan only: join the shards with --merge, then write a "
+                        "set with 'traceforge generate' and the flags it prints (or rerun without --shard with --write-top)")
     if opts["write_top"] is not None and opts["out_dir"] is None:
         raise UserError("--write-top K needs -o DIR: the folder to write the K trace sets into")
     if opts["astra_sim"] and opts["write_top"] is None:
