@@ -262,3 +262,15 @@ def test_every_feasible_layout_beyond_the_replay_limit(monkeypatch):
     feasible = int(re.search(r"([0-9,]+) fit in memory", result.stdout).group(1).replace(",", ""))
     not_ranked = int(re.search(r"note: ([0-9,]+) feasible candidates .* not ranked", result.stdout).group(1))
     assert not_ranked > 0 and len(rows) + not_ranked == feasible
+
+
+@pytest.mark.parametrize("key, value", [("num_microbatches", 4), ("layers_per_stage", "2,2"),
+                                        ("account_for_loss_in_pipeline_split", True)])
+def test_spec_file_may_not_set_what_plan_decides(tmp_path, key, value):
+    """As the flags: a spec file that fixes the micro-batch count or the layer split is refused by
+    name (it would change every candidate's global batch or pipeline, silently)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"preset": "demo", "dp": 2, key: value}))
+    one_line_error(invoke(*QUERY, "-c", spec, "--gpus", 8), str(spec), key, "plan decides")
+    spec.write_text(json.dumps({"preset": "demo", "dp": 2, "world_size": 4}))  # these a candidate overrides
+    assert invoke(*QUERY, "-c", spec, "--gpus", 8, "--schedule", "1f1b", "-k", 1).exit_code == 0

@@ -135,6 +135,12 @@ def plan(**kwargs: Any) -> None:
     if opts["write_top"] is not None and opts["write_top"] < 1:
         raise UserError(f"--write-top must be at least 1, got {opts['write_top']}")
     config = load_config_file(opts["config"]) if opts["config"] else None
+    for name in NOT_WITH_PLAN:
+        # dp and world_size a candidate overrides; the others would silently change every candidate
+        # (num_microbatches its global batch, a layer split its pipeline)
+        if config and config.get(name) is not None and name not in ("dp", "world_size"):
+            raise UserError(f"{opts['config']} sets {name}, which plan decides per layout: remove it from the spec "
+                            "file" + (" and give global_batch" if name == "num_microbatches" else ""))
     lists = {"gpus": _parse_list("--gpus", opts["gpus"], int)}
     for name, value in machine.items():
         if value is not None:
