@@ -274,3 +274,15 @@ def test_spec_file_may_not_set_what_plan_decides(tmp_path, key, value):
     one_line_error(invoke(*QUERY, "-c", spec, "--gpus", 8), str(spec), key, "plan decides")
     spec.write_text(json.dumps({"preset": "demo", "dp": 2, "world_size": 4}))  # these a candidate overrides
     assert invoke(*QUERY, "-c", spec, "--gpus", 8, "--schedule", "1f1b", "-k", 1).exit_code == 0
+
+
+def test_default_gpu_memory_is_memorys():
+    """Without --gpu-memory-gb plan sizes against the GPU's memory as `traceforge memory` does: each
+    candidate fits there, with the same peak, and the table's headroom is memory's GPU less the peak."""
+    args = (*QUERY, "--gpus", 8, "--schedule", "1f1b", "--gpu", "a100", "-k", 3)
+    doc = json.loads(invoke(*args, "--json").stdout)
+    header, *rows = _table_rows(invoke(*args).stdout)
+    for c, row in zip(doc["candidates"], rows, strict=True):
+        mem = json.loads(invoke("memory", *c["flags"].split(), "--gpu", "a100", "--json").stdout)
+        assert mem["fits"] and mem["peak_bytes"] == c["peak_bytes"]
+        assert _close(row[header.index("free GB")], (mem["gpu_memory_bytes"] - c["peak_bytes"]) / 1e9, 3)
