@@ -286,3 +286,19 @@ def test_default_gpu_memory_is_memorys():
         mem = json.loads(invoke("memory", *c["flags"].split(), "--gpu", "a100", "--json").stdout)
         assert mem["fits"] and mem["peak_bytes"] == c["peak_bytes"]
         assert _close(row[header.index("free GB")], (mem["gpu_memory_bytes"] - c["peak_bytes"]) / 1e9, 3)
+
+
+def test_flags_reproduce_from_a_spec_file_with_a_space(tmp_path):
+    """The printed flags are shell words: a spec file whose path has a space stays one word, and
+    generate run with them writes the candidate."""
+    import shlex
+
+    spec = tmp_path / "my specs" / "demo.yaml"
+    spec.parent.mkdir()
+    spec.write_text("preset: demo\nseq_len: 256\n")
+    doc = json.loads(invoke(*QUERY, "-c", spec, "--gpus", 4, "--schedule", "1f1b", "-k", 1, "--json").stdout)
+    words = shlex.split(doc["candidates"][0]["flags"])
+    assert words[:2] == ["-c", str(spec)]
+    out = tmp_path / "set"
+    assert invoke("generate", *words, "-o", out, "-q", "-j", 1).exit_code == 0
+    assert json.loads((out / "manifest.json").read_text())["spec"]["seq_len"] == 256
