@@ -302,3 +302,21 @@ def test_flags_reproduce_from_a_spec_file_with_a_space(tmp_path):
     out = tmp_path / "set"
     assert invoke("generate", *words, "-o", out, "-q", "-j", 1).exit_code == 0
     assert json.loads((out / "manifest.json").read_text())["spec"]["seq_len"] == 256
+
+
+def test_table_shows_every_group_left_exposed(tmp_path):
+    """hsdp's data parallelism runs on its shard and replica groups: the table shows them (x-dps,
+    x-dpr), with plan.csv's figures, and every group any row leaves exposed has its column."""
+    out = tmp_path / "top"
+    result = invoke(*QUERY[:3], "--recompute", "none", "--dp-mode", "hsdp", "-q", "-j", 1, "--gpus", 16, "-k", 3,
+                    "--schedule", "1f1b", "--write-top", 1, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    header, *rows = _table_rows(result.stdout)
+    ranked = list(csv.DictReader(io.StringIO((out / "plan.csv").read_text())))
+    groups = [k[len("exposed_"):-len("_ms")] for k in ranked[0]
+              if k.startswith("exposed_") and any(float(r[k]) > 0 for r in ranked)]
+    assert {"dps", "dpr"} <= set(groups)
+    assert {h for h in header if h.startswith("x-")} == {f"x-{g} ms" for g in groups}
+    for row, r in zip(rows, ranked, strict=True):
+        for g in groups:
+            assert _close(row[header.index(f"x-{g} ms")], float(r[f"exposed_{g}_ms"]))

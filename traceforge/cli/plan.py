@@ -224,10 +224,20 @@ def print_whole(table: Table) -> None:
         out.width = saved
 
 
+# The communicator groups whose names do not explain themselves (traceforge/layout.py's GROUP_KINDS).
+GROUP_NAMES = {"emb": "the first and last stage's embedding sync", "dps": "hsdp's shard group",
+               "dpr": "hsdp's replica group", "edp": "expert data-parallel", "mp": "tp x pp (grad norm)",
+               "world": "all GPUs", "tpep": "tp x ep", "epx": "EP across nodes", "epn": "EP inside a node",
+               "tpepp": "tp x ep x pp", "amax": "FP8 amax reduction"}
+
+
 def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]) -> None:
     """The ranked candidates: layout, step and its split (compute, communication left exposed
     per dimension, pipeline bubble and waiting), throughput and memory."""
-    dims = sorted({d for r in ranked for d in r["exposed_ms"] if d in ("tp", "cp", "pp", "dp", "ep", "edp")})
+    from traceforge.layout import GROUP_KINDS
+
+    # every group whose communication any row leaves exposed (hsdp's dps/dpr carry its data parallelism)
+    dims = [d for d in GROUP_KINDS if any(r["exposed_ms"].get(d, 0.0) > 0 for r in ranked)]
     table = Table(title=title)
     cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "#mb", "schedule", "recompute", "dp mode", "step ms",
             "tokens/s", "TFLOP/s", "MFU %", "compute ms", *(f"x-{d} ms" for d in dims), "idle ms", "peak GB",
@@ -243,9 +253,11 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
                       f"{r['peak_bytes'] / 1e9:.1f}", free)
     print_whole(table)
+    groups = "; ".join(f"{d}: {GROUP_NAMES[d]}" for d in dims if d in GROUP_NAMES)
     out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
-              "step, on the critical rank; x-DIM: that dimension's communication not hidden by compute; idle: "
-              "pipeline bubble and waiting for peers; GB = 10^9 bytes", markup=False, soft_wrap=True)
+              "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
+              "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "
+              "and waiting for peers; GB = 10^9 bytes", markup=False, soft_wrap=True)
     out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
               f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
     if counts.get("too_big"):
