@@ -19,8 +19,10 @@ from rich.table import Table
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
-SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size",
-            "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather")
+# The axes plan varies (planner/space.py), and the ones it sets from them unless given.
+SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
+DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
+           "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
 NOT_WITH_PLAN = ("dp", "world_size", "num_microbatches", "layers_per_stage", "decoder_first_pipeline_num_layers",
                  "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
                  "account_for_loss_in_pipeline_split")
@@ -72,6 +74,8 @@ def _spec_options() -> list[inspect.Parameter]:
             p.default.hidden = True
         elif p.name in SEARCHED:
             p.default.help += " Searched unless given."
+        elif p.name in DERIVED:
+            p.default.help += f" Plan: {DERIVED[p.name]} unless given."
     return params
 
 
