@@ -176,6 +176,8 @@ def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     (("--gpus", "8", "-o", "x"), ("-o DIR",)),
     (("--gpus", "8", "--astra-sim"), ("--write-top",)),
     (("--gpus", "8", "--shard", "0/2", "--write-top", "1", "-o", "x"), ("--shard", "--merge")),
+    (("--gpus", "8", "--gpus-per-node", "3", "--write-top", "1", "--astra-sim", "-o", "x"), ("whole nodes",)),
+    (("--gpus", "1", "--write-top", "1", "--astra-sim", "-o", "x"), ("at least 2 NPUs",)),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
