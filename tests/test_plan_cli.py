@@ -149,7 +149,7 @@ def test_sweep_over_gpus():
     (("--gpus", "8", "--sweep", "--scale-out-bw", "25"), ("several comma-separated values",)),
     (("--gpus", "8", "--scale-out-bw", "25,50"), ("add --sweep",)),
     (("--gpus", "8,7", "--sweep"), ("--gpus 7", "none of the", "legal", "seq_len")),  # a value with no legal layout
-    (("--gpus", "8", "--sweep", "--scale-up-topology", "switch,torus"), ("--scale-up-topology", "torus")),
+    (("--gpus", "8", "--sweep", "--scale-up-topology", "switch,ring"), ("--scale-up-topology", "ASTRA-sim bundle")),
 ])
 def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     out = tmp_path / "out"
@@ -175,6 +175,7 @@ def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     (("--gpus", "8", "--write-top", "0", "-o", "x"), ("--write-top must be at least 1",)),
     (("--gpus", "8", "-o", "x"), ("-o DIR",)),
     (("--gpus", "8", "--astra-sim"), ("--write-top",)),
+    (("--gpus", "8", "--scale-up-topology", "torus"), ("--scale-up-topology", "torus")),
     (("--gpus", "8", "--shard", "0/2", "--write-top", "1", "-o", "x"), ("--shard", "--merge")),
     (("--gpus", "8", "--gpus-per-node", "3", "--write-top", "1", "--astra-sim", "-o", "x"), ("whole nodes",)),
     (("--gpus", "1", "--write-top", "1", "--astra-sim", "-o", "x"), ("at least 2 NPUs",)),

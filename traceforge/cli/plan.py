@@ -154,6 +154,9 @@ def plan(**kwargs: Any) -> None:
         raise UserError(f"{'--' + swept[0].replace('_', '-')} has several values: add --sweep to plan once per value")
     if len(swept) > 1:
         raise UserError(f"--sweep varies one value at a time; {' and '.join('--' + s.replace('_', '-') for s in swept)} both have several")
+    if swept and swept[0] != "gpus" and not FIELD[swept[0]].report:
+        raise UserError(f"{FIELD[swept[0]].flag} shapes only the ASTRA-sim bundle, not plan's estimate (every value "
+                        "would rank the same): sweep --gpus, --gpus-per-node, a bandwidth or a latency")
     if opts["sweep"] and not swept:
         raise UserError("--sweep needs one machine flag or --gpus with several comma-separated values, e.g. --scale-out-bw 25,50,100")
     _check_values(lists)  # every value, swept or not, before the first search
