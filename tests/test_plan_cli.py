@@ -85,6 +85,10 @@ def test_write_top_folder(tmp_path):
     assert (out / "plan.png").is_file() or (out / "plan.svg").is_file()
     again = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--write-top", 1, "-o", out)
     one_line_error(again, "not empty", "--force")
+    fewer = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--micro-batch", 8, "--tp", 8, "--write-top", 3,
+                   "-o", tmp_path / "fewer")  # tp 8 leaves dp 1: one micro-batch of 8, one layout
+    assert f"wrote {tmp_path / 'fewer'}: 1 trace set(s), all 1 that fit," in fewer.stdout, fewer.stderr
+    assert len([p for p in (tmp_path / "fewer").iterdir() if p.is_dir()]) == 1
     assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--write-top", 1, "-o", out, "--force").exit_code == 0
     assert len([p for p in out.iterdir() if p.is_dir()]) == 1
 

@@ -197,9 +197,11 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
     if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
         from traceforge.cli import err, out
 
-        sets = sum(1 for name in written if "." not in name)
-        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s) (each with its spec.json"
-                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}), {', '.join(written[sets:])}",
+        assert write_top is not None
+        sets = min(write_top, len(ranked))  # write_top puts the sets first, then the files
+        fewer = f", all {sets} that fit," if sets < write_top else ""
+        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s){fewer} each with its spec.json"
+                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}; {', '.join(written[sets:])}",
                                         markup=False, soft_wrap=True)
 
 
