@@ -14,7 +14,10 @@ K-th best replayed step (branch and bound), so the bound must never exceed the r
   virtual stage; drain (schedules whose backward is not split, where a stage's last layer
   compute is a full backward): the gradient then still crosses every earlier virtual stage.
 
-Optimizer, data-parallel and pipeline transfers are left out: they only add to the replay.
+- the data-parallel traffic and the optimizer (dp_bound.py): a DP group's collectives one
+  after another, and what follows a stage's last backward compute.
+
+Pipeline transfers and sharing of links are left out: they only add to the replay.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from traceforge.plan.ops import NodeType, Op, ProgramBuilder
 from traceforge.plan.pipeline import placement, virtual_stage
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
+from traceforge.planner.dp_bound import stage_floors
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
@@ -110,8 +114,9 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
 
 
 @ignoring(*DP_MODE, maxsize=65536)
-def step_lower_bound(spec: Spec, link: LinkModel) -> float:
-    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
+def _pipeline(spec: Spec, link: LinkModel) -> tuple[list[float], float]:
+    """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
+    end: the last micro-batch's gradient back through every virtual stage), over all steps."""
     pieces = _pieces(spec, link)
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
@@ -133,13 +138,24 @@ def step_lower_bound(spec: Spec, link: LinkModel) -> float:
         fill.append(fill[-1] + p.forward)
         drain.append(drain[-1] + p.backward)
     m = spec.num_microbatches
-    best = 0.0
+    ends, pipeline = [], 0.0
     for stage in range(spec.pp):
         chunks = model_chunks(spec, stage)
         first = min(virtual_stage(spec, stage, c.index) for c in chunks)
         work = m * sum(per[virtual_stage(spec, stage, c.index)].forward + per[virtual_stage(spec, stage, c.index)].backward
                        for c in chunks)
-        tail = drain[first] if spec.schedule in UNSPLIT else 0.0
-        best = max(best, (fill[first] + spec.steps * work + tail) / spec.steps)
+        ends.append(fill[first] + spec.steps * work)
+        pipeline = max(pipeline, ends[-1] + (drain[first] if spec.schedule in UNSPLIT else 0.0))
     assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
-    return best
+    return ends, pipeline
+
+
+def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
+    ends, pipeline = _pipeline(spec, link)
+    floors = stage_floors(spec, link)
+    # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
+    best = pipeline + floors[0].tail
+    for end, floor in zip(ends, floors, strict=True):
+        best = max(best, end + floor.tail, spec.steps * floor.chain)
+    return best / spec.steps
