@@ -60,3 +60,14 @@ def test_sharded_optimizer_tail_orders_modes_the_compute_floor_cannot():
     assert step_lower_bound(dist, LINK) != step_lower_bound(ddp, LINK)
     for spec in (ddp, dist):
         assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
+
+
+def test_replays_in_worker_processes_rank_exactly_as_one_process():
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    fixed = {"dp_mode": "dist-opt", "recompute": "none"}
+    one = search(base, model, fixed, LINK, None, top=3, jobs=1, quiet=True)
+    two = search(base, model, fixed, LINK, None, top=3, jobs=2, quiet=True)
+    assert [(r.values, r.estimate.step_us) for r in one.candidates] == [(r.values, r.estimate.step_us)
+                                                                          for r in two.candidates]
+    assert len(one.candidates) == 3 and two.replayed >= one.replayed  # workers may replay a few ahead

@@ -57,7 +57,7 @@ def crossings(spec: Spec, gpus_per_node: int) -> tuple[dict[str, bool], ...]:
     out = []
     for stage in range(spec.pp):
         rank = int(layout.stage_ranks(stage)[0])
-        crosses = {}
+        crosses: dict[str, bool] = {}
         for role in ("dp", "edp", "dps", "dpr"):
             if role in rows:
                 members = rows[role][1]
