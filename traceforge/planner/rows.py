@@ -3,6 +3,7 @@ read these, so a merged sharded plan prints exactly what one run prints."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,15 +23,16 @@ def _flag(name: str, value: Any) -> str:
         return on if value else off
     if isinstance(value, (list, tuple)):
         value = ",".join(str(v) for v in value)
-    return f"--{name.replace('_', '-')} {value}"
+    return f"--{name.replace('_', '-')} {shlex.quote(str(value))}"
 
 
 def generate_flags(base: Base, values: Mapping[str, Any]) -> str:
     """The `traceforge generate` flags that reproduce a candidate: the user's preset, spec file
-    and flags, then every value the search chose (world_size stands for dp)."""
+    and flags, then every value the search chose (world_size stands for dp); quoted for a shell
+    (a path with a space stays one word)."""
     parts = [f"-p {base.preset}"] if base.preset else []
     if base.config_path:
-        parts.append(f"-c {base.config_path}")
+        parts.append(f"-c {shlex.quote(base.config_path)}")
     chosen = {k: v for k, v in values.items() if k != "dp" and v is not None}
     merged = {**{k: v for k, v in base.overrides.items() if v is not None and k not in chosen}, **chosen}
     parts += [_flag(k, v) for k, v in merged.items()]
