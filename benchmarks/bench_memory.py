@@ -19,13 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from traceforge.memory import memory_report  # noqa: E402
 from traceforge.memory import report as report_module  # noqa: E402
 from traceforge.memory.activations import layer_activations, routing_imbalance  # noqa: E402
-from traceforge.memory.states import stage_states  # noqa: E402
 from traceforge.model import virtual_stage_layers  # noqa: E402
 from traceforge.spec import build_spec  # noqa: E402
 
 
 def _cold() -> None:
-    for cached in (report_module._stage_parts, stage_states, layer_activations, routing_imbalance, virtual_stage_layers):
+    for cached in (report_module.stages_states, report_module.stages_activation_peaks, layer_activations,
+                   routing_imbalance, virtual_stage_layers):
         cached.cache_clear()
 
 

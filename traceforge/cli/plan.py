@@ -1,7 +1,8 @@
 """`traceforge plan`: every legal layout of a model on N GPUs, ranked by estimated step time.
 
 The spec flags are generate's (spec.FIELDS): a value given fixes that axis (e.g. --tp 8), the
-others are searched (planner/space.py). Machine flags are generate --astra-sim's and report's.
+others are searched (planner/space.py). Machine flags are generate --astra-sim's and report's;
+with --sweep one of them (or --gpus) takes a comma-separated list.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from rich.table import Table
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
-SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size",
-            "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather")
+# The axes plan varies (planner/space.py), and the ones it sets from them unless given.
+SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
+DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
+           "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
 NOT_WITH_PLAN = ("dp", "world_size", "num_microbatches", "layers_per_stage", "decoder_first_pipeline_num_layers",
                  "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
                  "account_for_loss_in_pipeline_split")
@@ -32,36 +35,48 @@ def _plan_options() -> list[inspect.Parameter]:
     return [
         opt("preset", str | None, typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
         opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
-        opt("gpus", str | None, typer.Option(None, "--gpus", help="GPUs to lay the model out on (with --sweep: a comma-separated list).")),
-        opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", help="GPU memory in GB (default: the --gpu's).")),
+        opt("gpus", str | None, typer.Option(None, "--gpus", metavar="N[,N...]", help="GPUs to lay the model out on (with --sweep: a comma-separated list, e.g. 4096,8192,16384).")),
+        opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", metavar="GB", help="GPU memory in GB = 10^9 bytes that a candidate must fit in (default: the --gpu's).")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
-        opt("top", int, typer.Option(10, "--top", "-k", help="Candidates to rank and print.")),
-        opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON.")),
+        opt("top", int, typer.Option(10, "--top", "-k", metavar="K", help="Candidates to rank and print (the best K).")),
+        opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
         opt("every", bool, typer.Option(False, "--all", help="Replay and list every feasible candidate (slow on big searches).")),
-        opt("write_top", int | None, typer.Option(None, "--write-top", help="Write the K best trace sets, plan.csv and a plot into -o DIR.")),
-        opt("out_dir", Path | None, typer.Option(None, "--out", "-o", help="Output directory of --write-top, --sweep's plot or --shard.")),
-        opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
+        opt("write_top", int | None, typer.Option(None, "--write-top", metavar="K", help="Write the K best trace sets (each with its spec.json), plan.csv, plan.json and a plot into -o DIR.")),
+        opt("out_dir", Path | None, typer.Option(None, "--out", "-o", metavar="DIR", help="Output directory of --write-top, --sweep (its plot and sweep.csv) or --shard.")),
+        opt("force", bool, typer.Option(False, "--force", help="Replace -o DIR when it holds an earlier plan's (or another traceforge) output.")),
         opt("astra_sim", bool, typer.Option(False, "--astra-sim", help="With --write-top: an ASTRA-sim bundle beside each set.")),
-        opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list.")),
-        opt("shard", str | None, typer.Option(None, "--shard", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
-        opt("merge", Path | None, typer.Option(None, "--merge", help="Join the shard files in this folder and print the plan.")),
+        opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
+        opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
+        opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
-        opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter.")),
+        opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]
 
 
 def _machine_options() -> list[inspect.Parameter]:
     from traceforge.cli.machine import machine_parameters
+    from traceforge.cluster import FIELD
 
     params = machine_parameters("generate", panel="Machine")
-    # --sweep takes a comma-separated list of one of them: read them all as text.
+    # --sweep takes a comma-separated list of one of them: read them all as text, and say so.
+    for p in params:
+        kind = FIELD[p.name].kind
+        p.default.metavar = {int: "N", float: "X"}.get(kind, "NAME") + "[,...]"
     return [p.replace(annotation=str | None) for p in params]
 
 
 def _spec_options() -> list[inspect.Parameter]:
     from traceforge.cli.generate import spec_parameters
 
-    return spec_parameters()
+    params = spec_parameters()
+    for p in params:
+        if p.name in NOT_WITH_PLAN:  # plan decides these; kept (hidden) to refuse them by name
+            p.default.hidden = True
+        elif p.name in SEARCHED:
+            p.default.help += " Searched unless given."
+        elif p.name in DERIVED:
+            p.default.help += f" Plan: {DERIVED[p.name]} unless given."
+    return params
 
 
 def _parse_list(flag: str, text: str, kind: type) -> list[Any]:
@@ -75,8 +90,31 @@ def _parse_list(flag: str, text: str, kind: type) -> list[Any]:
     return values
 
 
+def _check_values(lists: dict[str, list[Any]]) -> None:
+    """Refuse an impossible value of --gpus or of a machine flag, swept or not, naming it."""
+    from traceforge.cluster import FIELD, check_value
+    from traceforge.spec import MAX_WORLD_SIZE
+
+    for name, values in lists.items():
+        flag = "--gpus" if name == "gpus" else FIELD[name].flag
+        if len(set(values)) != len(values):
+            raise UserError(f"{flag} {','.join(map(str, values))} repeats a value: give each value once")
+        for value in values:
+            if name == "gpus" and not 1 <= value <= MAX_WORLD_SIZE:
+                raise UserError(f"--gpus {value:,}: give from 1 to {MAX_WORLD_SIZE:,} GPUs")
+            if name != "gpus":
+                check_value(name, value)
+
+
 def plan(**kwargs: Any) -> None:
-    """Rank every legal layout of a model on N GPUs by estimated step time (replayed in memory)."""
+    """Rank every legal layout of a model on N GPUs by estimated step time.
+
+    Every layout generate's validator accepts (tp, cp, pp, dp, ep, virtual stages, micro-batch,
+    schedule, recompute, dp-mode) and that fits in GPU memory (traceforge memory's model) is
+    ranked by report's replay in its hardware estimate mode, run in memory: no file is written
+    while searching. A spec flag fixes its axis (e.g. --tp 8 or --schedule 1f1b); the other axes
+    are searched. Bad input, no legal layout or none that fits: one line on stderr, exit 2.
+    """
     from traceforge.cluster import FIELD, Cluster
     from traceforge.parallel import resolve_jobs
     from traceforge.planner import run as planner_run
@@ -98,7 +136,15 @@ def plan(**kwargs: Any) -> None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
     if opts["top"] < 1:
         raise UserError(f"--top must be at least 1, got {opts['top']}")
+    if opts["write_top"] is not None and opts["write_top"] < 1:
+        raise UserError(f"--write-top must be at least 1, got {opts['write_top']}")
     config = load_config_file(opts["config"]) if opts["config"] else None
+    for name in NOT_WITH_PLAN:
+        # dp and world_size a candidate overrides; the others would silently change every candidate
+        # (num_microbatches its global batch, a layer split its pipeline)
+        if config and config.get(name) is not None and name not in ("dp", "world_size"):
+            raise UserError(f"{opts['config']} sets {name}, which plan decides per layout: remove it from the spec "
+                            "file" + (" and give global_batch" if name == "num_microbatches" else ""))
     lists = {"gpus": _parse_list("--gpus", opts["gpus"], int)}
     for name, value in machine.items():
         if value is not None:
@@ -108,18 +154,44 @@ def plan(**kwargs: Any) -> None:
         raise UserError(f"{'--' + swept[0].replace('_', '-')} has several values: add --sweep to plan once per value")
     if len(swept) > 1:
         raise UserError(f"--sweep varies one value at a time; {' and '.join('--' + s.replace('_', '-') for s in swept)} both have several")
+    if swept and swept[0] != "gpus" and not FIELD[swept[0]].report:
+        raise UserError(f"{FIELD[swept[0]].flag} shapes only the ASTRA-sim bundle, not plan's estimate (every value "
+                        "would rank the same): sweep --gpus, --gpus-per-node, a bandwidth or a latency")
     if opts["sweep"] and not swept:
         raise UserError("--sweep needs one machine flag or --gpus with several comma-separated values, e.g. --scale-out-bw 25,50,100")
+    _check_values(lists)  # every value, swept or not, before the first search
     base_cluster = {k: v[0] for k, v in lists.items() if k != "gpus" and len(v) == 1}
-    Cluster.from_options(**base_cluster)  # refuse a bad machine value before searching
+    machines = [{**base_cluster, swept[0]: v} for v in lists[swept[0]]] if swept and swept[0] != "gpus" else [base_cluster]
+    for values in machines:
+        Cluster.from_options(**values)
+    if swept and (opts["write_top"] is not None or opts["shard"] is not None):
+        raise UserError("--sweep prints one table (and with -o DIR writes its plot and sweep.csv): drop --write-top and --shard")
+    if opts["shard"] is not None and opts["write_top"] is not None:
+        raise UserError("--shard writes its share of the plan only: join the shards with --merge, then write a "
+                        "set with 'traceforge generate' and the flags it prints (or rerun without --shard with --write-top)")
+    if opts["write_top"] is not None and opts["out_dir"] is None:
+        raise UserError("--write-top K needs -o DIR: the folder to write the K trace sets into")
+    if opts["astra_sim"] and opts["write_top"] is None:
+        raise UserError("--astra-sim writes a bundle beside each set --write-top writes: add --write-top K -o DIR")
+    if opts["astra_sim"] and not swept:  # the bundle's network, refused now rather than after the search
+        from traceforge.emit.astra import network_dimensions
+
+        network_dimensions(lists["gpus"][0], Cluster.from_options(**base_cluster))
+    if opts["out_dir"] is not None and not (swept or opts["write_top"] is not None or opts["shard"] is not None):
+        raise UserError("-o DIR is where --write-top, --sweep or --shard write: add one of them, or drop -o "
+                        "(the plan itself is printed)")
+    if opts["out_dir"] is not None and opts["shard"] is None and (swept or opts["write_top"] is not None):
+        from traceforge.output import check_output_dir
+        from traceforge.planner.write import is_plan_output
+
+        # refuse an -o we may not write now, not after a long search
+        check_output_dir(opts["out_dir"], opts["force"], [opts["config"]] if opts["config"] else [], is_plan_output)
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
         spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"],
-        tp_across_nodes=opts["tp_across_nodes"], top=opts["top"], every=opts["every"])
+        tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"])
     if swept:
         name = swept[0]
-        if opts["write_top"] is not None or opts["shard"] is not None:
-            raise UserError("--sweep prints one table (and with -o DIR writes its plot): drop --write-top and --shard")
         planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["as_json"],
                           opts["out_dir"], opts["force"])
         return
@@ -127,10 +199,6 @@ def plan(**kwargs: Any) -> None:
     if opts["shard"] is not None:
         planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
         return
-    if opts["write_top"] is not None and opts["out_dir"] is None:
-        raise UserError("--write-top K needs -o DIR: the folder to write the K trace sets into")
-    if opts["astra_sim"] and opts["write_top"] is None:
-        raise UserError("--astra-sim writes a bundle beside each set --write-top writes: add --write-top K -o DIR")
     planner_run.plan_and_print(query, gpus, jobs, opts["quiet"], opts["as_json"], opts["write_top"], opts["out_dir"],
                                opts["force"], opts["astra_sim"])
 
@@ -150,26 +218,57 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
+def print_whole(table: Table) -> None:
+    """Print a table with every column whole. On a terminal rich fits it to the window; piped or
+    redirected there is no window, so the width is the table's own (rich would cut at 160)."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    from rich.measure import Measurement
+
+    width = Measurement.get(out, out.options.update(width=100_000), table).maximum
+    saved = out.width
+    out.width = max(width, 80)
+    try:
+        out.print(table)
+    finally:
+        out.width = saved
+
+
+# The communicator groups whose names do not explain themselves (traceforge/layout.py's GROUP_KINDS).
+GROUP_NAMES = {"emb": "the first and last stage's embedding sync", "dps": "hsdp's shard group",
+               "dpr": "hsdp's replica group", "edp": "expert data-parallel", "mp": "tp x pp (grad norm)",
+               "world": "all GPUs", "tpep": "tp x ep", "epx": "EP across nodes", "epn": "EP inside a node",
+               "tpepp": "tp x ep x pp", "amax": "FP8 amax reduction"}
+
+
 def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]) -> None:
     """The ranked candidates: layout, step and its split (compute, communication left exposed
     per dimension, pipeline bubble and waiting), throughput and memory."""
-    dims = sorted({d for r in ranked for d in r["exposed_ms"] if d in ("tp", "cp", "pp", "dp", "ep", "edp")})
+    from traceforge.layout import GROUP_KINDS
+
+    # every group whose communication any row leaves exposed (hsdp's dps/dpr carry its data parallelism)
+    dims = [d for d in GROUP_KINDS if any(r["exposed_ms"].get(d, 0.0) > 0 for r in ranked)]
     table = Table(title=title)
-    cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "m", "schedule", "recomp", "dp mode", "step", "tok/s",
-            "TF/s", "MFU", "comp", *(f"x-{d}" for d in dims), "idle", "peak GB", "free GB"]
+    cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "#mb", "schedule", "recompute", "dp mode", "step ms",
+            "tokens/s", "TFLOP/s", "MFU %", "compute ms", *(f"x-{d} ms" for d in dims), "idle ms", "peak GB",
+            "free GB"]
     for c in cols:
-        table.add_column(c, justify="left" if c in ("schedule", "recomp", "dp mode") else "right", no_wrap=True)
+        table.add_column(c, justify="left" if c in ("schedule", "recompute", "dp mode") else "right", no_wrap=True)
     for i, r in enumerate(ranked, 1):
         mode = r["dp_mode"] + (f":{r['shard_size']}" if r["shard_size"] else "")
         free = "-" if r["headroom_bytes"] is None else f"{r['headroom_bytes'] / 1e9:.1f}"
         table.add_row(str(i), *(str(r[k]) for k in ("tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches")),
                       r["schedule"], r["recompute"], mode, _ms(r["step_ms"]), _si(r["tokens_per_s"]),
-                      f"{r['tflops_per_gpu']:.0f}", f"{r['mfu']:.3f}", _ms(r["compute_ms"]),
+                      f"{r['tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}", _ms(r["compute_ms"]),
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
                       f"{r['peak_bytes'] / 1e9:.1f}", free)
-    out.print(table)
-    out.print("times in ms per step; x-DIM: that dimension's communication not hidden by compute; idle: pipeline "
-              "bubble and waiting for peers", markup=False)
+    print_whole(table)
+    groups = "; ".join(f"{d}: {GROUP_NAMES[d]}" for d in dims if d in GROUP_NAMES)
+    out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
+              "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
+              "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "
+              "and waiting for peers; GB = 10^9 bytes", markup=False, soft_wrap=True)
     out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
               f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
     if counts.get("too_big"):
@@ -177,6 +276,29 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
                   "and were not ranked", markup=False)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
+    sys.stdout.flush()
+
+
+def _value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]]) -> None:
+    """One row per swept value: its best layout, step, throughput, and the speedup over the first value."""
+    table = Table(title=title)
+    first_value, _, first = best[0]
+    for col in (f"{flag} {unit}".strip(), "best layout", "step ms", "tokens/s", "TFLOP/s", "MFU %", "peak GB", f"speedup vs {_value(first_value)}"):
+        table.add_column(col, justify="left" if col == "best layout" else "right", no_wrap=True)
+    for value, _world, r in best:
+        mode = r["dp_mode"] + (f":{r['shard_size']}" if r.get("shard_size") else "")
+        layout = (f"tp{r['tp']} cp{r['cp']} pp{r['pp']} dp{r['dp']} ep{r['ep']} vp{r['vp']} mb{r['micro_batch']} "
+                  f"{r['schedule']} {r['recompute']} {mode}")
+        table.add_row(_value(value), layout, _ms(r["step_ms"]), _si(r["tokens_per_s"]), f"{r['tflops_per_gpu']:.0f}",
+                      f"{100 * r['mfu']:.1f}", f"{r['peak_bytes'] / 1e9:.1f}", f"{first['step_ms'] / r['step_ms']:.2f}x")
+    print_whole(table)
+    out.print(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
+              "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv",
+              markup=False, soft_wrap=True)
     sys.stdout.flush()
 
 

@@ -14,16 +14,16 @@ those of its most-loaded rank.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from traceforge.memory.activations import chunk_activations
 from traceforge.memory.gpus import gpu_memory_bytes
-from traceforge.memory.states import stage_states
+from traceforge.memory.states import StageStates, stage_states
 from traceforge.memory.walk import peak
 from traceforge.model import model_chunks, p2p_bytes
 from traceforge.plan.pipeline import schedule
 from traceforge.spec import Spec
+from traceforge.spec_cache import ignoring
 
 MIB, GIB = 2**20, 2**30
 # CUDA context (~0.5 GiB on Hopper with CUDA 12's lazy loading) plus cuBLAS/cuDNN workspaces
@@ -82,16 +82,34 @@ def communicators(spec: Spec) -> int:
     return sum(1 for g in groups if g > 1) + (2 if spec.pp > 1 else 0)
 
 
-@functools.lru_cache(maxsize=4096)
+# Each piece memoized on the fields it reads: the planner sizes hundreds of thousands of specs
+# that differ only in fields one piece ignores (the states ignore the micro-batch and
+# recompute, the activations the data-parallel mode), so each is computed once per stage.
+@ignoring("micro_batch", "num_microbatches", "recompute", "overlap_grad_reduce", "overlap_param_gather")
+def stages_states(spec: Spec) -> tuple[StageStates, ...]:
+    """Every stage's model states (weights, gradients, optimizer, data-parallel buffers)."""
+    return tuple(stage_states(spec, stage) for stage in range(spec.pp))
+
+
+@ignoring("dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
+def stages_activation_peaks(spec: Spec) -> tuple[tuple[int, str], ...]:
+    """Every stage's activation peak over its schedule, and when it happens."""
+    return tuple(peak(schedule(spec, stage), [chunk_activations(spec, chunk) for chunk in model_chunks(spec, stage)])
+                 for stage in range(spec.pp))
+
+
 def _stage_parts(spec: Spec, stage: int) -> tuple[int, int, int, int, int, str]:
     """(weights, gradients, optimizer, activation peak, buffers, when): the GPU-independent
-    pieces of one stage, memoized (the planner asks for thousands of specs)."""
-    states = stage_states(spec, stage)
-    costs = [chunk_activations(spec, chunk) for chunk in model_chunks(spec, stage)]
-    activations, when = peak(schedule(spec, stage), costs)
-    receive = 2 * p2p_bytes(spec) if spec.pp > 1 else 0  # an activation and a gradient in flight
-    buffers = states.dp_buffers + receive + NCCL_BYTES_PER_COMMUNICATOR * communicators(spec)
-    return states.weights, states.gradients, states.optimizer, activations, buffers, when
+    pieces of one stage."""
+    states = stages_states(spec)[stage]
+    activations, when = stages_activation_peaks(spec)[stage]
+    return states.weights, states.gradients, states.optimizer, activations, states.dp_buffers + _fixed_buffers(spec), when
+
+
+def _fixed_buffers(spec: Spec) -> int:
+    """The pipeline's receive buffers (an activation and a gradient in flight) and NCCL's."""
+    receive = 2 * p2p_bytes(spec) if spec.pp > 1 else 0
+    return receive + NCCL_BYTES_PER_COMMUNICATOR * communicators(spec)
 
 
 def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> MemoryReport:
@@ -99,8 +117,11 @@ def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_b
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
     context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
     stages = []
-    for stage in range(spec.pp):
-        weights, gradients, optimizer, activations, buffers, when = _stage_parts(spec, stage)
+    fixed = _fixed_buffers(spec)
+    for stage, (states, (activations, when)) in enumerate(zip(stages_states(spec), stages_activation_peaks(spec),
+                                                              strict=True)):
+        weights, gradients, optimizer = states.weights, states.gradients, states.optimizer
+        buffers = states.dp_buffers + fixed
         overhead = context + int(FRAGMENTATION * (activations + buffers))
         total = weights + gradients + optimizer + activations + buffers + overhead
         stages.append(StageMemory(stage, weights, gradients, optimizer, activations, buffers, overhead, total,

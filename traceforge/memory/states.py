@@ -16,7 +16,6 @@ in), expert parameters over the expert-DP group (DP x CP / EP); hsdp shards with
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from traceforge.model import StageParams, stage_params
@@ -74,7 +73,6 @@ def bucket_elements(spec: Spec) -> int:
     return max(MEGATRON_MIN_BUCKET_ELEMS, MEGATRON_BUCKET_ELEMS_PER_DP_RANK * spec.dp)
 
 
-@functools.lru_cache(maxsize=4096)
 def stage_states(spec: Spec, stage: int) -> StageStates:
     params = stage_params(spec, stage)
     dense, expert = params.total, params.expert_total

@@ -9,8 +9,11 @@ adds its transient bytes (plan.pipeline's pass kinds: F, F&, B, I, W) on top of 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from traceforge.memory.activations import PassBytes
 from traceforge.plan.pipeline import Pass
@@ -46,15 +49,53 @@ def moments(passes: Sequence[Pass], chunks: Sequence[PassBytes]) -> Iterator[Mom
             held, live = held - cost.stored, live - 1
 
 
+@dataclass(frozen=True)
+class _Profile:
+    """A schedule's distinct moments, in order of first occurrence: those that hold the same
+    micro-batch chunks and add the same transient have one peak for any chunk costs. A schedule
+    of thousands of passes has a few dozen to a few hundred; the planner sizes every candidate
+    from these (one matrix product) rather than by walking the passes."""
+
+    live: np.ndarray  # [row, chunk] micro-batch chunks held
+    forward: np.ndarray  # [row, chunk] 1 where the row's pass adds that chunk's forward transient
+    backward: np.ndarray  # [row, chunk] the same for the backward transient
+    first: tuple[Moment, ...]  # the first moment of each row
+
+
+@functools.lru_cache(maxsize=4096)
+def _profile(passes: tuple[Pass, ...], chunks: int) -> _Profile:
+    unit = [PassBytes(0)] * chunks
+    live = [0] * chunks
+    rows: dict[tuple, Moment] = {}
+    for moment in moments(passes, unit):
+        kind, c = moment.kind, moment.chunk
+        if kind in ("F", "F&"):
+            live[c] += 1
+        transient = "forward" if kind in ("F", "F&") else "backward" if kind in ("I", "B") else ""
+        rows.setdefault((tuple(live), transient, c), moment)
+        if kind in ("B", "W"):
+            live[c] -= 1
+    keys = list(rows)
+    n = len(keys)
+    held = np.array([k[0] for k in keys], dtype=np.int64).reshape(n, chunks)
+    forward, backward = np.zeros((n, chunks), np.int64), np.zeros((n, chunks), np.int64)
+    for i, (_, transient, c) in enumerate(keys):
+        if transient:
+            (forward if transient == "forward" else backward)[i, c] = 1
+    return _Profile(held, forward, backward, tuple(rows.values()))
+
+
 def peak(passes: Sequence[Pass], chunks: Sequence[PassBytes]) -> tuple[int, str]:
     """The largest activation footprint over the schedule, and when it happens."""
-    best: Moment | None = None
-    for moment in moments(passes, chunks):
-        if best is None or moment.peak > best.peak:
-            best = moment
-    if best is None:
+    if not passes:
         return 0, "no passes"
+    profile = _profile(tuple(passes), len(chunks))
+    stored = np.array([c.stored for c in chunks], np.int64)
+    tops = (profile.live @ stored + profile.forward @ np.array([c.forward for c in chunks], np.int64)
+            + profile.backward @ np.array([c.backward for c in chunks], np.int64))
+    row = int(np.argmax(tops))  # the first of equal peaks: the earliest moment, as the walk finds
+    best = profile.first[row]
     chunk = f" of chunk {best.chunk}" if len(chunks) > 1 else ""
     noun = "micro-batch chunk" if len(chunks) > 1 else "micro-batch"  # interleaved: a micro-batch per chunk
     plural = "" if best.live == 1 else ("s" if len(chunks) > 1 else "es")
-    return best.peak, f"{KIND_NAMES[best.kind]} of micro-batch {best.microbatch}{chunk}, {best.live} {noun}{plural} held"
+    return int(tops[row]), f"{KIND_NAMES[best.kind]} of micro-batch {best.microbatch}{chunk}, {best.live} {noun}{plural} held"

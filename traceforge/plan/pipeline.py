@@ -20,6 +20,8 @@ chunk 0 feeds its own chunk 1 without any transfer.
 
 from __future__ import annotations
 
+import functools
+
 from traceforge.spec import Spec
 
 Pass = tuple[str, int, int]  # (kind, chunk, micro-batch)
@@ -219,16 +221,27 @@ def dualpipev(stage: int, stages: int, microbatches: int) -> list[Pass]:
 
 
 def schedule(spec: Spec, stage: int) -> list[Pass]:
-    p, m, v = spec.pp, spec.num_microbatches, spec.virtual_stages
-    if spec.schedule == "interleaved":
+    """One stage's passes in order (a fresh list: callers may change it)."""
+    return list(_passes(spec.schedule, stage, spec.pp, spec.num_microbatches, spec.virtual_stages))
+
+
+@functools.lru_cache(maxsize=4096)
+def _passes(name: str, stage: int, p: int, m: int, v: int) -> tuple[Pass, ...]:
+    # Memoized: the planner and the memory model ask for the same few thousand schedules
+    # across hundreds of thousands of candidates.
+    return tuple(_build(name, stage, p, m, v))
+
+
+def _build(name: str, stage: int, p: int, m: int, v: int) -> list[Pass]:
+    if name == "interleaved":
         return interleaved(stage, p, m, v, combined=True)
-    if spec.schedule == "gpipe":
+    if name == "gpipe":
         return gpipe(stage, p, m)
-    if spec.schedule in ("zb-h1", "interleaved-zb"):
+    if name in ("zb-h1", "interleaved-zb"):
         return zero_bubble(stage, p, m, v)
-    if spec.schedule == "zbv":
+    if name == "zbv":
         return zbv(stage, p, m)
-    if spec.schedule == "dualpipev":
+    if name == "dualpipev":
         return dualpipev(stage, p, m)
     return one_f_one_b(stage, p, m)
 

@@ -29,14 +29,20 @@ from traceforge.spec import Spec
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
 
 
+def layer_group_sizes(spec: Spec) -> dict[str, int]:
+    """Members of the groups a layer's own ops use (TP, CP, EP and FP8's amax reduction): what
+    the planner's bound records a layer with, without reading the pipeline or the DP mode."""
+    return {"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
+            "epn": spec.ep // spec.moe_router_num_groups, "amax": spec.tp * spec.cp * spec.dp}
+
+
 def group_sizes(spec: Spec) -> dict[str, int]:
     """Members of each group role; collectives on single-member groups are dropped."""
     dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
     first, last = embedding_stages(spec)
-    sizes = {"tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
-             "ep": spec.ep, "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
-             "tpep": spec.tp * spec.ep, "tpepp": spec.tp * spec.ep * spec.pp, "epx": spec.moe_router_num_groups,
-             "epn": spec.ep // spec.moe_router_num_groups, "amax": spec.tp * spec.cp * spec.dp}
+    sizes = {**layer_group_sizes(spec), "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
+             "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
+             "tpepp": spec.tp * spec.ep * spec.pp}
     if spec.dp_mode == "hsdp":
         assert spec.shard_size is not None  # the spec requires it with hsdp
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)

@@ -14,13 +14,15 @@ K-th best replayed step (branch and bound), so the bound must never exceed the r
   virtual stage; drain (schedules whose backward is not split, where a stage's last layer
   compute is a full backward): the gradient then still crosses every earlier virtual stage.
 
-Optimizer, data-parallel and pipeline transfers are left out: they only add to the replay.
+- the data-parallel traffic and the optimizer (dp_bound.py): a DP group's collectives one
+  after another, and what follows a stage's last backward compute.
+
+Pipeline transfers and sharing of links are left out: they only add to the replay.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from traceforge.model import activation_bytes, is_moe_layer, model_chunks, virtual_stage_layers
 from traceforge.plan.compute import CostModel
@@ -28,11 +30,13 @@ from traceforge.plan.embedding import embedding_backward, embedding_forward, hea
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NodeType, Op, ProgramBuilder
 from traceforge.plan.pipeline import placement, virtual_stage
-from traceforge.plan.program import group_sizes
+from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
+from traceforge.planner.dp_bound import stage_floors
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
+from traceforge.spec_cache import ignoring
 
 # Schedules whose stages end on a full backward (no weight-gradient pass split off).
 UNSPLIT = ("1f1b", "gpipe", "interleaved")
@@ -66,27 +70,22 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
 
 
 def _record(spec: Spec, link: LinkModel, emit) -> float:
-    b = ProgramBuilder(0, group_sizes(spec))
+    b = ProgramBuilder(0, layer_group_sizes(spec))
     emit(b)
     return max(0.0, _floor(b.program.ops, b.group_sizes, link) - ROUNDING_US)
 
 
-def _layer_key(spec: Spec) -> tuple:
-    """What a layer's recorded ops depend on among the values a search varies (everything else
-    is fixed for the whole search, and part of the key through the spec's model fields)."""
-    return (spec.tp, spec.cp, spec.ep, spec.micro_batch, spec.recompute, spec.sequence_parallel,
-            spec.cp_comm_type, spec.arch, spec.hidden, spec.ffn_hidden, spec.heads,
-            spec.kv_heads, spec.head_dim, spec.kv_lora_rank, spec.q_lora_rank, spec.seq_len, spec.vocab,
-            spec.experts, spec.top_k, spec.moe_ffn_hidden, spec.shared_experts, spec.moe_router_num_groups,
-            spec.moe_router_group_topk, spec.dtype, spec.grad_dtype, spec.gpu, spec.gpu_tflops,
-            spec.gpu_hbm_gbps, spec.gpu_efficiency, spec.attention, spec.layers, spec.moe_layer_freq,
-            spec.moe_first_dense_layers, spec.tied_embeddings)
+# The searched fields a layer's, the embedding's and the head's recorded ops never read.
+# (dp stays in the key: FP8's amax reduction spans TP x CP x DP; the micro-batch count with it.)
+PIPELINE_AND_DP = ("pp", "world_size", "schedule", "virtual_stages",
+                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                   "dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
+DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
 
 
-@lru_cache(maxsize=4096)
-def _pieces(key: tuple, spec: Spec, link: LinkModel) -> dict[str, Piece]:
+@ignoring(*PIPELINE_AND_DP)
+def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
-    del key  # the cache key; spec is any spec with that key
     cost = CostModel(spec)
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
     template = LayerTemplate(spec, tp, cost)
@@ -114,9 +113,11 @@ def _pieces(key: tuple, spec: Spec, link: LinkModel) -> dict[str, Piece]:
     return out
 
 
-def step_lower_bound(spec: Spec, link: LinkModel) -> float:
-    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
-    pieces = _pieces(_layer_key(spec), spec, link)
+@ignoring(*DP_MODE, maxsize=65536)
+def _pipeline(spec: Spec, link: LinkModel) -> tuple[list[float], float]:
+    """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
+    end: the last micro-batch's gradient back through every virtual stage), over all steps."""
+    pieces = _pieces(spec, link)
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
 
@@ -137,13 +138,24 @@ def step_lower_bound(spec: Spec, link: LinkModel) -> float:
         fill.append(fill[-1] + p.forward)
         drain.append(drain[-1] + p.backward)
     m = spec.num_microbatches
-    best = 0.0
+    ends, pipeline = [], 0.0
     for stage in range(spec.pp):
         chunks = model_chunks(spec, stage)
         first = min(virtual_stage(spec, stage, c.index) for c in chunks)
         work = m * sum(per[virtual_stage(spec, stage, c.index)].forward + per[virtual_stage(spec, stage, c.index)].backward
                        for c in chunks)
-        tail = drain[first] if spec.schedule in UNSPLIT else 0.0
-        best = max(best, (fill[first] + spec.steps * work + tail) / spec.steps)
+        ends.append(fill[first] + spec.steps * work)
+        pipeline = max(pipeline, ends[-1] + (drain[first] if spec.schedule in UNSPLIT else 0.0))
     assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
-    return best
+    return ends, pipeline
+
+
+def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
+    ends, pipeline = _pipeline(spec, link)
+    floors = stage_floors(spec, link)
+    # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
+    best = pipeline + floors[0].tail
+    for end, floor in zip(ends, floors, strict=True):
+        best = max(best, end + floor.tail, spec.steps * floor.chain)
+    return best / spec.steps

@@ -3,6 +3,7 @@ read these, so a merged sharded plan prints exactly what one run prints."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,29 +23,32 @@ def _flag(name: str, value: Any) -> str:
         return on if value else off
     if isinstance(value, (list, tuple)):
         value = ",".join(str(v) for v in value)
-    return f"--{name.replace('_', '-')} {value}"
+    return f"--{name.replace('_', '-')} {shlex.quote(str(value))}"
 
 
 def generate_flags(base: Base, values: Mapping[str, Any]) -> str:
     """The `traceforge generate` flags that reproduce a candidate: the user's preset, spec file
-    and flags, then every value the search chose (world_size stands for dp)."""
+    and flags, then every value the search chose (world_size stands for dp); quoted for a shell
+    (a path with a space stays one word)."""
     parts = [f"-p {base.preset}"] if base.preset else []
     if base.config_path:
-        parts.append(f"-c {base.config_path}")
+        parts.append(f"-c {shlex.quote(base.config_path)}")
     chosen = {k: v for k, v in values.items() if k != "dp" and v is not None}
     merged = {**{k: v for k, v in base.overrides.items() if v is not None and k not in chosen}, **chosen}
     parts += [_flag(k, v) for k, v in merged.items()]
     return " ".join(parts)
 
 
-def row(base: Base, r: Ranked, gpu_memory: int) -> dict[str, Any]:
+def row(base: Base, r: Ranked, gpu_memory: int, run_flags: str = "") -> dict[str, Any]:
+    """run_flags: generate flags that are not spec values but decide whether it writes the
+    candidate (--gpu-memory-gb: its memory gate must pass what plan called feasible)."""
     s, e = r.spec, r.estimate
     return {
         "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vp": s.virtual_stages,
         "micro_batch": s.micro_batch, "num_microbatches": s.num_microbatches, "schedule": s.schedule,
         "recompute": s.recompute, "dp_mode": s.dp_mode, "step_ms": round(r.step_ms, 3),
         "tflops_per_gpu": round(r.tflops_per_gpu, 2), "mfu": round(r.mfu, 4), "peak_bytes": r.peak_bytes,
-        "flags": generate_flags(base, r.values),
+        "flags": " ".join(filter(None, (generate_flags(base, r.values), run_flags))),
         # beyond the --json keys: the table's and plan.csv's columns, and what --write-top rebuilds
         "shard_size": s.shard_size, "layer_split": "embedding+loss" if s.account_for_embedding_in_pipeline_split else "even",
         "tokens_per_s": round(r.tokens_per_s, 1), "compute_ms": round(e.compute_us / 1e3, 3),
@@ -54,8 +58,8 @@ def row(base: Base, r: Ranked, gpu_memory: int) -> dict[str, Any]:
     }
 
 
-def rows(base: Base, result: PlanResult) -> list[dict[str, Any]]:
-    return [row(base, r, result.gpu_memory_bytes) for r in result.candidates]
+def rows(base: Base, result: PlanResult, run_flags: str = "") -> list[dict[str, Any]]:
+    return [row(base, r, result.gpu_memory_bytes, run_flags) for r in result.candidates]
 
 
 def rank_rows(all_rows: list[dict[str, Any]], top: int | None) -> list[dict[str, Any]]:

@@ -40,6 +40,12 @@ class Query:
         config.pop("preset", None)
         return {**get_preset(name), **config, **self.spec_flags}
 
+    def rows(self, result: PlanResult) -> list[dict[str, Any]]:
+        """The result's rows; their generate flags carry --gpu-memory-gb when it was given, or
+        generate's memory gate would refuse a candidate plan sized against more memory."""
+        extra = f"--gpu-memory-gb {self.gpu_memory_gb!r}" if self.gpu_memory_gb is not None else ""
+        return rows(self.base(), result, extra)
+
     def to_json(self, gpus: int) -> dict[str, Any]:
         doc = asdict(self)
         doc["config"] = dict(self.config or {})
@@ -80,8 +86,91 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
                     query.every, jobs, shard, quiet, until_us)
     if shard is None:
-        check_feasible(result, model)
+        if not result.considered:
+            raise UserError(_why_none_considered(query, model))
+        if not result.legal:
+            raise UserError(_why_none_legal(query, model, result.considered))
+        try:
+            check_feasible(result, model)
+        except UserError as exc:  # none fits: the axes the user fixed may be what removed the last ones
+            fixed = [f"--{k.replace('_', '-')} {query.spec_flags[k]}" for k in (*_AXIS_RULES, "recompute")
+                     if query.spec_flags.get(k) is not None]
+            raise UserError(str(exc) + (f"; or drop {', '.join(fixed)} so the search tries the other values"
+                                        if fixed else "")) from None
+        if not result.candidates:  # every feasible one was beyond the replay's node limit
+            raise UserError(f"all {result.feasible:,} feasible layouts have more nodes than the replay takes "
+                            "(4,000,000: thousands of micro-batches per step): give a smaller --global-batch "
+                            "or a larger --micro-batch")
     return result
+
+
+# The axes a flag can fix, with the flag's words for a message.
+_AXIS_FLAGS = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "dp_mode", "shard_size")
+
+
+# The axes a flag can fix, and the rule that a value of each must meet.
+_AXIS_RULES = {
+    "tp": "tp x cp x pp must divide the GPUs", "cp": "tp x cp x pp must divide the GPUs",
+    "pp": "tp x cp x pp must divide the GPUs and pp be at most the layers",
+    "ep": "ep must divide dp x cp and the experts", "micro_batch": "the micro-batch must divide global batch / dp",
+    "schedule": "interleaved schedules need chunks of whole layers", "virtual_stages": "the chunks must be whole layers",
+    "dp_mode": "hsdp needs dp ranks across more than one node", "shard_size": "hsdp shards within one node",
+}
+
+
+def _why_none_considered(query: Query, model: Model) -> str:
+    """Which given value left no layout to consider: a fixed axis, or the global batch."""
+    from traceforge.planner.space import count
+
+    fixed = dict(query.spec_flags)
+    for name, rule in _AXIS_RULES.items():
+        if fixed.get(name) is not None and count(model, {k: v for k, v in fixed.items() if k != name}, {}, 0):
+            flag = f"--{name.replace('_', '-')} {fixed[name]}"
+            return (f"no layout of {model.world:,} GPUs ({model.layers} layers, global batch {model.global_batch}) "
+                    f"has {flag} with the other values given ({rule}): change or drop {flag}")
+    return (f"no layout of {model.world:,} GPUs splits the global batch {model.global_batch} into whole "
+            "micro-batches (global batch / dp for every dp the GPUs allow): give a --global-batch that a "
+            "data-parallel size of these GPUs divides, or another --gpus")
+
+
+def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 20_000) -> str:
+    """generate's most frequent refusal among the candidates (the first `budget` validations), with
+    the layout of one it refused: what the user must change."""
+    import re
+    from collections import Counter
+
+    from traceforge.errors import SpecError
+    from traceforge.planner.space import walk
+
+    builder = query.base().builder()
+    rules: Counter[str] = Counter()
+    example: dict[str, tuple[str, dict[str, Any]]] = {}
+    calls = 0
+
+    def check(values: dict[str, Any], reads: set[str] | None) -> None:
+        nonlocal calls
+        calls += 1
+        try:
+            builder(values, reads)
+        except SpecError as exc:
+            check.last = str(exc)  # type: ignore[attr-defined]
+        return None
+
+    check.last = ""  # type: ignore[attr-defined]
+    for values, _spec, n in walk(model, query.spec_flags, check):
+        rule = re.sub(r"[0-9][0-9,.]*", "#", check.last)  # type: ignore[attr-defined]
+        rules[rule] += n
+        example.setdefault(rule, (check.last, values))  # type: ignore[attr-defined]
+        if calls >= budget:
+            break
+    rule, n = rules.most_common(1)[0]
+    message, values = example[rule]
+    layout = ", ".join(f"{k.replace('_', '-')} {values[k]}" for k in ("tp", "cp", "pp", "dp", "ep", "micro_batch",
+                                                                       "schedule") if k in values)
+    seen = sum(rules.values())
+    share = "all" if n == considered else f"{n:,}" if seen == considered else f"{n:,} of the first {seen:,}"
+    return (f"none of the {considered:,} layouts for {model.world:,} GPUs is legal: generate's validator refused "
+            f"{share} of them with the rule it gives for {layout}: {message.rstrip('.')}")
 
 
 def _counts(result: PlanResult) -> dict[str, Any]:
@@ -89,10 +178,11 @@ def _counts(result: PlanResult) -> dict[str, Any]:
             "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big}
 
 
-def _title(query: Query, gpus: int) -> str:
+def _title(query: Query, gpus: int | None) -> str:
+    """'plan: llama3-8b on 64 h100 GPUs' (without the count when a sweep varies it)."""
     name = query.preset or (query.config or {}).get("preset") or "demo"
     gpu = query.raw().get("gpu", "h100")
-    return f"plan: {name} on {gpus:,} {gpu} GPUs"
+    return f"plan: {name} on {gpus:,} {gpu} GPUs" if gpus is not None else f"plan: {name} on {gpu} GPUs"
 
 
 def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: bool, write_top: int | None,
@@ -100,29 +190,38 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
     from traceforge.cli.plan import print_json, print_table
 
     result = run_search(query, gpus, jobs, quiet)
-    ranked = rank_rows(rows(query.base(), result), None if query.every else query.top)
+    ranked = rank_rows(query.rows(result), None if query.every else query.top)
     counts = _counts(result)
+    written = None
     if write_top is not None:
         assert out_dir is not None
-        _write(query, gpus, ranked, write_top, out_dir, force, astra_sim, jobs, counts)
+        written = _write(query, gpus, ranked, write_top, out_dir, force, astra_sim, jobs, counts)
     if as_json:
         print_json(json_document(gpus, counts, ranked))
     else:
         print_table(_title(query, gpus), ranked, counts)
+    if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
+        from traceforge.cli import err, out
+
+        assert write_top is not None
+        sets = min(write_top, len(ranked))  # write_top puts the sets first, then the files
+        fewer = f", all {sets} that fit," if sets < write_top else ""
+        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s){fewer} each with its spec.json"
+                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}; {', '.join(written[sets:])}",
+                                        markup=False, soft_wrap=True)
 
 
 def _write(query: Query, gpus: int, ranked: list[dict[str, Any]], k: int, out_dir: Path, force: bool,
-           astra_sim: bool, jobs: int, counts: dict[str, Any]) -> None:
+           astra_sim: bool, jobs: int, counts: dict[str, Any]) -> list[str]:
+    """The K best sets, plan.csv, plan.json and the plot, all-or-nothing; the names written."""
     import json
 
     from traceforge.cluster import Cluster
     from traceforge.emit.writer import write_trace_set
     from traceforge.output import atomic_output_dir
-    from traceforge.planner.write import write_top
+    from traceforge.planner.write import is_plan_output, write_top
     from traceforge.spec import Spec
 
-    if k < 1:
-        raise UserError(f"--write-top must be at least 1, got {k}")
     cluster = Cluster.from_options(**query.machine)
     builder = query.base().builder()
 
@@ -138,19 +237,19 @@ def _write(query: Query, gpus: int, ranked: list[dict[str, Any]], k: int, out_di
         write_trace_set(spec, path, jobs=jobs, finish=finish)
 
     inputs = [Path(query.config_path)] if query.config_path else []
-    with atomic_output_dir(out_dir, force, inputs) as tmp:
-        write_top(tmp, ranked, k, builder, write_set, _title(query, gpus))
+    with atomic_output_dir(out_dir, force, inputs, replaces=is_plan_output) as tmp:
+        names = write_top(tmp, ranked, k, builder, write_set, _title(query, gpus))
         (tmp / "plan.json").write_text(json.dumps(json_document(gpus, counts, ranked), indent=2) + "\n")
+    return [*names, "plan.json"]
 
 
 # -- sweep ----------------------------------------------------------------------------------
 
 def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quiet: bool, as_json: bool,
           out_dir: Path | None, force: bool) -> None:
-    from rich.table import Table
-
-    from traceforge.cli import out
-    from traceforge.cli.plan import print_json
+    """Plan once per value of one machine flag (or --gpus); one table (or JSON) and, with -o DIR,
+    sweep.csv and one plot of the best layout per value. The values were checked before (cli)."""
+    from traceforge.cli.plan import print_json, print_sweep_table
     from traceforge.cluster import FIELD
 
     flag = "--gpus" if name == "gpus" else FIELD[name].flag
@@ -160,33 +259,24 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
         q = query if name == "gpus" else Query(**{**asdict(query), "config": query.config,
                                                   "machine": {**query.machine, name: value}})
         try:
-            from traceforge.cluster import Cluster
-
-            Cluster.from_options(**q.machine)
             result = run_search(q, world, jobs, quiet)
         except UserError as exc:
             raise UserError(f"{flag} {value}: {exc}") from None
-        top = rank_rows(rows(q.base(), result), 1)[0]
+        top = rank_rows(q.rows(result), 1)[0]
         best.append((value, world, top, _counts(result)))
+    title = f"{_title(query, None if name == 'gpus' else gpus)}: best layout per {flag}"
+    unit = "" if name == "gpus" else FIELD[name].unit
+    if out_dir is not None:
+        from traceforge.output import atomic_output_dir
+        from traceforge.planner.write import is_plan_output, sweep_csv, write_sweep_plot
+
+        with atomic_output_dir(out_dir, force, replaces=is_plan_output) as tmp:
+            (tmp / "sweep.csv").write_text(sweep_csv(flag, [(v, w, r) for v, w, r, _ in best]))
+            write_sweep_plot(tmp, f"{flag} {unit}".strip(), [(v, r) for v, _, r, _ in best], title)
     if as_json:
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
     else:
-        table = Table(title=f"{_title(query, gpus)}: best layout per {flag}")
-        for col in (flag, "GPUs", "best layout", "step s", "tokens/s", "TFLOP/s", "MFU", f"vs {flag} {values[0]}"):
-            table.add_column(col, justify="left" if col == "best layout" else "right", no_wrap=True)
-        first = best[0][2]["step_ms"]
-        for value, world, r, _ in best:
-            layout = (f"t{r['tp']} c{r['cp']} p{r['pp']} d{r['dp']} e{r['ep']} v{r['vp']} b{r['micro_batch']} "
-                      f"{r['schedule']} {r['recompute']} {r['dp_mode']}")
-            table.add_row(str(value), f"{world:,}", layout, f"{r['step_ms'] / 1e3:.3f}", f"{r['tokens_per_s']:,.0f}",
-                          f"{r['tflops_per_gpu']:.0f}", f"{r['mfu']:.3f}", f"{first / r['step_ms']:.2f}x")
-        out.print(table)
-    if out_dir is not None:
-        from traceforge.output import atomic_output_dir
-        from traceforge.planner.write import write_sweep_plot
-
-        with atomic_output_dir(out_dir, force) as tmp:
-            write_sweep_plot(tmp, flag, [(v, r) for v, _, r, _ in best], _title(query, gpus))
+        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best])
 
 
 # -- shard and merge ------------------------------------------------------------------------
@@ -201,7 +291,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
         raise UserError("--shard K/N needs -o DIR: the folder every shard writes its file into")
     k, n = parse_shard(text)
     result = run_search(query, gpus, jobs, quiet, (k, n))
-    ranked = rank_rows(rows(query.base(), result), None if query.every else query.top)
+    ranked = rank_rows(query.rows(result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)

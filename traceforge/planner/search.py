@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,39 +167,56 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     result.feasible = len(feasible)
     feasible.sort(key=lambda c: (c[0], c[1]))
     result.candidates, result.replayed, result.too_big = _branch_and_bound(builder, feasible, link, top, every, quiet,
-                                                                           until_us)
+                                                                           until_us, jobs)
     result.seconds = time.perf_counter() - started
     return result
 
 
 # -- phase 2: replay in bound order ---------------------------------------------------------
 
+def _replay(item: tuple[float, tuple, dict[str, Any], int]) -> Estimate | None:
+    """One candidate's estimate (in a worker process); None past the replay's node limit."""
+    assert _job is not None
+    try:
+        return estimate(_job.builder(item[2]), _job.link)
+    except ReplayTooBig:  # millions of nodes (thousands of micro-batches): not ranked, counted
+        return None
+
+
 def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
                       link: LinkModel, top: int, every: bool, quiet: bool,
-                      until_us: float | None = None) -> tuple[list[Ranked], int, int]:
+                      until_us: float | None = None, jobs: int = 1) -> tuple[list[Ranked], int, int]:
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     too_big = 0
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
-    for bound, _key, values, peak in feasible:
-        if not every and len(best) >= top and bound > max(-best[0], until_us or 0.0):
-            break  # strictly: a candidate whose step ties the K-th may still rank before it
-        spec = builder(values)
-        try:
-            est = estimate(spec, link)
-        except ReplayTooBig:  # millions of nodes (thousands of micro-batches): not ranked, counted
+    sent: deque[tuple[float, tuple, dict[str, Any], int]] = deque()
+
+    def in_bound_order() -> Iterator[tuple[float, tuple, dict[str, Any], int]]:
+        # Workers take candidates ahead of the results; each is checked against the K-th best
+        # step known when it is taken, so a few more than needed may be replayed, never fewer.
+        for item in feasible:
+            if not every and len(best) >= top and item[0] > max(-best[0], until_us or 0.0):
+                return  # strictly: a candidate whose step ties the K-th may still rank before it
+            sent.append(item)
+            yield item
+
+    results = fan_out(_replay, in_bound_order(), jobs) if jobs > 1 else map(_replay, in_bound_order())
+    for est in results:
+        bound, _key, values, peak = sent.popleft()
+        if progress:
+            progress.advance()
+        if est is None:
             too_big += 1
             continue
         if est.stalled:
             raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
                             "please report this spec: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-        ranked.append(Ranked(values, spec, peak, bound, est))
+        ranked.append(Ranked(values, builder(values), peak, bound, est))
         if len(best) < top:
             heapq.heappush(best, -est.step_us)
         elif -est.step_us > best[0]:
             heapq.heapreplace(best, -est.step_us)
-        if progress:
-            progress.advance()
     if progress:
         progress.close()
     replayed = len(ranked)

@@ -1,7 +1,8 @@
 """What `plan --write-top K -o DIR` writes: each chosen layout's trace set in its own folder with
 its spec file, plan.csv (every ranked candidate) and a plot of step time and MFU per candidate,
-grouped by layout family (PNG with matplotlib, the `plot` extra; SVG written by hand without).
-The whole DIR is written all-or-nothing (output.py)."""
+grouped by layout family (PNG with matplotlib, the `plot` extra; SVG written by hand without);
+and what `plan --sweep -o DIR` writes: sweep.csv and the plot of the best layout per value.
+The whole DIR is written all-or-nothing (output.py), and --force replaces only such a DIR."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ CSV_COLUMNS = ("rank", "tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_m
                "dp_mode", "shard_size", "layer_split", "step_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_ms",
                "bubble_ms", "peak_bytes", "headroom_bytes", "flags")
 SPEC_FILE = "spec.json"
+SWEEP_COLUMNS = ("GPUs", "step_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "tp", "cp", "pp", "dp",
+                 "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute", "dp_mode", "flags")
+
+
+def is_plan_output(directory: Path) -> bool:
+    """What --force may replace: a plan's --write-top or --sweep DIR, or any other output of ours."""
+    from traceforge.output import is_traceforge_output
+
+    names = {p.name for p in directory.iterdir()}
+    plot = bool(names & {"plan.png", "plan.svg", "sweep.png", "sweep.svg"})
+    return plot and ({"plan.csv", "plan.json"} <= names or "sweep.csv" in names) or is_traceforge_output(directory)
 
 
 def folder_name(rank: int, r: Mapping[str, Any]) -> str:
@@ -46,13 +58,13 @@ def spec_file(spec: Spec) -> str:
 # -- the plot -------------------------------------------------------------------------------
 
 def _bars(ranked: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float, float]]:
-    """(label, family, step s, MFU) per candidate, grouped by family in rank order of each
+    """(label, family, step ms, MFU) per candidate, grouped by family in rank order of each
     family's best."""
     order: dict[str, int] = {}
     for r in ranked:
         order.setdefault(family(r), len(order))
     rows = sorted(enumerate(ranked, 1), key=lambda ir: (order[family(ir[1])], ir[0]))
-    return [(f"#{i}", family(r), r["step_ms"] / 1e3, r["mfu"]) for i, r in rows]
+    return [(f"#{i}", family(r), r["step_ms"], r["mfu"]) for i, r in rows]
 
 
 def plot_png(path: Path, ranked: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -70,11 +82,11 @@ def plot_png(path: Path, ranked: Sequence[Mapping[str, Any]], title: str) -> Non
         idx = [i for i, b in enumerate(bars) if b[1] == f]
         ax.bar([xs[i] for i in idx], [bars[i][2] for i in idx], color=colors[f], label=f)
     ax.set_xticks(list(xs), [b[0] for b in bars], rotation=90, fontsize=7)
-    ax.set_ylabel("step time (s)")
+    ax.set_ylabel("step time (ms, bars)")
     ax.set_title(title)
     mfu = ax.twinx()
     mfu.plot(list(xs), [b[3] for b in bars], "k.", label="MFU")
-    mfu.set_ylabel("MFU")
+    mfu.set_ylabel("MFU (dots)")
     mfu.set_ylim(0, max([b[3] for b in bars] + [0.01]) * 1.2)
     ax.legend(fontsize=7, loc="upper left", title="tp cp pp ep", title_fontsize=7)
     fig.tight_layout()
@@ -94,7 +106,7 @@ def plot_svg(ranked: Sequence[Mapping[str, Any]], title: str) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
            f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="12">{escape(title)}</text>',
            f'<text x="14" y="{top + plot_h / 2:.0f}" transform="rotate(-90 14 {top + plot_h / 2:.0f})" '
-           'text-anchor="middle">step time (s)</text>',
+           'text-anchor="middle">step time (ms)</text>',
            f'<line x1="{left}" y1="{top + plot_h}" x2="{w - 90}" y2="{top + plot_h}" stroke="black"/>',
            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>']
     for k in range(5):
@@ -106,7 +118,7 @@ def plot_svg(ranked: Sequence[Mapping[str, Any]], title: str) -> str:
         bh = plot_h * step / step_max
         color = palette[families.index(fam) % len(palette)]
         out.append(f'<rect x="{x}" y="{top + plot_h - bh:.1f}" width="16" height="{bh:.1f}" fill="{color}">'
-                   f'<title>{escape(label)} {escape(fam)}: {step:.3f} s, MFU {mfu:.3f}</title></rect>')
+                   f'<title>{escape(label)} {escape(fam)}: {step:.4g} ms, MFU {mfu:.3f}</title></rect>')
         out.append(f'<circle cx="{x + 8}" cy="{top + plot_h - plot_h * mfu / mfu_max:.1f}" r="3" fill="black"/>')
         out.append(f'<text x="{x + 8}" y="{top + plot_h + 12}" text-anchor="middle">{escape(label)}</text>')
     for j, fam in enumerate(families[:10]):
@@ -144,22 +156,32 @@ def write_top(directory: Path, ranked: Sequence[Mapping[str, Any]], k: int, buil
     return names
 
 
+def sweep_csv(flag: str, best: Sequence[tuple[Any, int, Mapping[str, Any]]]) -> str:
+    """One row per swept value: the value, then its best candidate."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([flag.lstrip("-"), *SWEEP_COLUMNS])
+    for value, world, r in best:
+        w.writerow([value, world, *(r[c] for c in SWEEP_COLUMNS[1:])])
+    return buf.getvalue()
+
+
 def sweep_svg(flag: str, points: Sequence[tuple[Any, Mapping[str, Any]]], title: str) -> str:
     """Best step time per swept value, as plain SVG bars."""
     w, h, left, bottom, top = max(420, 70 * len(points) + 120), 320, 60, 50, 40
     plot_h = h - bottom - top
-    peak = max([r["step_ms"] / 1e3 for _, r in points] + [1e-9]) * 1.1
+    peak = max([r["step_ms"] for _, r in points] + [1e-9]) * 1.1
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
            f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="12">{escape(title)}</text>',
            f'<line x1="{left}" y1="{top + plot_h}" x2="{w - 20}" y2="{top + plot_h}" stroke="black"/>',
            f'<text x="{w / 2:.0f}" y="{h - 10}" text-anchor="middle">{escape(flag)}</text>']
     for i, (value, r) in enumerate(points):
         x = left + 20 + 70 * i
-        step = r["step_ms"] / 1e3
+        step = r["step_ms"]
         bh = plot_h * step / peak
         out.append(f'<rect x="{x}" y="{top + plot_h - bh:.1f}" width="40" height="{bh:.1f}" fill="#1f77b4">'
-                   f'<title>t{r["tp"]} c{r["cp"]} p{r["pp"]} d{r["dp"]}: {step:.3f} s, MFU {r["mfu"]:.3f}</title></rect>')
-        out.append(f'<text x="{x + 20}" y="{top + plot_h - bh - 4:.1f}" text-anchor="middle">{step:.3g} s</text>')
+                   f'<title>t{r["tp"]} c{r["cp"]} p{r["pp"]} d{r["dp"]}: {step:.4g} ms, MFU {r["mfu"]:.3f}</title></rect>')
+        out.append(f'<text x="{x + 20}" y="{top + plot_h - bh - 4:.1f}" text-anchor="middle">{step:.3g} ms</text>')
         out.append(f'<text x="{x + 20}" y="{top + plot_h + 12}" text-anchor="middle">{escape(str(value))}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -175,16 +197,17 @@ def write_sweep_plot(directory: Path, flag: str, points: Sequence[tuple[Any, Map
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(points) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(points) + 2), 4))
     labels = [str(v) for v, _ in points]
-    steps = [r["step_ms"] / 1e3 for _, r in points]
+    steps = [r["step_ms"] for _, r in points]
     ax.bar(labels, steps, color="#1f77b4")
     for i, (_, r) in enumerate(points):
-        ax.annotate(f"t{r['tp']} p{r['pp']} c{r['cp']}\n{r['step_ms'] / 1e3:.3g} s", (i, steps[i]), ha="center",
+        ax.annotate(f"tp{r['tp']} cp{r['cp']} pp{r['pp']}\n{r['step_ms']:.3g} ms", (i, steps[i]), ha="center",
                     va="bottom", fontsize=7)
     ax.set_xlabel(flag)
-    ax.set_ylabel("best step time (s)")
-    ax.set_title(title)
+    ax.set_ylabel("best step time (ms)")
+    ax.set_ylim(0, max(steps + [1e-9]) * 1.25)  # room for the labels above the bars
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(directory / "sweep.png", dpi=110, metadata={"Software": None})
     plt.close(fig)

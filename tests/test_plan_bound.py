@@ -1,0 +1,73 @@
+"""The planner's lower bound (planner/bound.py with its data-parallel floors, dp_bound.py) never
+exceeds the replayed step, on layouts whose data-parallel groups cross nodes, for every
+data-parallel mode and schedule; and the floors are the programs' own traffic by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from traceforge.planner.bound import _pipeline, step_lower_bound
+from traceforge.planner.dp_bound import crossings, stage_floors
+from traceforge.planner.estimate import estimate
+from traceforge.planner.search import Base, search
+from traceforge.planner.space import Model
+from traceforge.report.timing_replay import LinkModel
+from traceforge.spec import build_spec
+
+# Two GPUs per node: data-parallel groups of a 16-GPU layout cross nodes.
+LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2)
+
+
+@pytest.mark.parametrize("dp_mode", ["ddp", "zero1", "zero2", "dist-opt", "zero3", "hsdp"])
+def test_bound_never_exceeds_the_replay_across_nodes(dp_mode):
+    fixed = {"dp_mode": dp_mode, "micro_batch": 1, "recompute": "none"}
+    result = search(Base("demo", None, {"order": "megatron", "global_batch": 16}),
+                    Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16),
+                    fixed, LINK, None, top=1, every=True, quiet=True)
+    assert result.candidates, "no candidate replayed"
+    for r in result.candidates:
+        assert r.bound_us <= r.estimate.step_us + 1e-6, (r.values, r.bound_us, r.estimate.step_us)
+
+
+def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
+    """tp1 pp1 dp16 on 2-GPU nodes: each micro-batch gathers every parameter twice (forward,
+    backward) and reduce-scatters its gradient, over a DP group that spans nodes."""
+    spec = build_spec("demo", None, {"world_size": 16, "dp_mode": "zero3", "global_batch": 32, "micro_batch": 1,
+                                     "order": "megatron"})
+    assert crossings(spec, 2)[0]["dp"]
+    n, m, d = spec.dp, spec.num_microbatches, LINK
+    from traceforge.model import stage_params
+
+    p = stage_params(spec, 0)
+    units = p.embedding + sum(p.dense.values()) + p.head
+    gather = (n - 1) * (units * spec.act_bytes // n) / (d.inter_gbps * 1e3)
+    scatter = (n - 1) / n * units * spec.grad_bytes / (d.inter_gbps * 1e3)
+    latencies = 3 * len(p.layers) * d.inter_latency_us
+    expected = m * (2 * gather + scatter + latencies)
+    assert stage_floors(spec, LINK)[0].chain == pytest.approx(expected, rel=1e-6)
+    # It decides the bound here: far above the compute-only pipeline floor, and below the replay.
+    assert step_lower_bound(spec, LINK) >= expected > _pipeline(spec, LINK)[1]
+    assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
+
+
+def test_sharded_optimizer_tail_orders_modes_the_compute_floor_cannot():
+    """Without the data-parallel floors every mode of a layout had one bound; with them a
+    sharded optimizer's post-step AllGathers put its bound above DDP's on the same layout."""
+    flags = {"world_size": 16, "pp": 2, "global_batch": 32, "micro_batch": 1, "order": "megatron"}
+    ddp = build_spec("demo", None, {**flags, "dp_mode": "ddp"})
+    dist = build_spec("demo", None, {**flags, "dp_mode": "dist-opt"})
+    assert _pipeline(ddp, LINK) == _pipeline(dist, LINK)
+    assert step_lower_bound(dist, LINK) != step_lower_bound(ddp, LINK)
+    for spec in (ddp, dist):
+        assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
+
+
+def test_replays_in_worker_processes_rank_exactly_as_one_process():
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    fixed = {"dp_mode": "dist-opt", "recompute": "none"}
+    one = search(base, model, fixed, LINK, None, top=3, jobs=1, quiet=True)
+    two = search(base, model, fixed, LINK, None, top=3, jobs=2, quiet=True)
+    assert [(r.values, r.estimate.step_us) for r in one.candidates] == [(r.values, r.estimate.step_us)
+                                                                          for r in two.candidates]
+    assert len(one.candidates) == 3 and two.replayed >= one.replayed  # workers may replay a few ahead

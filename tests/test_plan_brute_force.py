@@ -1,0 +1,92 @@
+"""The plan of a tiny model equals brute force over the commands a user would run by hand: every
+combination of the searched values through `memory` (generate's validator and the memory model),
+every one that fits through `generate` and `report --estimate hardware`; the plan (`--all`) must
+list exactly those, with report's step, memory's peak, in report's order."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from cli_runner import invoke
+
+# demo (4 layers, 8 heads) on 2 GPUs of 1.4 GB: peaks are 1.29-1.50 GB, so memory removes some.
+GPUS, GLOBAL_BATCH, MEMORY_GB = 2, 2, "1.4"
+COMMON = ("-p", "demo", "--global-batch", GLOBAL_BATCH, "--recompute", "none", "--dp-mode", "ddp")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
+
+
+def _brute_candidates():
+    """Every value of every searched axis, by hand: tp x cp x pp x dp = GPUS, any micro-batch up to
+    the global batch, every schedule with 1 or 2 chunks, and with pp > 1 both layer splits. The
+    plan's documented conventions are applied as flags: Megatron's rank order, sequence parallelism
+    when tp > 1, the gradient reduction overlapped."""
+    for tp, cp, pp in itertools.product((1, 2), repeat=3):
+        if GPUS % (tp * cp * pp):
+            continue
+        for mb, schedule, vp, split in itertools.product(range(1, GLOBAL_BATCH + 1), SCHEDULES, (1, 2),
+                                                         (False, True) if pp > 1 else (False,)):
+            flags = ["--order", "megatron", "--world-size", GPUS, "--tp", tp, "--cp", cp, "--pp", pp,
+                     "--micro-batch", mb, "--schedule", schedule, "--virtual-stages", vp,
+                     "--sequence-parallel" if tp > 1 else "--no-sequence-parallel", "--overlap-grad-reduce"]
+            if split:
+                flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+            yield (tp, cp, pp, GPUS // (tp * cp * pp), mb, schedule, vp, split), flags
+
+
+def _key(c: dict) -> tuple:
+    split = "--account-for-embedding-in-pipeline-split" in c["flags"].split()
+    return (c["tp"], c["cp"], c["pp"], c["dp"], c["micro_batch"], c["schedule"], c["vp"], split)
+
+
+@pytest.fixture(scope="module")
+def brute(tmp_path_factory):
+    """key -> (report's step in us, memory's peak bytes) for every candidate that is legal and fits;
+    and how many were legal."""
+    fits, legal = {}, 0
+    out = tmp_path_factory.mktemp("brute")
+    for key, flags in _brute_candidates():
+        mem = invoke("memory", *COMMON, *flags, "--gpu-memory-gb", MEMORY_GB, "--json")
+        if mem.exit_code == 2:  # generate's validator refused it
+            continue
+        assert mem.exit_code == 0, mem.stderr
+        legal += 1
+        doc = json.loads(mem.stdout)
+        if not doc["fits"]:
+            continue
+        target = out / f"set{len(fits)}"
+        gen = invoke("generate", *COMMON, *flags, "--gpu-memory-gb", MEMORY_GB, "-o", target, "-q", "-j", 1)
+        assert gen.exit_code == 0, (key, gen.stderr)
+        rep = invoke("report", target, "--json", "--estimate", "hardware")
+        assert rep.exit_code == 0, rep.stderr
+        fits[key] = (json.loads(rep.stdout)["timeline"]["step_time_us"], doc["peak_bytes"])
+    return fits, legal
+
+
+def test_plan_all_equals_brute_force_over_generate_memory_report(brute):
+    fits, legal = brute
+    result = invoke("plan", *COMMON, "--gpus", GPUS, "--gpu-memory-gb", MEMORY_GB, "--all", "--json", "-q", "-j", 1)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    plan = [(_key(c), c) for c in doc["candidates"]]
+    assert 0 < len(fits) < legal  # memory removed some, so the filter is exercised both ways
+    assert (doc["legal"], doc["feasible"]) == (legal, len(fits))
+    assert sorted(k for k, _ in plan) == sorted(fits)  # no candidate missing, none extra, none twice
+    for key, c in plan:
+        step_us, peak = fits[key]
+        assert c["step_ms"] == pytest.approx(step_us / 1e3, abs=5e-4 + 1e-9), key  # the plan rounds to 1 us
+        assert c["peak_bytes"] == peak, key
+    # The plan's order is report's: no candidate after one whose report step is longer by a full us.
+    steps = [fits[k][0] for k, _ in plan]
+    assert all(a <= b + 1.0 for a, b in zip(steps, steps[1:], strict=False)), steps
+    assert steps[0] == pytest.approx(min(steps), abs=1.0)
+
+
+def test_plan_top_k_is_the_brute_force_top_k(brute):
+    """Without --all (branch and bound), the K best are the brute force's K best."""
+    fits, _ = brute
+    result = invoke("plan", *COMMON, "--gpus", GPUS, "--gpu-memory-gb", MEMORY_GB, "-k", 4, "--json", "-q", "-j", 1)
+    doc = json.loads(result.stdout)
+    best = sorted(fits.values())[:4]
+    assert [c["step_ms"] for c in doc["candidates"]] == pytest.approx([s / 1e3 for s, _ in best], abs=5e-4 + 1e-9)

@@ -1,0 +1,55 @@
+"""Memoizing a function of a spec on only the fields it reads.
+
+The planner asks the same questions (a stage's model states, its activation peak, one
+layer's time floor) of hundreds of thousands of specs that differ only in fields the answer
+does not read (a stage's weights do not depend on the micro-batch size), so a memo keyed on
+the whole spec never hits. ``ignoring(*names)`` keys on every field but the named ones: a
+field added to Spec later is part of every key by default, which is the safe side.
+tests/test_spec_cache.py checks, for every use, that the named fields are truly not read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from traceforge.spec import Spec
+
+R = TypeVar("R")
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Spec))
+
+
+def ignoring(*names: str, maxsize: int = 4096) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Memoize fn(spec, *args) on spec's fields other than names, and on args (hashable);
+    least recently used entries go first once maxsize are held."""
+    unknown = set(names) - set(FIELD_NAMES)
+    if unknown:
+        raise ValueError(f"not Spec fields: {sorted(unknown)}")
+    key_of = operator.attrgetter(*(n for n in FIELD_NAMES if n not in names))
+
+    def wrap(fn: Callable[..., R]) -> Callable[..., R]:
+        memo: OrderedDict[tuple, Any] = OrderedDict()
+
+        @functools.wraps(fn)
+        def call(spec: Spec, *args: Any) -> R:
+            key = (key_of(spec), args)
+            try:
+                memo.move_to_end(key)
+                return memo[key]  # type: ignore[no-any-return]
+            except KeyError:
+                pass
+            value = memo[key] = fn(spec, *args)
+            if len(memo) > maxsize:
+                memo.popitem(last=False)
+            return value
+
+        call.ignored = frozenset(names)  # type: ignore[attr-defined]
+        call.uncached = fn  # type: ignore[attr-defined]
+        call.cache_clear = memo.clear  # type: ignore[attr-defined]
+        return call
+
+    return wrap
