@@ -85,6 +85,10 @@ def test_write_top_folder(tmp_path):
     assert (out / "plan.png").is_file() or (out / "plan.svg").is_file()
     again = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--write-top", 1, "-o", out)
     one_line_error(again, "not empty", "--force")
+    fewer = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--micro-batch", 8, "--tp", 8, "--write-top", 3,
+                   "-o", tmp_path / "fewer")  # tp 8 leaves dp 1: one micro-batch of 8, one layout
+    assert f"wrote {tmp_path / 'fewer'}: 1 trace set(s), all 1 that fit," in fewer.stdout, fewer.stderr
+    assert len([p for p in (tmp_path / "fewer").iterdir() if p.is_dir()]) == 1
     assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--write-top", 1, "-o", out, "--force").exit_code == 0
     assert len([p for p in out.iterdir() if p.is_dir()]) == 1
 
@@ -323,3 +327,16 @@ def test_table_shows_every_group_left_exposed(tmp_path):
     for row, r in zip(rows, ranked, strict=True):
         for g in groups:
             assert _close(row[header.index(f"x-{g} ms")], float(r[f"exposed_{g}_ms"]))
+
+
+def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
+    """With --gpu-memory-gb above the GPU's, plan ranks candidates generate's memory gate would refuse
+    on the GPU's own memory: the printed flags carry the memory, so generate writes them."""
+    big = ("--hidden", 4096, "--heads", 32, "--layers", 32, "--gpus", 1, "--schedule", "1f1b", "-k", 1)
+    doc = json.loads(invoke(*QUERY, *big, "--gpu-memory-gb", 200, "--json").stdout)
+    c = doc["candidates"][0]
+    assert c["peak_bytes"] > 100e9  # more than an h100 has: only the given memory admits it
+    assert c["flags"].split()[-2:] == ["--gpu-memory-gb", "200.0"]
+    assert invoke("generate", *c["flags"].split(), "-o", tmp_path / "set", "-q", "-j", 1).exit_code == 0
+    without = [w for w in c["flags"].split() if w not in ("--gpu-memory-gb", "200.0")]
+    one_line_error(invoke("generate", *without, "-o", tmp_path / "no", "-q"), "more than the h100's")

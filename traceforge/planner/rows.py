@@ -39,14 +39,16 @@ def generate_flags(base: Base, values: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def row(base: Base, r: Ranked, gpu_memory: int) -> dict[str, Any]:
+def row(base: Base, r: Ranked, gpu_memory: int, run_flags: str = "") -> dict[str, Any]:
+    """run_flags: generate flags that are not spec values but decide whether it writes the
+    candidate (--gpu-memory-gb: its memory gate must pass what plan called feasible)."""
     s, e = r.spec, r.estimate
     return {
         "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vp": s.virtual_stages,
         "micro_batch": s.micro_batch, "num_microbatches": s.num_microbatches, "schedule": s.schedule,
         "recompute": s.recompute, "dp_mode": s.dp_mode, "step_ms": round(r.step_ms, 3),
         "tflops_per_gpu": round(r.tflops_per_gpu, 2), "mfu": round(r.mfu, 4), "peak_bytes": r.peak_bytes,
-        "flags": generate_flags(base, r.values),
+        "flags": " ".join(filter(None, (generate_flags(base, r.values), run_flags))),
         # beyond the --json keys: the table's and plan.csv's columns, and what --write-top rebuilds
         "shard_size": s.shard_size, "layer_split": "embedding+loss" if s.account_for_embedding_in_pipeline_split else "even",
         "tokens_per_s": round(r.tokens_per_s, 1), "compute_ms": round(e.compute_us / 1e3, 3),
@@ -56,8 +58,8 @@ def row(base: Base, r: Ranked, gpu_memory: int) -> dict[str, Any]:
     }
 
 
-def rows(base: Base, result: PlanResult) -> list[dict[str, Any]]:
-    return [row(base, r, result.gpu_memory_bytes) for r in result.candidates]
+def rows(base: Base, result: PlanResult, run_flags: str = "") -> list[dict[str, Any]]:
+    return [row(base, r, result.gpu_memory_bytes, run_flags) for r in result.candidates]
 
 
 def rank_rows(all_rows: list[dict[str, Any]], top: int | None) -> list[dict[str, Any]]:

@@ -40,6 +40,12 @@ class Query:
         config.pop("preset", None)
         return {**get_preset(name), **config, **self.spec_flags}
 
+    def rows(self, result: PlanResult) -> list[dict[str, Any]]:
+        """The result's rows; their generate flags carry --gpu-memory-gb when it was given, or
+        generate's memory gate would refuse a candidate plan sized against more memory."""
+        extra = f"--gpu-memory-gb {self.gpu_memory_gb!r}" if self.gpu_memory_gb is not None else ""
+        return rows(self.base(), result, extra)
+
     def to_json(self, gpus: int) -> dict[str, Any]:
         doc = asdict(self)
         doc["config"] = dict(self.config or {})
@@ -184,7 +190,7 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
     from traceforge.cli.plan import print_json, print_table
 
     result = run_search(query, gpus, jobs, quiet)
-    ranked = rank_rows(rows(query.base(), result), None if query.every else query.top)
+    ranked = rank_rows(query.rows(result), None if query.every else query.top)
     counts = _counts(result)
     written = None
     if write_top is not None:
@@ -197,9 +203,11 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
     if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
         from traceforge.cli import err, out
 
-        sets = sum(1 for name in written if "." not in name)
-        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s) (each with its spec.json"
-                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}), {', '.join(written[sets:])}",
+        assert write_top is not None
+        sets = min(write_top, len(ranked))  # write_top puts the sets first, then the files
+        fewer = f", all {sets} that fit," if sets < write_top else ""
+        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s){fewer} each with its spec.json"
+                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}; {', '.join(written[sets:])}",
                                         markup=False, soft_wrap=True)
 
 
@@ -254,7 +262,7 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
             result = run_search(q, world, jobs, quiet)
         except UserError as exc:
             raise UserError(f"{flag} {value}: {exc}") from None
-        top = rank_rows(rows(q.base(), result), 1)[0]
+        top = rank_rows(q.rows(result), 1)[0]
         best.append((value, world, top, _counts(result)))
     title = f"{_title(query, None if name == 'gpus' else gpus)}: best layout per {flag}"
     unit = "" if name == "gpus" else FIELD[name].unit
@@ -283,7 +291,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
         raise UserError("--shard K/N needs -o DIR: the folder every shard writes its file into")
     k, n = parse_shard(text)
     result = run_search(query, gpus, jobs, quiet, (k, n))
-    ranked = rank_rows(rows(query.base(), result), None if query.every else query.top)
+    ranked = rank_rows(query.rows(result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
