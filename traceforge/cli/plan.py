@@ -48,6 +48,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
+        opt("budget", float, typer.Option(60.0, "--budget", help="Seconds to spend replaying candidates, past which the plan says how far from exact its ranking may be (0: no limit, the top K exact).")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]
@@ -134,6 +135,8 @@ def plan(**kwargs: Any) -> None:
             raise UserError(f"--{name.replace('_', '-')} is what plan decides (from --gpus and the layout): drop it")
     if opts["gpus"] is None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
+    if not opts["budget"] >= 0:
+        raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
     if opts["top"] < 1:
         raise UserError(f"--top must be at least 1, got {opts['top']}")
     if opts["write_top"] is not None and opts["write_top"] < 1:
@@ -189,7 +192,8 @@ def plan(**kwargs: Any) -> None:
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
         spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"],
-        tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"])
+        tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
+        budget_s=opts["budget"] or None)
     if swept:
         name = swept[0]
         planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["as_json"],
@@ -274,6 +278,13 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     if counts.get("too_big"):
         out.print(f"note: {counts['too_big']:,} feasible candidates have more nodes than the replay takes (4,000,000) "
                   "and were not ranked", markup=False)
+    if counts.get("unreplayed"):
+        best = ranked[0]["step_ms"] if ranked else float("inf")
+        floor = min(best, counts["floor_ms"])
+        out.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still rank "
+                  f"(their lower bounds start at {_ms(counts['floor_ms'])} ms): no layout is faster than "
+                  f"{_ms(floor)} ms, the best shown is within {100 * (best / floor - 1):.1f} % of the best; "
+                  "--budget 0 replays until the ranking is exact", markup=False, soft_wrap=True)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()

@@ -25,6 +25,7 @@ class Query:
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
+    budget_s: float | None = 60.0  # seconds of replaying; None: until the top K is exact
 
     def base(self) -> Base:
         # Megatron's rank order (pp outermost), what its recipes run, unless the user picks one.
@@ -83,8 +84,9 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
-                    query.every, jobs, shard, quiet, until_us)
+                    query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s)
     if shard is None:
         if not result.considered:
             raise UserError(_why_none_considered(query, model))
@@ -175,7 +177,8 @@ def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2
 
 def _counts(result: PlanResult) -> dict[str, Any]:
     return {"considered": result.considered, "legal": result.legal, "feasible": result.feasible,
-            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big}
+            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big,
+            "unreplayed": result.unreplayed, "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
 
 
 def _title(query: Query, gpus: int | None) -> str:
@@ -293,7 +296,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
     result = run_search(query, gpus, jobs, quiet, (k, n))
     ranked = rank_rows(query.rows(result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
+    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big", "unreplayed", "floor_ms")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
     target = write_output_file(out_dir / shard_file_name(k, n), text_doc, is_ours=lambda p: bool(SHARD_FILE.match(p.name)))
     if not quiet:
