@@ -231,6 +231,7 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
     assert len(bundle) >= 3
     for name in bundle:
         assert (folder / name).read_bytes() == (again / name).read_bytes(), name
+    assert invoke("check", folder).exit_code == 0
 
 
 def test_json_document_keys_exactly_the_issues():
