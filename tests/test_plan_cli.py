@@ -231,6 +231,7 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
     assert len(bundle) >= 3
     for name in bundle:
         assert (folder / name).read_bytes() == (again / name).read_bytes(), name
+    assert invoke("check", folder).exit_code == 0
 
 
 def test_json_document_keys_exactly_the_issues():
@@ -340,3 +341,19 @@ def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
     assert invoke("generate", *c["flags"].split(), "-o", tmp_path / "set", "-q", "-j", 1).exit_code == 0
     without = [w for w in c["flags"].split() if w not in ("--gpu-memory-gb", "200.0")]
     one_line_error(invoke("generate", *without, "-o", tmp_path / "no", "-q"), "more than the h100's")
+
+
+def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
+    """--all can rank thousands: the plot keeps the best PLOT_MAX bars (a PNG that wide would not
+    render) and says so; plan.csv keeps them all."""
+    from traceforge.planner.write import PLOT_MAX
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "top"
+    assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--all", "--write-top", 1, "-o", out).exit_code == 0
+    ranked = list(csv.DictReader(io.StringIO((out / "plan.csv").read_text())))
+    assert len(ranked) > PLOT_MAX
+    root = ET.parse(out / "plan.svg").getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    assert len([r for r in root.iter(f"{svg}rect") if r.find(f"{svg}title") is not None]) == PLOT_MAX
+    assert f"the best {PLOT_MAX} of {len(ranked):,}" in ET.tostring(root, encoding="unicode")

@@ -151,7 +151,7 @@ def plan(**kwargs: Any) -> None:
     lists = {"gpus": _parse_list("--gpus", opts["gpus"], int)}
     for name, value in machine.items():
         if value is not None:
-            lists[name] = _parse_list(FIELD[name].flag, value, FIELD[name].kind if FIELD[name].kind is not str else str)
+            lists[name] = _parse_list(FIELD[name].flag, value, FIELD[name].kind)
     swept = [name for name, values in lists.items() if len(values) > 1]
     if swept and not opts["sweep"]:
         raise UserError(f"{'--' + swept[0].replace('_', '-')} has several values: add --sweep to plan once per value")

@@ -318,5 +318,7 @@ def print_merged(directory: Path, as_json: bool) -> None:
     if as_json:
         print_json(json_document(gpus, counts, ranked))
     else:
-        name = query.get("preset") or "demo"
+        config = query.get("config")
+        config = config if isinstance(config, dict) else {}
+        name = query.get("preset") or config.get("preset") or "demo"  # as the shards' own title
         print_table(f"plan: {name} on {gpus:,} GPUs (merged shards)", ranked, counts)
