@@ -357,3 +357,21 @@ def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
     svg = "{http://www.w3.org/2000/svg}"
     assert len([r for r in root.iter(f"{svg}rect") if r.find(f"{svg}title") is not None]) == PLOT_MAX
     assert f"the best {PLOT_MAX} of {len(ranked):,}" in ET.tostring(root, encoding="unicode")
+
+
+def test_sweep_says_which_values_the_budget_cut_short():
+    """A value whose search ran out of --budget may not show its best: the sweep says which, and by
+    how much at most (its best step over the floor no unreplayed candidate can beat)."""
+    args = (*QUERY, "--gpus", 16, "--sweep", "--scale-out-bw", "25,50")
+    cut = invoke(*args, "--budget", "1e-9")
+    notes = [line for line in cut.stdout.splitlines() if line.startswith("note: at --scale-out-bw")]
+    assert [n.split()[3] for n in notes] == ["25", "50"] and all("--budget ran out" in n for n in notes)
+    exact = invoke(*args, "--budget", 0)
+    assert "note:" not in exact.stdout
+    _, *cut_rows = _table_rows(cut.stdout)
+    _, *exact_rows = _table_rows(exact.stdout)
+    for note, c, e in zip(notes, cut_rows, exact_rows, strict=True):
+        within = float(note.split("within ")[1].split(" %")[0])
+        cut_ms, exact_ms = float(c[2].replace(",", "")), float(e[2].replace(",", ""))
+        assert cut_ms >= exact_ms  # the cut-short best is never better than the exact best
+        assert cut_ms / exact_ms - 1 <= within / 100 + 0.01  # and no further off than the note says

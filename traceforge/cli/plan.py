@@ -294,8 +294,10 @@ def _value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]]) -> None:
-    """One row per swept value: its best layout, step, throughput, and the speedup over the first value."""
+def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]],
+                      cut_short: dict[Any, dict[str, Any]] | None = None) -> None:
+    """One row per swept value: its best layout, step, throughput, and the speedup over the first
+    value; cut_short: the counts of the values whose --budget ran out (their best may not be)."""
     table = Table(title=title)
     first_value, _, first = best[0]
     for col in (f"{flag} {unit}".strip(), "best layout", "step ms", "tokens/s", "TFLOP/s", "MFU %", "peak GB", f"speedup vs {_value(first_value)}"):
@@ -310,6 +312,12 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
     out.print(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
               "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv",
               markup=False, soft_wrap=True)
+    for value, c in (cut_short or {}).items():
+        step = next(r["step_ms"] for v, _, r in best if v == value)
+        floor = min(step, c["floor_ms"])
+        out.print(f"note: at {flag} {_value(value)} --budget ran out with {c['unreplayed']:,} candidates unreplayed: "
+                  f"its best is within {100 * (step / floor - 1):.1f} % of the best; --budget 0 makes it exact",
+                  markup=False, soft_wrap=True)
     sys.stdout.flush()
 
 

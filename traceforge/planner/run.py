@@ -279,7 +279,8 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
     if as_json:
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
     else:
-        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best])
+        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
+                          {v: c for v, _, _, c in best if c.get("unreplayed")})
 
 
 # -- shard and merge ------------------------------------------------------------------------
