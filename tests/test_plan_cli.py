@@ -375,3 +375,11 @@ def test_sweep_says_which_values_the_budget_cut_short():
         cut_ms, exact_ms = float(c[2].replace(",", "")), float(e[2].replace(",", ""))
         assert cut_ms >= exact_ms  # the cut-short best is never better than the exact best
         assert cut_ms / exact_ms - 1 <= within / 100 + 0.01  # and no further off than the note says
+
+
+def test_json_says_on_stderr_when_the_budget_ran_out():
+    """--json's keys are the issue's: a spent --budget is a note on stderr, stdout stays the document."""
+    cut = invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", "1e-9")
+    assert cut.exit_code == 0 and json.loads(cut.stdout)["candidates"]
+    assert "--budget ran out" in cut.stderr
+    assert "--budget" not in invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", 0).stderr

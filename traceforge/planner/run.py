@@ -201,6 +201,12 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
         written = _write(query, gpus, ranked, write_top, out_dir, force, astra_sim, jobs, counts)
     if as_json:
         print_json(json_document(gpus, counts, ranked))
+        if counts["unreplayed"]:  # the document's keys are fixed: say it on stderr, as the table says it
+            from traceforge.cli import err
+
+            err.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still "
+                      "rank: the candidates may not be the exact top K; --budget 0 replays until they are",
+                      markup=False, soft_wrap=True)
     else:
         print_table(_title(query, gpus), ranked, counts)
     if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
