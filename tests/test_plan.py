@@ -105,6 +105,9 @@ def test_legal_is_exactly_what_generate_accepts():
     assert considered == len(list(_leaves(model, fixed)))
     assert set(walked) == set(brute) and len(brute) > 50
     assert all(walked[k] == brute[k] for k in brute)
+    # and the search itself (its per-layout shares, subtree refusals counted) reports those counts
+    result = search(Base("demo", None, {"order": "megatron"}), model, fixed, LinkModel(), None, top=1, quiet=True)
+    assert (result.considered, result.legal) == (considered, len(brute))
 
 
 def test_feasible_fit_memory_and_bound_never_exceeds_replay():

@@ -71,3 +71,34 @@ def test_replays_in_worker_processes_rank_exactly_as_one_process():
     assert [(r.values, r.estimate.step_us) for r in one.candidates] == [(r.values, r.estimate.step_us)
                                                                           for r in two.candidates]
     assert len(one.candidates) == 3 and two.replayed >= one.replayed  # workers may replay a few ahead
+
+
+def test_a_spent_budget_reports_a_floor_no_candidate_beats():
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    fixed = {"dp_mode": "ddp", "recompute": "none"}
+    everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=0.0)
+    exact = search(base, model, fixed, LINK, None, top=3, quiet=True)
+    assert exact.unreplayed == 0 and exact.floor_us is None
+    assert cut.replayed >= 1 and cut.unreplayed > 0
+    steps = sorted(r.estimate.step_us for r in everything.candidates)
+    # the certificate: no candidate of the whole space is faster than the floor (or the best found)
+    assert min(cut.floor_us, cut.candidates[0].estimate.step_us) <= steps[0]
+    assert cut.unreplayed <= everything.feasible - cut.replayed
+
+
+def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp",
+                           "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-k", "2"],
+                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "--budget ran out with" in proc.stdout and "no layout is faster than" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--budget", "-1"],
+                         capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--budget" in bad.stderr

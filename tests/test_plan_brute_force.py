@@ -11,43 +11,58 @@ import json
 import pytest
 from cli_runner import invoke
 
-# demo (4 layers, 8 heads) on 2 GPUs of 1.4 GB: peaks are 1.29-1.50 GB, so memory removes some.
-GPUS, GLOBAL_BATCH, MEMORY_GB = 2, 2, "1.4"
-COMMON = ("-p", "demo", "--global-batch", GLOBAL_BATCH, "--recompute", "none", "--dp-mode", "ddp")
+GPUS, GLOBAL_BATCH = 2, 2
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
+SHARDED_OPTIMIZERS = ("zero1", "zero2", "dist-opt")
+# Two small spaces of demo (4 layers, 8 heads) on 2 GPUs, each with a GPU memory that removes some:
+# the layouts, micro-batches, schedules and splits (recompute and dp-mode fixed); then recompute
+# and dp-mode (schedule and micro-batch fixed; hsdp needs dp ranks on more than one node).
+SPACES = {
+    "layouts": dict(memory="1.4", fixed=("--recompute", "none", "--dp-mode", "ddp"), mbs=(1, 2), schedules=SCHEDULES,
+                    vps=(1, 2), recomputes=("none",), modes=("ddp",)),
+    "modes": dict(memory="1.3", fixed=("--schedule", "1f1b", "--micro-batch", "1"), mbs=(1,), schedules=("1f1b",),
+                  vps=(1,), recomputes=("none", "selective", "full"), modes=("ddp", *SHARDED_OPTIMIZERS, "zero3")),
+}
 
 
-def _brute_candidates():
-    """Every value of every searched axis, by hand: tp x cp x pp x dp = GPUS, any micro-batch up to
-    the global batch, every schedule with 1 or 2 chunks, and with pp > 1 both layer splits. The
-    plan's documented conventions are applied as flags: Megatron's rank order, sequence parallelism
-    when tp > 1, the gradient reduction overlapped."""
+def _brute_candidates(space):
+    """Every value of every searched axis, by hand: tp x cp x pp x dp = GPUS, and every combination
+    of the space's micro-batches, schedules with their chunk counts, recompute and dp-modes, with
+    pp > 1 both layer splits. The plan's documented conventions are applied as flags: Megatron's
+    rank order, sequence parallelism when tp > 1, the gradient reduction overlapped for ddp and the
+    sharded optimizers, and their parameter gather too."""
     for tp, cp, pp in itertools.product((1, 2), repeat=3):
         if GPUS % (tp * cp * pp):
             continue
-        for mb, schedule, vp, split in itertools.product(range(1, GLOBAL_BATCH + 1), SCHEDULES, (1, 2),
-                                                         (False, True) if pp > 1 else (False,)):
+        for mb, schedule, vp, recompute, mode, split in itertools.product(
+                space["mbs"], space["schedules"], space["vps"], space["recomputes"], space["modes"],
+                (False, True) if pp > 1 else (False,)):
             flags = ["--order", "megatron", "--world-size", GPUS, "--tp", tp, "--cp", cp, "--pp", pp,
-                     "--micro-batch", mb, "--schedule", schedule, "--virtual-stages", vp,
-                     "--sequence-parallel" if tp > 1 else "--no-sequence-parallel", "--overlap-grad-reduce"]
+                     "--micro-batch", mb, "--schedule", schedule, "--virtual-stages", vp, "--recompute", recompute,
+                     "--dp-mode", mode, "--sequence-parallel" if tp > 1 else "--no-sequence-parallel",
+                     "--overlap-grad-reduce" if mode != "zero3" else "--no-overlap-grad-reduce",
+                     "--overlap-param-gather" if mode in SHARDED_OPTIMIZERS else "--no-overlap-param-gather"]
             if split:
                 flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-            yield (tp, cp, pp, GPUS // (tp * cp * pp), mb, schedule, vp, split), flags
+            yield (tp, cp, pp, GPUS // (tp * cp * pp), mb, schedule, vp, recompute, mode, split), flags
 
 
 def _key(c: dict) -> tuple:
     split = "--account-for-embedding-in-pipeline-split" in c["flags"].split()
-    return (c["tp"], c["cp"], c["pp"], c["dp"], c["micro_batch"], c["schedule"], c["vp"], split)
+    return (c["tp"], c["cp"], c["pp"], c["dp"], c["micro_batch"], c["schedule"], c["vp"], c["recompute"], c["dp_mode"],
+            split)
 
 
-@pytest.fixture(scope="module")
-def brute(tmp_path_factory):
-    """key -> (report's step in us, memory's peak bytes) for every candidate that is legal and fits;
-    and how many were legal."""
+@pytest.fixture(scope="module", params=sorted(SPACES))
+def brute(request, tmp_path_factory):
+    """(space, key -> (report's step in us, memory's peak bytes) for every candidate that is legal
+    and fits, how many were legal)."""
+    space = SPACES[request.param]
+    common = ("-p", "demo", "--global-batch", GLOBAL_BATCH, *space["fixed"])
     fits, legal = {}, 0
     out = tmp_path_factory.mktemp("brute")
-    for key, flags in _brute_candidates():
-        mem = invoke("memory", *COMMON, *flags, "--gpu-memory-gb", MEMORY_GB, "--json")
+    for key, flags in _brute_candidates(space):
+        mem = invoke("memory", *common, *flags, "--gpu-memory-gb", space["memory"], "--json")
         if mem.exit_code == 2:  # generate's validator refused it
             continue
         assert mem.exit_code == 0, mem.stderr
@@ -56,17 +71,17 @@ def brute(tmp_path_factory):
         if not doc["fits"]:
             continue
         target = out / f"set{len(fits)}"
-        gen = invoke("generate", *COMMON, *flags, "--gpu-memory-gb", MEMORY_GB, "-o", target, "-q", "-j", 1)
+        gen = invoke("generate", *common, *flags, "--gpu-memory-gb", space["memory"], "-o", target, "-q", "-j", 1)
         assert gen.exit_code == 0, (key, gen.stderr)
         rep = invoke("report", target, "--json", "--estimate", "hardware")
         assert rep.exit_code == 0, rep.stderr
         fits[key] = (json.loads(rep.stdout)["timeline"]["step_time_us"], doc["peak_bytes"])
-    return fits, legal
+    return (common, space["memory"]), fits, legal
 
 
 def test_plan_all_equals_brute_force_over_generate_memory_report(brute):
-    fits, legal = brute
-    result = invoke("plan", *COMMON, "--gpus", GPUS, "--gpu-memory-gb", MEMORY_GB, "--all", "--json", "-q", "-j", 1)
+    (common, memory), fits, legal = brute
+    result = invoke("plan", *common, "--gpus", GPUS, "--gpu-memory-gb", memory, "--all", "--json", "-q", "-j", 1)
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     plan = [(_key(c), c) for c in doc["candidates"]]
@@ -85,8 +100,8 @@ def test_plan_all_equals_brute_force_over_generate_memory_report(brute):
 
 def test_plan_top_k_is_the_brute_force_top_k(brute):
     """Without --all (branch and bound), the K best are the brute force's K best."""
-    fits, _ = brute
-    result = invoke("plan", *COMMON, "--gpus", GPUS, "--gpu-memory-gb", MEMORY_GB, "-k", 4, "--json", "-q", "-j", 1)
+    (common, memory), fits, _ = brute
+    result = invoke("plan", *common, "--gpus", GPUS, "--gpu-memory-gb", memory, "-k", 4, "--json", "-q", "-j", 1)
     doc = json.loads(result.stdout)
     best = sorted(fits.values())[:4]
     assert [c["step_ms"] for c in doc["candidates"]] == pytest.approx([s / 1e3 for s, _ in best], abs=5e-4 + 1e-9)

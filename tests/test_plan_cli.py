@@ -231,6 +231,7 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
     assert len(bundle) >= 3
     for name in bundle:
         assert (folder / name).read_bytes() == (again / name).read_bytes(), name
+    assert invoke("check", folder).exit_code == 0
 
 
 def test_json_document_keys_exactly_the_issues():
@@ -340,3 +341,45 @@ def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
     assert invoke("generate", *c["flags"].split(), "-o", tmp_path / "set", "-q", "-j", 1).exit_code == 0
     without = [w for w in c["flags"].split() if w not in ("--gpu-memory-gb", "200.0")]
     one_line_error(invoke("generate", *without, "-o", tmp_path / "no", "-q"), "more than the h100's")
+
+
+def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
+    """--all can rank thousands: the plot keeps the best PLOT_MAX bars (a PNG that wide would not
+    render) and says so; plan.csv keeps them all."""
+    from traceforge.planner.write import PLOT_MAX
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "top"
+    assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "--all", "--write-top", 1, "-o", out).exit_code == 0
+    ranked = list(csv.DictReader(io.StringIO((out / "plan.csv").read_text())))
+    assert len(ranked) > PLOT_MAX
+    root = ET.parse(out / "plan.svg").getroot()
+    svg = "{http://www.w3.org/2000/svg}"
+    assert len([r for r in root.iter(f"{svg}rect") if r.find(f"{svg}title") is not None]) == PLOT_MAX
+    assert f"the best {PLOT_MAX} of {len(ranked):,}" in ET.tostring(root, encoding="unicode")
+
+
+def test_sweep_says_which_values_the_budget_cut_short():
+    """A value whose search ran out of --budget may not show its best: the sweep says which, and by
+    how much at most (its best step over the floor no unreplayed candidate can beat)."""
+    args = (*QUERY, "--gpus", 16, "--sweep", "--scale-out-bw", "25,50")
+    cut = invoke(*args, "--budget", "1e-9")
+    notes = [line for line in cut.stdout.splitlines() if line.startswith("note: at --scale-out-bw")]
+    assert [n.split()[3] for n in notes] == ["25", "50"] and all("--budget ran out" in n for n in notes)
+    exact = invoke(*args, "--budget", 0)
+    assert "note:" not in exact.stdout
+    _, *cut_rows = _table_rows(cut.stdout)
+    _, *exact_rows = _table_rows(exact.stdout)
+    for note, c, e in zip(notes, cut_rows, exact_rows, strict=True):
+        within = float(note.split("within ")[1].split(" %")[0])
+        cut_ms, exact_ms = float(c[2].replace(",", "")), float(e[2].replace(",", ""))
+        assert cut_ms >= exact_ms  # the cut-short best is never better than the exact best
+        assert cut_ms / exact_ms - 1 <= within / 100 + 0.01  # and no further off than the note says
+
+
+def test_json_says_on_stderr_when_the_budget_ran_out():
+    """--json's keys are the issue's: a spent --budget is a note on stderr, stdout stays the document."""
+    cut = invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", "1e-9")
+    assert cut.exit_code == 0 and json.loads(cut.stdout)["candidates"]
+    assert "--budget ran out" in cut.stderr
+    assert "--budget" not in invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", 0).stderr

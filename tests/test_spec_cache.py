@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
+from traceforge.model import _model_chunks, stage_params
 from traceforge.planner.bound import _pieces, _pipeline
-from traceforge.planner.dp_bound import _stage_parts, crossings
+from traceforge.planner.dp_bound import _stage_parts, crossings, unit_gathers
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec, build_spec
 from traceforge.spec_cache import ignoring
@@ -60,9 +61,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['schedule']}-{c['dp_mode']}")
 @pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_pieces, (LINK,)),
-                                         (_pipeline, (LINK,)), (_stage_parts, (LINK,)), (crossings, (4,))],
+                                         (_pipeline, (LINK,)), (_stage_parts, (LINK,)), (crossings, (4,)), (unit_gathers, (LINK,)),
+                                         (_model_chunks, (1,)), (stage_params, (1,))],
                          ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline",
-                              "dp_floor_parts", "dp_crossings"])
+                              "dp_floor_parts", "dp_crossings", "dp_unit_gathers", "model_chunks",
+                              "stage_params"])
 def test_ignored_fields_are_never_read(case, cached, args):
     spec = spy(build_spec("demo", overrides=case))
     cached.uncached(spec, *args)

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 from traceforge.spec import Spec
+from traceforge.spec_cache import ignoring
 
 
 def padded_vocab(spec: Spec) -> int:
@@ -172,9 +173,20 @@ class Chunk:
     last: bool
 
 
+# What a stage's chunks and parameters never read: the planner asks for them for every candidate
+# (memoized on the rest, spec_cache; tests/test_spec_cache.py checks they are not read).
+NOT_READ_BY_STAGE_LAYOUT = ("micro_batch", "num_microbatches", "recompute", "dp", "world_size", "dp_mode", "shard_size",
+                            "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
+
+
 def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
     """The stage's chunks: chunk c is virtual stage c*p + stage when interleaved, stage and
     2p-1-stage in a V (plan.pipeline.virtual_stage)."""
+    return list(_model_chunks(spec, stage))
+
+
+@ignoring(*NOT_READ_BY_STAGE_LAYOUT)
+def _model_chunks(spec: Spec, stage: int) -> tuple[Chunk, ...]:
     from traceforge.plan.pipeline import virtual_stage
 
     ranges = virtual_stage_layers(spec)
@@ -183,7 +195,7 @@ def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
     for c in range(spec.virtual_stages):
         vs = virtual_stage(spec, stage, c)
         chunks.append(Chunk(stage, c, ranges[vs], vs == 0, vs == n - 1))
-    return chunks
+    return tuple(chunks)
 
 
 def embedding_stages(spec: Spec) -> tuple[int, int]:
@@ -217,6 +229,7 @@ class StageParams:
         return sum(self.expert.values())
 
 
+@ignoring(*NOT_READ_BY_STAGE_LAYOUT)
 def stage_params(spec: Spec, stage: int) -> StageParams:
     t, h = spec.tp, spec.hidden
     chunks = model_chunks(spec, stage)

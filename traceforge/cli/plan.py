@@ -48,6 +48,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
+        opt("budget", float, typer.Option(60.0, "--budget", metavar="SECONDS", help="Seconds to spend replaying candidates, past which the plan says how far from exact its ranking may be (0: no limit, the top K exact).")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]
@@ -134,6 +135,8 @@ def plan(**kwargs: Any) -> None:
             raise UserError(f"--{name.replace('_', '-')} is what plan decides (from --gpus and the layout): drop it")
     if opts["gpus"] is None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
+    if not opts["budget"] >= 0:
+        raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
     if opts["top"] < 1:
         raise UserError(f"--top must be at least 1, got {opts['top']}")
     if opts["write_top"] is not None and opts["write_top"] < 1:
@@ -148,7 +151,7 @@ def plan(**kwargs: Any) -> None:
     lists = {"gpus": _parse_list("--gpus", opts["gpus"], int)}
     for name, value in machine.items():
         if value is not None:
-            lists[name] = _parse_list(FIELD[name].flag, value, FIELD[name].kind if FIELD[name].kind is not str else str)
+            lists[name] = _parse_list(FIELD[name].flag, value, FIELD[name].kind)
     swept = [name for name, values in lists.items() if len(values) > 1]
     if swept and not opts["sweep"]:
         raise UserError(f"{'--' + swept[0].replace('_', '-')} has several values: add --sweep to plan once per value")
@@ -189,7 +192,8 @@ def plan(**kwargs: Any) -> None:
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
         spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"],
-        tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"])
+        tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
+        budget_s=opts["budget"] or None)
     if swept:
         name = swept[0]
         planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["as_json"],
@@ -274,6 +278,13 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     if counts.get("too_big"):
         out.print(f"note: {counts['too_big']:,} feasible candidates have more nodes than the replay takes (4,000,000) "
                   "and were not ranked", markup=False)
+    if counts.get("unreplayed"):
+        best = ranked[0]["step_ms"] if ranked else float("inf")
+        floor = min(best, counts["floor_ms"])
+        out.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still rank "
+                  f"(their lower bounds start at {_ms(counts['floor_ms'])} ms): no layout is faster than "
+                  f"{_ms(floor)} ms, the best shown is within {100 * (best / floor - 1):.1f} % of the best; "
+                  "--budget 0 replays until the ranking is exact", markup=False, soft_wrap=True)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()
@@ -283,8 +294,10 @@ def _value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]]) -> None:
-    """One row per swept value: its best layout, step, throughput, and the speedup over the first value."""
+def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]],
+                      cut_short: dict[Any, dict[str, Any]] | None = None) -> None:
+    """One row per swept value: its best layout, step, throughput, and the speedup over the first
+    value; cut_short: the counts of the values whose --budget ran out (their best may not be)."""
     table = Table(title=title)
     first_value, _, first = best[0]
     for col in (f"{flag} {unit}".strip(), "best layout", "step ms", "tokens/s", "TFLOP/s", "MFU %", "peak GB", f"speedup vs {_value(first_value)}"):
@@ -299,6 +312,12 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
     out.print(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
               "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv",
               markup=False, soft_wrap=True)
+    for value, c in (cut_short or {}).items():
+        step = next(r["step_ms"] for v, _, r in best if v == value)
+        floor = min(step, c["floor_ms"])
+        out.print(f"note: at {flag} {_value(value)} --budget ran out with {c['unreplayed']:,} candidates unreplayed: "
+                  f"its best is within {100 * (step / floor - 1):.1f} % of the best; --budget 0 makes it exact",
+                  markup=False, soft_wrap=True)
     sys.stdout.flush()
 
 

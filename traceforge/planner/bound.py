@@ -32,7 +32,7 @@ from traceforge.plan.ops import NodeType, Op, ProgramBuilder
 from traceforge.plan.pipeline import placement, virtual_stage
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
-from traceforge.planner.dp_bound import stage_floors
+from traceforge.planner.dp_bound import stage_floors, unit_gathers
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
@@ -114,22 +114,27 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
 
 
 @ignoring(*DP_MODE, maxsize=65536)
-def _pipeline(spec: Spec, link: LinkModel) -> tuple[list[float], float]:
+def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None
+              ) -> tuple[list[float], float]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
-    end: the last micro-batch's gradient back through every virtual stage), over all steps."""
+    end: the last micro-batch's gradient back through every virtual stage), over all steps.
+    gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers)."""
     pieces = _pieces(spec, link)
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
 
     def vstage(j: int) -> Piece:
-        f = b = 0.0
-        for i in ranges[j]:
-            piece = pieces["moe" if is_moe_layer(spec, i) else "dense"]
-            f, b = f + piece.forward, b + piece.backward
-        for edge, present in (("embed", j == 0), ("head", j == n - 1)):
-            if present:
-                f, b = f + pieces[edge].forward, b + pieces[edge].backward
-        return Piece(f, b)
+        units = [pieces["embed"]] if j == 0 else []
+        units += [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in ranges[j]]
+        units += [pieces["head"]] if j == n - 1 else []
+        f, b = sum(u.forward for u in units), sum(u.backward for u in units)
+        if gathers is None or not units:
+            return Piece(f, b)
+        g = gathers[j]
+        assert len(g) == len(units)
+        # A pass: its first gather then every compute, or every gather then its last compute
+        # (dp_bound.unit_gathers); the backward runs the units in reverse.
+        return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward))
 
     per = [vstage(j) for j in range(n)]
     fill = [0.0]
@@ -152,7 +157,7 @@ def _pipeline(spec: Spec, link: LinkModel) -> tuple[list[float], float]:
 
 def step_lower_bound(spec: Spec, link: LinkModel) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
-    ends, pipeline = _pipeline(spec, link)
+    ends, pipeline = _pipeline(spec, link, unit_gathers(spec, link))
     floors = stage_floors(spec, link)
     # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
     best = pipeline + floors[0].tail

@@ -29,8 +29,9 @@ import numpy as np
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, stage_params
 from traceforge.plan.compute import CostModel
-from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel
+from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to
 from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.plan.pipeline import placement
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
@@ -143,3 +144,30 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
         chain = max((parts.once.get(k, 0.0) + m * parts.per_microbatch.get(k, 0.0) for k in groups), default=0.0)
         out.append(StageFloor(chain, parts.tail))
     return out
+
+
+@ignoring("micro_batch", "num_microbatches", "recompute", "overlap_grad_reduce", "overlap_param_gather",
+          maxsize=16384)
+def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] | None:
+    """ZeRO-3 / HSDP: per virtual stage, the floor of each unit's parameter AllGather, units in
+    forward order (embedding, layers, LM head); None for the other modes.
+
+    A pass gathers its first two units when it starts (after its input arrived and the previous
+    compute ended), then each next one as a unit's compute starts, one after another on the
+    group; a unit computes once its own gather is done. So a pass lasts at least the first
+    gather and every compute, and at least every gather and the last compute (bound.py)."""
+    if spec.dp_mode not in SHARDED_PER_UNIT:
+        return None
+    group, size = ("dps", spec.shard_size or 1) if spec.dp_mode == "hsdp" else ("dp", spec.dp * spec.cp)
+    cross = crossings(spec, link.gpus_per_node)
+    out = []
+    for vstage in range(spec.pp * spec.virtual_stages):
+        stage, index = placement(spec, vstage)
+        chunk = next(c for c in model_chunks(spec, stage) if c.index == index)
+        params = stage_params(spec, stage)
+        units = ([params.embedding] if chunk.first else []) + [params.dense[layer] for layer in chunk.layers] \
+            + ([params.head] if chunk.last else [])
+        crosses = cross[stage].get(group, False)
+        out.append(tuple(_cost(link, Coll.ALL_GATHER, pad_to(n, size) * spec.act_bytes // size, size, crosses)
+                         for n in units))
+    return tuple(out)

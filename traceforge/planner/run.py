@@ -25,6 +25,7 @@ class Query:
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
+    budget_s: float | None = 60.0  # seconds of replaying; None: until the top K is exact
 
     def base(self) -> Base:
         # Megatron's rank order (pp outermost), what its recipes run, unless the user picks one.
@@ -83,8 +84,9 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
-                    query.every, jobs, shard, quiet, until_us)
+                    query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s)
     if shard is None:
         if not result.considered:
             raise UserError(_why_none_considered(query, model))
@@ -175,7 +177,8 @@ def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2
 
 def _counts(result: PlanResult) -> dict[str, Any]:
     return {"considered": result.considered, "legal": result.legal, "feasible": result.feasible,
-            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big}
+            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big,
+            "unreplayed": result.unreplayed, "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
 
 
 def _title(query: Query, gpus: int | None) -> str:
@@ -198,6 +201,12 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
         written = _write(query, gpus, ranked, write_top, out_dir, force, astra_sim, jobs, counts)
     if as_json:
         print_json(json_document(gpus, counts, ranked))
+        if counts["unreplayed"]:  # the document's keys are fixed: say it on stderr, as the table says it
+            from traceforge.cli import err
+
+            err.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still "
+                      "rank: the candidates may not be the exact top K; --budget 0 replays until they are",
+                      markup=False, soft_wrap=True)
     else:
         print_table(_title(query, gpus), ranked, counts)
     if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
@@ -276,7 +285,8 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
     if as_json:
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
     else:
-        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best])
+        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
+                          {v: c for v, _, _, c in best if c.get("unreplayed")})
 
 
 # -- shard and merge ------------------------------------------------------------------------
@@ -293,7 +303,7 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
     result = run_search(query, gpus, jobs, quiet, (k, n))
     ranked = rank_rows(query.rows(result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big")}
+    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big", "unreplayed", "floor_ms")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
     target = write_output_file(out_dir / shard_file_name(k, n), text_doc, is_ours=lambda p: bool(SHARD_FILE.match(p.name)))
     if not quiet:
@@ -315,5 +325,7 @@ def print_merged(directory: Path, as_json: bool) -> None:
     if as_json:
         print_json(json_document(gpus, counts, ranked))
     else:
-        name = query.get("preset") or "demo"
+        config = query.get("config")
+        config = config if isinstance(config, dict) else {}
+        name = query.get("preset") or config.get("preset") or "demo"  # as the shards' own title
         print_table(f"plan: {name} on {gpus:,} GPUs (merged shards)", ranked, counts)

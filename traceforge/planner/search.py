@@ -75,6 +75,11 @@ class PlanResult:
     seconds: float = 0.0
     replayed: int = 0
     too_big: int = 0  # feasible candidates beyond the replay's node limit, not ranked
+    # With a replay budget: feasible candidates the budget left unreplayed that could still have
+    # ranked (their bound below the K-th best step), and the lowest of their bounds: no layout of
+    # the space is faster than min(floor_us, the best step found).
+    unreplayed: int = 0
+    floor_us: float | None = None
     candidates: list[Ranked] = field(default_factory=list)
     smallest_peak: int | None = None  # the least memory any legal candidate needs
     gpu_memory_bytes: int = 0
@@ -141,9 +146,11 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
 
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
-           quiet: bool = False, until_us: float | None = None) -> PlanResult:
+           quiet: bool = False, until_us: float | None = None, budget_s: float | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
-    rank of a layout of that step among all candidates is exact (the published-run check)."""
+    rank of a layout of that step among all candidates is exact (the published-run check).
+    budget_s: stop replaying after this many seconds (once one candidate is ranked); the
+    result then says how many could still have ranked and the lowest step they could reach."""
     global _job
     started = time.perf_counter()
     builder = base.builder()
@@ -166,8 +173,14 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
         progress.close()
     result.feasible = len(feasible)
     feasible.sort(key=lambda c: (c[0], c[1]))
-    result.candidates, result.replayed, result.too_big = _branch_and_bound(builder, feasible, link, top, every, quiet,
-                                                                           until_us, jobs)
+    result.candidates, result.replayed, result.too_big, stopped = _branch_and_bound(
+        builder, feasible, link, top, every, quiet, until_us, jobs, budget_s)
+    if stopped < len(feasible):
+        rest = feasible[stopped:]
+        kth = result.candidates[min(top, len(result.candidates)) - 1].estimate.step_us
+        limit = float("inf") if every or len(result.candidates) < top else max(kth, until_us or 0.0)
+        result.unreplayed = sum(1 for c in rest if c[0] <= limit)
+        result.floor_us = rest[0][0] if result.unreplayed else None
     result.seconds = time.perf_counter() - started
     return result
 
@@ -185,19 +198,28 @@ def _replay(item: tuple[float, tuple, dict[str, Any], int]) -> Estimate | None:
 
 def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
                       link: LinkModel, top: int, every: bool, quiet: bool,
-                      until_us: float | None = None, jobs: int = 1) -> tuple[list[Ranked], int, int]:
+                      until_us: float | None = None, jobs: int = 1, budget_s: float | None = None,
+                      ) -> tuple[list[Ranked], int, int, int]:
+    """(ranked, replayed, too big, index of the first candidate the budget left unreplayed:
+    len(feasible) when none was)."""
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     too_big = 0
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
     sent: deque[tuple[float, tuple, dict[str, Any], int]] = deque()
+    started = time.perf_counter()
+    stopped = len(feasible)
 
     def in_bound_order() -> Iterator[tuple[float, tuple, dict[str, Any], int]]:
         # Workers take candidates ahead of the results; each is checked against the K-th best
         # step known when it is taken, so a few more than needed may be replayed, never fewer.
-        for item in feasible:
+        nonlocal stopped
+        for index, item in enumerate(feasible):
             if not every and len(best) >= top and item[0] > max(-best[0], until_us or 0.0):
                 return  # strictly: a candidate whose step ties the K-th may still rank before it
+            if budget_s is not None and ranked and time.perf_counter() - started > budget_s:
+                stopped = index  # out of time: the rest is reported by its lowest bound
+                return
             sent.append(item)
             yield item
 
@@ -221,7 +243,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
         progress.close()
     replayed = len(ranked)
     ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
-    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big
+    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big, stopped
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:

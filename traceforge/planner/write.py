@@ -130,8 +130,14 @@ def plot_svg(ranked: Sequence[Mapping[str, Any]], title: str) -> str:
     return "\n".join(out) + "\n"
 
 
+PLOT_MAX = 60  # bars a plot shows: --all can rank thousands, past what a figure (or a reader) holds
+
+
 def write_plot(directory: Path, stem: str, ranked: Sequence[Mapping[str, Any]], title: str) -> str:
-    """PNG when matplotlib is installed, else SVG; returns the file name written."""
+    """PNG when matplotlib is installed, else SVG, of the best PLOT_MAX; returns the file name written."""
+    if len(ranked) > PLOT_MAX:
+        title = f"{title}: the best {PLOT_MAX} of {len(ranked):,} (all in plan.csv)"
+        ranked = ranked[:PLOT_MAX]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
