@@ -38,6 +38,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
         opt("gpus", str | None, typer.Option(None, "--gpus", metavar="N[,N...]", help="GPUs to lay the model out on (with --sweep: a comma-separated list, e.g. 4096,8192,16384).")),
         opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", metavar="GB", help="GPU memory in GB = 10^9 bytes that a candidate must fit in (default: the --gpu's).")),
+        opt("overhead_gb", float | None, typer.Option(None, "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; see docs/memory.md).")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
         opt("top", int, typer.Option(10, "--top", "-k", metavar="K", help="Candidates to rank and print (the best K).")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
@@ -194,7 +195,7 @@ def plan(**kwargs: Any) -> None:
         check_output_dir(opts["out_dir"], opts["force"], [opts["config"]] if opts["config"] else [], is_plan_output)
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
-        spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"],
+        spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"], overhead_gb=opts["overhead_gb"],
         tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
         budget_s=opts["budget"] or None)
     if swept:
