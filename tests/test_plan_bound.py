@@ -102,3 +102,30 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--budget", "-1"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--budget" in bad.stderr
+
+
+def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_flags():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    args = [sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute",
+            "none", "--micro-batch", "1", "-q", "-j", "1", "--all", "--json", "--gpu-memory-gb", "4"]
+    plain = json.loads(subprocess.run(args, capture_output=True, text=True, cwd=root, env=env, check=True).stdout)
+    peaks = sorted(c["peak_bytes"] for c in plain["candidates"])
+    # an overhead that pushes the median candidate past 4 GB (the default context is 1 GiB)
+    overhead = round((4e9 - peaks[len(peaks) // 2] + 2**30) / 1e9 + 0.01, 2)
+    heavy = json.loads(subprocess.run(args + ["--overhead-gb", str(overhead)], capture_output=True, text=True,
+                                      cwd=root, env=env, check=True).stdout)
+    assert heavy["legal"] == plain["legal"] and 0 < heavy["feasible"] < plain["feasible"]
+    before = {c["flags"]: c["peak_bytes"] for c in plain["candidates"]}
+    for c in heavy["candidates"]:
+        assert f"--overhead-gb {overhead}" in c["flags"] and "--gpu-memory-gb 4" in c["flags"]
+        same = c["flags"].replace(f" --overhead-gb {overhead}", "")
+        # memory's overhead is the context given plus fragmentation, which the flag leaves alone
+        assert c["peak_bytes"] == before[same] - 2**30 + int(overhead * 1e9) <= 4e9
+    bad = subprocess.run(args + ["--overhead-gb", "nan"], capture_output=True, text=True, cwd=root, env=env)
+    assert bad.returncode == 2 and "--overhead-gb" in bad.stderr and bad.stderr.count("\n") == 1

@@ -20,6 +20,7 @@ from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
 # The axes plan varies (planner/space.py), and the ones it sets from them unless given.
+DEFAULT_BUDGET_S = 60.0
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
 DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
            "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
@@ -37,6 +38,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
         opt("gpus", str | None, typer.Option(None, "--gpus", metavar="N[,N...]", help="GPUs to lay the model out on (with --sweep: a comma-separated list, e.g. 4096,8192,16384).")),
         opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", metavar="GB", help="GPU memory in GB = 10^9 bytes that a candidate must fit in (default: the --gpu's).")),
+        opt("overhead_gb", float | None, typer.Option(None, "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; see docs/memory.md).")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
         opt("top", int, typer.Option(10, "--top", "-k", metavar="K", help="Candidates to rank and print (the best K).")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
@@ -48,7 +50,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
-        opt("budget", float, typer.Option(60.0, "--budget", metavar="SECONDS", help="Seconds to spend replaying candidates, past which the plan says how far from exact its ranking may be (0: no limit, the top K exact).")),
+        opt("budget", float | None, typer.Option(None, "--budget", metavar="SECONDS", help="Seconds to spend replaying candidates, past which the plan says how far from exact its ranking may be (default 60, none with --all; 0: no limit, the top K exact).")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]
@@ -135,6 +137,8 @@ def plan(**kwargs: Any) -> None:
             raise UserError(f"--{name.replace('_', '-')} is what plan decides (from --gpus and the layout): drop it")
     if opts["gpus"] is None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
+    if opts["budget"] is None:  # --all asks for every candidate: no budget unless one is given
+        opts["budget"] = 0.0 if opts["every"] else DEFAULT_BUDGET_S
     if not opts["budget"] >= 0:
         raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
     if opts["top"] < 1:
@@ -191,7 +195,7 @@ def plan(**kwargs: Any) -> None:
         check_output_dir(opts["out_dir"], opts["force"], [opts["config"]] if opts["config"] else [], is_plan_output)
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
-        spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"],
+        spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"], overhead_gb=opts["overhead_gb"],
         tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
         budget_s=opts["budget"] or None)
     if swept:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from traceforge.spec import Spec
 
 
-def peak_bytes(spec: Spec, gpu_memory_bytes: int | None) -> tuple[int, bool]:
-    """(peak bytes on the fullest GPU, whether it fits) from `traceforge memory`'s model."""
+def peak_bytes(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | None = None) -> tuple[int, bool]:
+    """(peak bytes on the fullest GPU, whether it fits) from `traceforge memory`'s model
+    (overhead_bytes: its --overhead-gb, None for the stated default)."""
     from traceforge.memory import memory_report
 
-    report = memory_report(spec, gpu_memory_bytes)
+    report = memory_report(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes)
     return report.peak_bytes, report.fits
 

@@ -22,6 +22,7 @@ class Query:
     spec_flags: Mapping[str, Any]
     machine: Mapping[str, Any] = field(default_factory=dict)
     gpu_memory_gb: float | None = None
+    overhead_gb: float | None = None  # memory's --overhead-gb (None: its stated default)
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
@@ -44,7 +45,8 @@ class Query:
     def rows(self, result: PlanResult) -> list[dict[str, Any]]:
         """The result's rows; their generate flags carry --gpu-memory-gb when it was given, or
         generate's memory gate would refuse a candidate plan sized against more memory."""
-        extra = f"--gpu-memory-gb {self.gpu_memory_gb!r}" if self.gpu_memory_gb is not None else ""
+        extra = " ".join(f"--{flag} {value!r}" for flag, value in (("gpu-memory-gb", self.gpu_memory_gb),
+                                                                     ("overhead-gb", self.overhead_gb)) if value is not None)
         return rows(self.base(), result, extra)
 
     def to_json(self, gpus: int) -> dict[str, Any]:
@@ -85,8 +87,14 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     except SpecError as exc:
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
+    overhead = None
+    if query.overhead_gb is not None:
+        if not 0 <= query.overhead_gb <= 1000:  # memory's own rule (cli/memory.report_for); refuses nan
+            raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {query.overhead_gb:g}")
+        overhead = int(query.overhead_gb * 1e9)
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
-                    query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s)
+                    query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
+                    overhead)
     if shard is None:
         if not result.considered:
             raise UserError(_why_none_considered(query, model))

@@ -99,6 +99,7 @@ class _Job:
     fixed: Mapping[str, Any]
     link: LinkModel
     gpu_memory: int | None
+    overhead_bytes: int | None = None
 
 
 _job: _Job | None = None
@@ -129,7 +130,7 @@ def _filter_layout(layout: dict[str, Any]) -> _Share:
         if spec is None:
             continue
         share.legal += 1
-        peak, fits = peak_bytes(spec, _job.gpu_memory)
+        peak, fits = peak_bytes(spec, _job.gpu_memory, _job.overhead_bytes)
         if not fits:
             share.smallest_peak = peak if share.smallest_peak is None else min(share.smallest_peak, peak)
             continue
@@ -146,7 +147,8 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
 
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
-           quiet: bool = False, until_us: float | None = None, budget_s: float | None = None) -> PlanResult:
+           quiet: bool = False, until_us: float | None = None, budget_s: float | None = None,
+           overhead_bytes: int | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
     rank of a layout of that step among all candidates is exact (the published-run check).
     budget_s: stop replaying after this many seconds (once one candidate is ranked); the
@@ -154,7 +156,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     global _job
     started = time.perf_counter()
     builder = base.builder()
-    _job = _Job(builder, model, fixed, link, gpu_memory)
+    _job = _Job(builder, model, fixed, link, gpu_memory, overhead_bytes)
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
     progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
