@@ -195,7 +195,7 @@ def published_row(run: Published, jobs: int, within: float, memory_gb: int | Non
         peak = own_result.smallest_peak
         why = ("no: not legal" if peak is None else
                f"no: needs {peak / 1e9:.1f} of {own_result.gpu_memory_bytes / 1e9:.1f} GB")
-        print(f"| {name} | {layout_of(run.layout)} ({run.searched}) | | {why} | | | {layout(best)} | "
+        print(f"| {name} | {layout_of(run)} ({run.searched}) | | {why} | | | {layout(best)} | "
               f"{best['step_ms'] / 1e3:.3f} | {time.perf_counter() - started:.0f} |", flush=True)
         return peak
     own, own_row = own_result.candidates[0], rows(mine.base(), own_result)[0]
@@ -215,9 +215,13 @@ def published_row(run: Published, jobs: int, within: float, memory_gb: int | Non
     return None
 
 
-def layout_of(values: dict[str, Any]) -> str:
-    """The published values alone (when no candidate is left to print)."""
-    return " ".join(f"{k}={v}" for k, v in values.items() if not k.startswith("account") or v)
+def layout_of(run: Published) -> str:
+    """The published values alone, as layout() prints a candidate (? where searched)."""
+    v = run.layout
+    dp = run.gpus // (v["tp"] * v["cp"] * v["pp"])
+    split = " emb+loss" if v.get("account_for_embedding_in_pipeline_split") else ""
+    return (f"t{v['tp']} c{v['cp']} p{v['pp']} d{dp} v{v.get('virtual_stages', '?')} b{v.get('micro_batch', '?')} "
+            f"{v['schedule']} {v['recompute']} {v['dp_mode']}{split}")
 
 
 def parse_value(text: str) -> Any:
