@@ -94,8 +94,7 @@ def _layouts(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any])
 
 
 def _splits(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
-    fixed_split = any(fixed.get(k) is not None for k in SPLIT_ACCOUNTING)  # a split flag given fixes the axis
-    return [{}] + ([dict(SPLIT_ACCOUNTING)] if partial["pp"] > 1 and not fixed_split else [])
+    return [{}] + ([dict(SPLIT_ACCOUNTING)] if partial["pp"] > 1 else [])
 
 
 def _micro_batches(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
