@@ -94,7 +94,8 @@ def _layouts(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any])
 
 
 def _splits(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{}] + ([dict(SPLIT_ACCOUNTING)] if partial["pp"] > 1 else [])
+    fixed_split = any(fixed.get(k) is not None for k in SPLIT_ACCOUNTING)  # a split flag given fixes the axis
+    return [{}] + ([dict(SPLIT_ACCOUNTING)] if partial["pp"] > 1 and not fixed_split else [])
 
 
 def _micro_batches(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
