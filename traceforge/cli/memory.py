@@ -37,12 +37,16 @@ def memory_options() -> list[inspect.Parameter]:
 def report_for(spec: Any, gpu_memory_gb: float | None, overhead_gb: float | None) -> MemoryReport:
     """The memory report under the memory flags, each checked (one line on bad input)."""
     memory = gpu_memory_bytes(spec.gpu, gpu_memory_gb)
-    overhead = None
-    if overhead_gb is not None:
-        if not 0 <= overhead_gb <= 1000:  # also refuses nan
-            raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
-        overhead = int(overhead_gb * GB)
-    return memory_report(spec, memory, overhead_bytes=overhead)
+    return memory_report(spec, memory, overhead_bytes=overhead_bytes(overhead_gb))
+
+
+def overhead_bytes(overhead_gb: float | None) -> int | None:
+    """--overhead-gb in bytes, checked (None: the memory model's stated default)."""
+    if overhead_gb is None:
+        return None
+    if not 0 <= overhead_gb <= 1000:  # also refuses nan
+        raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
+    return int(overhead_gb * GB)
 
 
 def memory(**kwargs: Any) -> None:

@@ -20,7 +20,6 @@ from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
 # The axes plan varies (planner/space.py), and the ones it sets from them unless given.
-DEFAULT_BUDGET_S = 60.0
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
 DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
            "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
@@ -138,7 +137,7 @@ def plan(**kwargs: Any) -> None:
     if opts["gpus"] is None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
     if opts["budget"] is None:  # --all asks for every candidate: no budget unless one is given
-        opts["budget"] = 0.0 if opts["every"] else DEFAULT_BUDGET_S
+        opts["budget"] = 0.0 if opts["every"] else planner_run.DEFAULT_BUDGET_S
     if not opts["budget"] >= 0:
         raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
     if opts["top"] < 1:

@@ -156,6 +156,14 @@ def chunk_buffers(spec: Spec, chunk: Chunk) -> list[Buffer]:
     return buffers
 
 
+def shard_group(spec: Spec) -> tuple[str, int]:
+    """(group role, size) that ZeRO-3 / HSDP shard parameters over: DP x CP, or HSDP's shard."""
+    if spec.dp_mode == "hsdp":
+        assert spec.shard_size is not None  # the spec requires it with hsdp
+        return "dps", spec.shard_size
+    return "dp", spec.dp * spec.cp
+
+
 class DataParallel:
     """The DP traffic of one stage, emitted through hooks the program calls."""
 
@@ -165,10 +173,7 @@ class DataParallel:
         self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
-        self.shard_group, self.shard_size = "dp", spec.dp * spec.cp
-        if self.mode == "hsdp":
-            assert spec.shard_size is not None  # the spec requires it with hsdp
-            self.shard_group, self.shard_size = "dps", spec.shard_size
+        self.shard_group, self.shard_size = shard_group(spec)
 
     # -- ZeRO-3 / HSDP parameter gathers, with one unit of prefetch -----------------------
     def _gather(self, unit: str, n: int) -> int | None:

@@ -32,17 +32,11 @@ from traceforge.plan.ops import NodeType, Op, ProgramBuilder
 from traceforge.plan.pipeline import placement, virtual_stage
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
-from traceforge.planner.dp_bound import stage_floors, unit_gathers
+from traceforge.planner.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
-
-# Schedules whose stages end on a full backward (no weight-gradient pass split off).
-UNSPLIT = ("1f1b", "gpipe", "interleaved")
-# Microseconds a recorded segment may lose to rounding (compute durations are whole
-# microseconds with the error carried forward, so a chain of them is within 1 us of exact).
-ROUNDING_US = 1.0
 
 
 @dataclass(frozen=True)

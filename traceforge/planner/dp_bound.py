@@ -29,7 +29,7 @@ import numpy as np
 from traceforge.layout import Layout
 from traceforge.model import model_chunks, stage_params
 from traceforge.plan.compute import CostModel
-from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to
+from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.pipeline import placement
 from traceforge.report.ring import wire_bytes
@@ -37,7 +37,11 @@ from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
 
-ROUNDING_US = 1.0  # a recorded compute is whole microseconds, within 1 us of exact
+# Microseconds a recorded segment may lose to rounding (compute durations are whole
+# microseconds with the error carried forward, so a chain of them is within 1 us of exact).
+ROUNDING_US = 1.0
+# Schedules whose stages end on a full backward (no weight-gradient pass split off).
+UNSPLIT = ("1f1b", "gpipe", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
     # up front (from the micro-batch): price it on a spec with one fixed, to keep this memo's key.
     cost = CostModel(dataclasses.replace(spec, micro_batch=1, num_microbatches=1, recompute="none"))
     e, g = spec.act_bytes, spec.grad_bytes
-    unsplit = spec.schedule in ("1f1b", "gpipe", "interleaved")
+    unsplit = spec.schedule in UNSPLIT
     out = []
     for stage in range(spec.pp):
         chunks = model_chunks(spec, stage)
@@ -101,7 +105,7 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
         per_mb: dict[str, float] = {}
         tail = max(0.0, cost.optimizer(dp.optimizer_params()).micros - ROUNDING_US)
         if spec.dp_mode in SHARDED_PER_UNIT:
-            group, size = ("dps", spec.shard_size or 1) if spec.dp_mode == "hsdp" else ("dp", spec.dp * spec.cp)
+            group, size = shard_group(spec)
             crosses = inter.get(group, False)
             units = params.embedding + sum(params.dense[layer] for layer in params.layers) + params.head
             # each unit: gathered for its forward and its backward, its gradient reduce-scattered
@@ -158,7 +162,7 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
     gather and every compute, and at least every gather and the last compute (bound.py)."""
     if spec.dp_mode not in SHARDED_PER_UNIT:
         return None
-    group, size = ("dps", spec.shard_size or 1) if spec.dp_mode == "hsdp" else ("dp", spec.dp * spec.cp)
+    group, size = shard_group(spec)
     cross = crossings(spec, link.gpus_per_node)
     out = []
     for vstage in range(spec.pp * spec.virtual_stages):

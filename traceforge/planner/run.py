@@ -13,6 +13,8 @@ from traceforge.planner.rows import json_document, rank_rows, rows
 from traceforge.planner.search import Base, PlanResult, check_feasible, search
 from traceforge.planner.space import Model
 
+DEFAULT_BUDGET_S = 60.0  # plan --budget's default
+
 
 @dataclass(frozen=True)
 class Query:
@@ -26,7 +28,7 @@ class Query:
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
-    budget_s: float | None = 60.0  # seconds of replaying; None: until the top K is exact
+    budget_s: float | None = DEFAULT_BUDGET_S  # seconds of replaying; None: until the top K is exact
 
     def base(self) -> Base:
         # Megatron's rank order (pp outermost), what its recipes run, unless the user picks one.
@@ -87,11 +89,9 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     except SpecError as exc:
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
-    overhead = None
-    if query.overhead_gb is not None:
-        if not 0 <= query.overhead_gb <= 1000:  # memory's own rule (cli/memory.report_for); refuses nan
-            raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {query.overhead_gb:g}")
-        overhead = int(query.overhead_gb * 1e9)
+    from traceforge.cli.memory import overhead_bytes
+
+    overhead = overhead_bytes(query.overhead_gb)  # memory's own rule
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
                     overhead)
