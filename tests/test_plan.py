@@ -160,3 +160,20 @@ def test_shard_and_merge_equal_one_run(tmp_path):
     for doc in (one, merged):
         doc.pop("seconds")
     assert merged == one
+
+
+def test_the_search_runs_without_the_command_line_loaded():
+    """benchmarks/bench_plan.py calls planner.run.run_search in a fresh interpreter, before any
+    command module is imported: the search must not reach into traceforge.cli (a circular
+    import there once broke every --published row)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; from traceforge.planner.run import Query, run_search; "
+            "r = run_search(Query('demo', None, None, {'dp_mode': 'ddp', 'recompute': 'none'}, overhead_gb=1.0), 8, 1, "
+            "quiet=True); assert r.candidates; assert not [m for m in sys.modules if m.startswith('traceforge.cli')]")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]

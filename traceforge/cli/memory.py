@@ -15,8 +15,8 @@ from rich.table import Table
 
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.cli.generate import spec_parameters
-from traceforge.errors import UserError
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
+from traceforge.memory.gpus import overhead_bytes
 from traceforge.spec import build_spec, load_config_file
 
 GB = 1e9
@@ -38,15 +38,6 @@ def report_for(spec: Any, gpu_memory_gb: float | None, overhead_gb: float | None
     """The memory report under the memory flags, each checked (one line on bad input)."""
     memory = gpu_memory_bytes(spec.gpu, gpu_memory_gb)
     return memory_report(spec, memory, overhead_bytes=overhead_bytes(overhead_gb))
-
-
-def overhead_bytes(overhead_gb: float | None) -> int | None:
-    """--overhead-gb in bytes, checked (None: the memory model's stated default)."""
-    if overhead_gb is None:
-        return None
-    if not 0 <= overhead_gb <= 1000:  # also refuses nan
-        raise UserError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
-    return int(overhead_gb * GB)
 
 
 def memory(**kwargs: Any) -> None:

@@ -30,3 +30,12 @@ def gpu_memory_bytes(gpu: str, memory_gb: float | None = None) -> int:
     if gpu not in GPU_MEMORY_MIB:
         raise SpecError(f"the memory of GPU {gpu!r} is unknown: give --gpu-memory-gb (e.g. 80 for an 80 GB part)")
     return GPU_MEMORY_MIB[gpu] * MIB
+
+
+def overhead_bytes(overhead_gb: float | None) -> int | None:
+    """--overhead-gb in bytes, checked (None: the memory model's stated default)."""
+    if overhead_gb is None:
+        return None
+    if not 0 <= overhead_gb <= 1000:  # also refuses nan
+        raise SpecError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
+    return int(overhead_gb * GB)

@@ -69,7 +69,7 @@ def _whole(raw: Mapping[str, Any], name: str, flag: str) -> int:
 def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None,
                until_us: float | None = None) -> PlanResult:
     from traceforge.cluster import Cluster
-    from traceforge.memory.gpus import gpu_memory_bytes
+    from traceforge.memory.gpus import gpu_memory_bytes, overhead_bytes
     from traceforge.report.timing_replay import LinkModel
     from traceforge.spec import MAX_WORLD_SIZE
 
@@ -89,7 +89,6 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     except SpecError as exc:
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
-    from traceforge.cli.memory import overhead_bytes
 
     overhead = overhead_bytes(query.overhead_gb)  # memory's own rule
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
