@@ -88,9 +88,8 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
-    # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
-
     overhead = overhead_bytes(query.overhead_gb)  # memory's own rule
+    # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
                     overhead)
