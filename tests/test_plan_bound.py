@@ -129,3 +129,57 @@ def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_fla
         assert c["peak_bytes"] == before[same] - 2**30 + int(overhead * 1e9) <= 4e9
     bad = subprocess.run(args + ["--overhead-gb", "nan"], capture_output=True, text=True, cwd=root, env=env)
     assert bad.returncode == 2 and "--overhead-gb" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def _replayed_nodes(spec) -> int:
+    """What the replay counts against its node limit: every rank class's program."""
+    from traceforge.planner.estimate import in_memory_trace_set
+    from traceforge.report.timing_replay import rank_classes
+
+    ts = in_memory_trace_set(spec)
+    color = rank_classes(ts, LINK.gpus_per_node)
+    first = {c: rank for rank, c in reversed(list(enumerate(color)))}
+    return sum(ts.scans[rank].nodes for rank in first.values())
+
+
+FLOOR_CASES = [
+    {"pp": 4, "schedule": s, **extra}
+    for s, extra in (("1f1b", {}), ("gpipe", {}), ("zb-h1", {}), ("interleaved", {"virtual_stages": 2, "layers": 8}),
+                     ("interleaved-zb", {"virtual_stages": 2, "layers": 8}), ("zbv", {"layers": 8}),
+                     ("dualpipev", {"layers": 8}))
+] + [
+    {"pp": 2, "recompute": "full"}, {"pp": 2, "recompute": "selective"}, {"pp": 1, "tp": 2, "cp": 2},
+    {"pp": 2, "cp": 4, "dp_mode": "zero3"}, {"pp": 2, "fp8": "hybrid", "tp": 2},
+    {"pp": 2, "experts": 4, "ep": 4, "top_k": 2, "tp": 1},
+]
+
+
+@pytest.mark.parametrize("flags", FLOOR_CASES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_replay_node_floor_never_exceeds_what_the_replay_counts(flags):
+    """The search sets a candidate aside as too big by this floor without building it, so the
+    floor must stay at or under the replay's own count, on every schedule, recompute mode, CP
+    ring, ZeRO-3, FP8 and MoE (balanced routing, as plan ranks); and it must be close enough to be of use."""
+    from traceforge.planner.bound import replay_nodes_floor
+
+    spec = build_spec("demo", None, {"world_size": 16, "global_batch": 32, "micro_batch": 1, "order": "megatron",
+                                     "steps": 2, **flags})
+    floor, counted = replay_nodes_floor(spec, LINK), _replayed_nodes(spec)
+    assert 0 < floor <= counted, (floor, counted)
+    if not spec.experts:  # a dense model's layer ops are nearly all of a program
+        assert floor >= 0.5 * counted, (floor, counted)
+
+
+def test_a_candidate_past_the_node_limit_is_set_aside_unbuilt(monkeypatch):
+    """With the limit lowered below every candidate's floor, none is replayed, each is counted."""
+    import traceforge.planner.search as search_module
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("a candidate past the node limit was built for replay")
+
+    monkeypatch.setattr(search_module, "REPLAY_NODE_LIMIT", 10)
+    monkeypatch.setattr(search_module, "estimate", never)
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    result = search(base, model, {"dp_mode": "ddp", "recompute": "none"}, LINK, None, top=3, quiet=True)
+    assert result.feasible > 0 and result.replayed == 0 and not result.candidates
+    assert result.too_big == result.feasible

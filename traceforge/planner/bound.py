@@ -43,6 +43,7 @@ from traceforge.spec_cache import ignoring
 class Piece:
     forward: float
     backward: float
+    nodes: int = 0  # ops one micro-batch records through it, forward and backward (a floor for MoE)
 
 
 def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
@@ -63,10 +64,19 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
     return max(end, default=0.0)
 
 
-def _record(spec: Spec, link: LinkModel, emit) -> float:
+def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False) -> tuple[float, int]:
+    """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
+    depend on the routing of each micro-batch, its computes do not)."""
     b = ProgramBuilder(0, layer_group_sizes(spec))
     emit(b)
-    return max(0.0, _floor(b.program.ops, b.group_sizes, link) - ROUNDING_US)
+    ops = b.program.ops
+    nodes = sum(op.type == NodeType.COMP for op in ops) if only_compute else len(ops)
+    return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
+
+
+def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
+    (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
+    return Piece(f, b, f_nodes + b_nodes)
 
 
 # The searched fields a layer's, the embedding's and the head's recorded ops never read.
@@ -84,7 +94,7 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
     template = LayerTemplate(spec, tp, cost)
 
-    def layer(index: int) -> Piece:
+    def layer(index: int, moe: bool) -> Piece:
         def fwd(b: ProgramBuilder) -> None:
             b.ctx.layer, b.ctx.microbatch = index, 0
             template.forward(b, index)
@@ -95,16 +105,28 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
                 template.forward(b, index, recompute=True)
             template.backward(b, index, recompute_core=spec.recompute == "selective")
 
-        return Piece(_record(spec, link, fwd), _record(spec, link, bwd))
+        return _piece(spec, link, fwd, bwd, only_compute=moe)
 
-    out = {"embed": Piece(_record(spec, link, lambda b: embedding_forward(b, tp, cost, spec)),
-                          _record(spec, link, lambda b: embedding_backward(b, tp, cost))),
-           "head": Piece(_record(spec, link, lambda b: head_forward(b, tp, cost, spec)),
-                         _record(spec, link, lambda b: head_backward(b, tp, cost)))}
+    out = {"embed": _piece(spec, link, lambda b: embedding_forward(b, tp, cost, spec),
+                           lambda b: embedding_backward(b, tp, cost)),
+           "head": _piece(spec, link, lambda b: head_forward(b, tp, cost, spec),
+                          lambda b: head_backward(b, tp, cost))}
     kinds = {is_moe_layer(spec, i): i for i in range(spec.layers)}
     for moe, index in kinds.items():
-        out["moe" if moe else "dense"] = layer(index)
+        out["moe" if moe else "dense"] = layer(index, moe)
     return out
+
+
+def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
+    """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
+    stage is a class of its own (its program or its neighbours' differ, up the chain from the
+    stage that holds the embedding), and a stage's program holds every pass of its layers, the
+    embedding and the head, for every micro-batch and step. So a candidate above the replay's
+    node limit by this count is set aside without building its programs."""
+    pieces = _pieces(spec, link)
+    per_microbatch = pieces["embed"].nodes + pieces["head"].nodes + sum(
+        pieces["moe" if is_moe_layer(spec, i) else "dense"].nodes for i in range(spec.layers))
+    return spec.steps * spec.num_microbatches * per_microbatch
 
 
 @ignoring(*DP_MODE, maxsize=65536)

@@ -28,7 +28,7 @@ class Query:
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
-    budget_s: float | None = DEFAULT_BUDGET_S  # seconds of replaying; None: until the top K is exact
+    budget_s: float | None = DEFAULT_BUDGET_S  # seconds of searching; None: replay until the top K is exact
 
     def base(self) -> Base:
         # Megatron's rank order (pp outermost), what its recipes run, unless the user picks one.

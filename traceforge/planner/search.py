@@ -17,12 +17,12 @@ from typing import Any
 
 from traceforge.errors import SpecError, UserError
 from traceforge.parallel import fan_out
-from traceforge.planner.bound import step_lower_bound
+from traceforge.planner.bound import replay_nodes_floor, step_lower_bound
 from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
 from traceforge.planner.memory import peak_bytes
 from traceforge.planner.space import LEVELS, Model, _layouts, walk
 from traceforge.read.progress import Progress
-from traceforge.report.timing_replay import LinkModel, ReplayTooBig
+from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
 
 
@@ -74,7 +74,7 @@ class PlanResult:
     feasible: int = 0
     seconds: float = 0.0
     replayed: int = 0
-    too_big: int = 0  # feasible candidates beyond the replay's node limit, not ranked
+    too_big: int = 0  # feasible candidates beyond the replay's node limit that could have ranked
     # With a replay budget: feasible candidates the budget left unreplayed that could still have
     # ranked (their bound below the K-th best step), and the lowest of their bounds: no layout of
     # the space is faster than min(floor_us, the best step found).
@@ -118,6 +118,7 @@ class _Share:
     considered: int = 0
     legal: int = 0
     feasible: list[tuple[float, tuple, dict[str, Any], int]] = field(default_factory=list)  # (bound, key, values, peak)
+    too_big: list[float] = field(default_factory=list)  # bounds of feasible candidates past the replay's node limit
     smallest_peak: int | None = None
 
 
@@ -134,7 +135,11 @@ def _filter_layout(layout: dict[str, Any]) -> _Share:
         if not fits:
             share.smallest_peak = peak if share.smallest_peak is None else min(share.smallest_peak, peak)
             continue
-        share.feasible.append((step_lower_bound(spec, _job.link), sort_key(values), values, peak))
+        bound = step_lower_bound(spec, _job.link)
+        if replay_nodes_floor(spec, _job.link) > REPLAY_NODE_LIMIT:
+            share.too_big.append(bound)  # set aside before its programs are built (a minute or more each)
+            continue
+        share.feasible.append((bound, sort_key(values), values, peak))
     return share
 
 
@@ -151,8 +156,9 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
            overhead_bytes: int | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
     rank of a layout of that step among all candidates is exact (the published-run check).
-    budget_s: stop replaying after this many seconds (once one candidate is ranked); the
-    result then says how many could still have ranked and the lowest step they could reach."""
+    budget_s: stop replaying once the search has run this many seconds, validating and sizing
+    included (and one candidate is ranked); the result then says how many could still have
+    ranked and the lowest step they could reach."""
     global _job
     started = time.perf_counter()
     builder = base.builder()
@@ -161,26 +167,31 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     tops = layouts(model, fixed, shard)
     progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
     feasible: list[tuple[float, tuple, dict[str, Any], int]] = []
+    too_big: list[float] = []
     shares: Iterator[_Share] = (fan_out(_filter_layout, tops, jobs) if jobs > 1 and len(tops) > 1
                                 else map(_filter_layout, tops))
     for share in shares:
         result.considered += share.considered
         result.legal += share.legal
         feasible += share.feasible
+        too_big += share.too_big
         if share.smallest_peak is not None:
             result.smallest_peak = share.smallest_peak if result.smallest_peak is None else min(result.smallest_peak, share.smallest_peak)
         if progress:
             progress.advance()
     if progress:
         progress.close()
-    result.feasible = len(feasible)
+    result.feasible = len(feasible) + len(too_big)
     feasible.sort(key=lambda c: (c[0], c[1]))
-    result.candidates, result.replayed, result.too_big, stopped = _branch_and_bound(
-        builder, feasible, link, top, every, quiet, until_us, jobs, budget_s)
+    budget_left = None if budget_s is None else max(0.0, budget_s - (time.perf_counter() - started))
+    result.candidates, result.replayed, too_big_replayed, stopped = _branch_and_bound(
+        builder, feasible, link, top, every, quiet, until_us, jobs, budget_left)
+    # What could still have entered the top K: a bound at most the K-th best step.
+    kth = result.candidates[min(top, len(result.candidates)) - 1].estimate.step_us if result.candidates else 0.0
+    limit = float("inf") if every or len(result.candidates) < top else max(kth, until_us or 0.0)
+    result.too_big = too_big_replayed + sum(1 for bound in too_big if bound <= limit)
     if stopped < len(feasible):
         rest = feasible[stopped:]
-        kth = result.candidates[min(top, len(result.candidates)) - 1].estimate.step_us
-        limit = float("inf") if every or len(result.candidates) < top else max(kth, until_us or 0.0)
         result.unreplayed = sum(1 for c in rest if c[0] <= limit)
         result.floor_us = rest[0][0] if result.unreplayed else None
     result.seconds = time.perf_counter() - started
