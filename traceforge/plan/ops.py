@@ -74,7 +74,11 @@ class Peer(str, Enum):
 NEXT, PREV = Peer.NEXT, Peer.PREV
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each of the 19 fields through
+# object.__setattr__, 4x the cost of plain slot stores, and a 405B stage program records
+# ~26,000 ops (840,000 per candidate). unsafe_hash keeps Op hashable by value as before;
+# nothing assigns to an Op after _add (program.py uses dataclasses.replace).
+@dataclass(slots=True, unsafe_hash=True)
 class Op:
     id: int
     name: str
@@ -126,6 +130,24 @@ class Context:
     layer: int | None = None
 
 
+def _label_prefix(step: int, phase: str, microbatch: int | None, layer: int | None) -> tuple[str, str]:
+    """An op's label is "s{step}/" (steps after the first) then its non-empty parts among
+    phase, "mb{microbatch}", "L{layer}" and its name, joined by "/"; this is all but the name."""
+    where = "/".join(part for part in (phase, f"mb{microbatch}" if microbatch is not None else "",
+                                       f"L{layer}" if layer is not None else "") if part)
+    return (f"s{step}/" if step else ""), where
+
+
+def _sorted_unique(deps: tuple[int, ...]) -> tuple[int, ...]:
+    """tuple(sorted(set(deps))), without building a set for the usual one or two deps."""
+    if len(deps) < 2:
+        return deps
+    if len(deps) == 2:
+        a, b = deps
+        return deps if a < b else (b, a) if b < a else (a,)
+    return tuple(sorted(set(deps)))
+
+
 class ProgramBuilder:
     def __init__(self, stage: int, group_sizes: dict[str, int]):
         self.program = Program(stage)
@@ -140,26 +162,27 @@ class ProgramBuilder:
         self.split_backward: list[tuple[int | None, str, Cost]] | None = None
         self._exact_micros = 0.0  # the model's compute time so far, unrounded
         self._written_micros = 0  # the whole microseconds written so far
+        # (step, phase, micro-batch, layer) -> label prefix: a few hundred contexts, 840,000 ops
+        self._prefixes: dict[tuple, tuple[str, str]] = {}
 
     # -- recording ---------------------------------------------------------------------
     def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
         op_id = len(self.program.ops)
         c = self.ctx
-        label = "/".join(
-            part for part in (
-                c.phase, f"mb{c.microbatch}" if c.microbatch is not None else "",
-                f"L{c.layer}" if c.layer is not None else "", name,
-            ) if part
-        )
-        if c.step:
-            label = f"s{c.step}/{label}"
-        self.program.ops.append(
-            Op(op_id, label, type_, tuple(sorted(set(deps))), c.phase, dim, c.step, c.microbatch, c.layer, **kw)
-        )
+        key = (c.step, c.phase, c.microbatch, c.layer)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            prefix = self._prefixes[key] = _label_prefix(*key)
+        step_part, where = prefix
+        label = step_part + (f"{where}/{name}" if where and name else where or name)
+        self.program.ops.append(Op(op_id, label, type_, _sorted_unique(deps), c.phase, dim, c.step, c.microbatch,
+                                   c.layer, **kw))
         return op_id
 
     def _follows(self) -> tuple[int, ...]:
         """What any new op waits for: the stream position and the ops gated onto it."""
+        if not self._pending and not self._sends:  # the usual case: no tuples to concatenate
+            return self._cursor
         return self._cursor + tuple(self._pending) + tuple(self._sends)
 
     def _advance(self, op_id: int) -> None:

@@ -44,13 +44,17 @@ from traceforge.report.timing_replay import LinkModel, ReplayResult, _Replay
 from traceforge.report.traceset import TraceSet
 
 OUT, IN = 0, 1
-Load = tuple[int, bool, int]  # (class, scale-out tier?, direction)
 
 
-@dataclass
+def load_id(c: int, inter: bool, direction: int) -> int:
+    """The number of a load: a class's transfers on one tier (scale-out or not) and direction."""
+    return 4 * c + 2 * inter + direction
+
+
+@dataclass(slots=True)
 class _Transfer:
-    own: tuple[Load, ...]  # the loads it adds while in its bytes phase
-    bound: tuple[Load, ...]  # the loads that set its share of the tier
+    own: tuple[int, ...]  # the loads (load_id) it adds while in its bytes phase
+    bound: tuple[int, ...]  # the loads that set its share of the tier
     remaining: float  # wire bytes left
     latency: float  # us, paid once after the bytes
     bandwidth: float  # bytes per us of its tier, unshared
@@ -66,26 +70,22 @@ class StreamReplay(_Replay):
         super().__init__(ts, link, color, reps, None)
         self.stream_of: list[list[int]] = []
         self.stream_names: list[list[str]] = []
+        by_program: dict[int, tuple[list[int], list[str]]] = {}  # classes of one program share its streams
         for cp in self.classes:
-            keys: dict[tuple[int, int], int] = {}
-            ids = [-1] * len(cp.types)
-            names: list[str] = []
-            for i, kind in enumerate(cp.types):
-                if kind not in (COLL, SEND):
-                    continue
-                key = (kind, cp.roles[i])
-                if key not in keys:
-                    keys[key] = len(keys)
-                    names.append(f"{cp.p.dims[i] or 'comm'} {'stream' if kind == COLL else 'send stream'}")
-                ids[i] = keys[key]
+            if id(cp.p) not in by_program:
+                by_program[id(cp.p)] = _streams(cp.types, cp.roles, cp.p.dims)
+            ids, names = by_program[id(cp.p)]
             self.stream_of.append(ids)
-            self.stream_names.append(_unique(names))
+            self.stream_names.append(names)
         self.stream_busy = [[False] * len(n) for n in self.stream_names]
         self.stream_queue: list[list[list[int]]] = [[[] for _ in n] for n in self.stream_names]
-        self.load: dict[Load, int] = defaultdict(int)
-        self.bound_by: dict[Load, set[tuple[int, int]]] = defaultdict(set)  # load -> transfers it bounds
+        # Loads are numbered (load_id): a list and small ints are cheaper to index than a dict
+        # of tuples, and the replay updates them for every transfer.
+        self.load = [0] * (4 * len(self.classes))
+        self.bound_by: list[set[tuple[int, int]]] = [set() for _ in self.load]  # load -> transfers it bounds
         self.active: dict[tuple[int, int], _Transfer] = {}
-        self.coll_bound: dict[tuple[int, int], tuple[Load, ...]] = {}  # (class, group role) -> its members' loads
+        self.coll_bound: dict[tuple[int, int], tuple[int, ...]] = {}  # (class, group role) -> its members' loads
+        self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -109,71 +109,95 @@ class StreamReplay(_Replay):
         cp = self.classes[c]
         mates, n, inter = self.coll_info[(c, cp.roles[i])]
         wire = wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n)
-        own = ((c, inter, OUT), (c, inter, IN))
+        own = (load_id(c, inter, OUT), load_id(c, inter, IN))
         bound = self.coll_bound.get((c, cp.roles[i]))
         if bound is None:
             bound = self.coll_bound[(c, cp.roles[i])] = tuple(
-                (m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
+                load_id(m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
         self._begin(c, i, t0, wire, inter, own, bound)
 
     def send_transfer(self, c: int, i: int, t: float) -> None:
         cp = self.classes[c]
-        inter = self.send_is_inter(c, i)
-        dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
-        own: tuple[Load, ...] = ((c, inter, OUT),)
-        if 0 <= dst < self.ts.world:
-            own += ((self.color[dst], inter, IN),)
+        route = self.send_route.get((c, cp.roles[i]))
+        if route is None:  # the same for every send of this class to this peer role
+            inter = self.send_is_inter(c, i)
+            dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+            own: tuple[int, ...] = (load_id(c, inter, OUT),)
+            if 0 <= dst < self.ts.world:
+                own += (load_id(self.color[dst], inter, IN),)
+            route = self.send_route[(c, cp.roles[i])] = (inter, own)
+        inter, own = route
         self._begin(c, i, t, float(cp.sizes[i]), inter, own, own)
 
-    def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[Load, ...],
-               bound: tuple[Load, ...]) -> None:
+    def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
+               bound: tuple[int, ...]) -> None:
         link = self.link
         latency = link.inter_latency_us if inter else link.intra_latency_us
         if wire <= 0:
             self.done_at(c, i, t + latency)
             return
         bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
-        self.active[(c, i)] = _Transfer(own, bound, wire, latency, bandwidth, last=t)
-        affected = {(c, i)}
-        for key in own:
-            self.load[key] += 1
-            affected |= self.bound_by[key]
-        for key in bound:
-            self.bound_by[key].add((c, i))
+        key = (c, i)
+        self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, last=t)
+        affected = {key}
+        load, bound_by = self.load, self.bound_by
+        for k in own:
+            load[k] += 1
+            affected |= bound_by[k]
+        for k in bound:
+            bound_by[k].add(key)
         self._rerate(affected, t)
 
     def _rerate(self, keys: set[tuple[int, int]], t: float) -> None:
         """Bring each transfer's bytes up to t and reschedule its end if its share changed."""
+        load, active, events, tick = self.load, self.active, self.events, self.tick
         for key in sorted(keys):  # sorted: the event order, hence the output, is deterministic
-            x = self.active[key]
-            rate = x.bandwidth / max(self.load[k] for k in x.bound)
+            x = active[key]
+            rate = x.bandwidth / max(map(load.__getitem__, x.bound))
             if rate == x.rate:
                 continue
             x.remaining = max(0.0, x.remaining - x.rate * (t - x.last))
             x.last, x.rate = t, rate
-            self.seq += 1
-            x.seq = self.seq
-            heapq.heappush(self.events, (t + x.remaining / rate, self.seq, key[0], -1 - key[1]))
+            x.seq = tick()
+            heapq.heappush(events, (t + x.remaining / rate, x.seq, key[0], -1 - key[1]))
 
     def on_event(self, c: int, code: int, seq: int, t: float) -> None:
         """A transfer's bytes are through (unless a rate change rescheduled it since)."""
-        i = -1 - code
-        x = self.active.get((c, i))
+        key = (c, -1 - code)
+        x = self.active.get(key)
         if x is None or x.seq != seq:
             return
-        del self.active[(c, i)]
+        del self.active[key]
         affected: set[tuple[int, int]] = set()
-        for key in x.own:
-            self.load[key] -= 1
-            affected |= self.bound_by[key]
-        for key in x.bound:
-            self.bound_by[key].discard((c, i))
-        affected.discard((c, i))
+        load, bound_by = self.load, self.bound_by
+        for k in x.own:
+            load[k] -= 1
+            affected |= bound_by[k]
+        for k in x.bound:
+            bound_by[k].discard(key)
+        affected.discard(key)
         self._rerate(affected, t)
-        self.done_at(c, i, t + x.latency)
+        self.done_at(c, key[1], t + x.latency)
 
     def annotate(self, result: ReplayResult) -> None:
         result.streams, result.stream_names = self.stream_of, self.stream_names
+
+
+def _streams(types: list[int], roles: list[int], dims: list[str]) -> tuple[list[int], list[str]]:
+    """A program's stream per node (-1 for compute and recvs): one per (collective or send,
+    role), numbered and named in order of first use."""
+    keys: dict[tuple[int, int], int] = {}
+    ids = [-1] * len(types)
+    names: list[str] = []
+    for i, kind in enumerate(types):
+        if kind not in (COLL, SEND):
+            continue
+        key = (kind, roles[i])
+        if key not in keys:
+            keys[key] = len(keys)
+            names.append(f"{dims[i] or 'comm'} {'stream' if kind == COLL else 'send stream'}")
+        ids[i] = keys[key]
+    return ids, _unique(names)
 
 
 def _unique(names: list[str]) -> list[str]:

@@ -20,8 +20,11 @@ representative per class is replayed. A 16-stage pipeline replays 16 programs at
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from traceforge.cluster import Cluster
 from traceforge.report.collective_cost import AstraNetwork
@@ -97,35 +100,45 @@ def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
         color, count = new, len(seen)
 
 
-class _ClassProgram:
-    """One representative's program with the lookups the replay needs."""
+class _ProgramIndex:
+    """The lookups the replay needs on one rank-independent program: built once per program
+    and shared by every class that runs it (classes of one stage differ only in link classes),
+    from whole numpy columns rather than node by node."""
 
-    def __init__(self, rank: int, program: RankProgram):
-        self.rank, self.p = rank, program
+    def __init__(self, program: RankProgram):
         n = len(program)
         self.types = program.types.tolist()
         self.durations = program.durations.tolist()
         self.sizes = program.sizes.tolist()
         self.roles = program.roles.tolist()
         self.tags = program.tags.tolist()
-        ptr, idx = program.dep_ptr.tolist(), program.dep_idx.tolist()
-        self.indeg = [ptr[i + 1] - ptr[i] for i in range(n)]
-        self.children: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            for d in idx[ptr[i]:ptr[i + 1]]:
-                self.children[d].append(i)
+        counts = np.diff(program.dep_ptr)
+        self.indeg = counts.tolist()
+        # children[d]: the nodes that depend on d, in increasing order (a node listing d twice
+        # appears twice): the dependency CSR transposed by a stable sort on the dependency.
+        owner = np.repeat(np.arange(n, dtype=np.int64), counts)
+        flat = owner[np.argsort(program.dep_idx, kind="stable")].tolist()
+        ends = np.cumsum(np.bincount(program.dep_idx, minlength=n)).tolist()
+        self.children: list[list[int]] = [flat[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)]
         self.coll_lists: dict[int, list[int]] = defaultdict(list)  # group role -> its collectives in order
         self.p2p_lists: dict[tuple, list[int]] = defaultdict(list)  # (type, peer role, tag, size) -> nodes
         self.position = [0] * n  # index within its list
-        for i, t in enumerate(self.types):
-            if t == COLL:
-                lst = self.coll_lists[self.roles[i]]
-            elif t in (SEND, RECV):
-                lst = self.p2p_lists[(t, self.roles[i], self.tags[i], self.sizes[i])]
-            else:
-                continue
+        types, roles, tags, sizes = self.types, self.roles, self.tags, self.sizes
+        for i in np.flatnonzero(np.isin(program.types, (COLL, SEND, RECV))).tolist():
+            t = types[i]
+            lst = self.coll_lists[roles[i]] if t == COLL else self.p2p_lists[(t, roles[i], tags[i], sizes[i])]
             self.position[i] = len(lst)
             lst.append(i)
+
+
+class _ClassProgram:
+    """One representative's program with the lookups the replay needs (read only: shared)."""
+
+    def __init__(self, rank: int, program: RankProgram, index: _ProgramIndex):
+        self.rank, self.p = rank, program
+        self.types, self.durations, self.sizes = index.types, index.durations, index.sizes
+        self.roles, self.tags, self.indeg, self.children = index.roles, index.tags, index.indeg, index.children
+        self.coll_lists, self.p2p_lists, self.position = index.coll_lists, index.p2p_lists, index.position
 
 
 @dataclass
@@ -157,7 +170,13 @@ class _Replay:
         self.ts, self.link, self.color = ts, link, color
         self.network = network  # when given, durations follow ASTRA-sim's analytical backend
         self.gpn = link.gpus_per_node
-        self.classes = [_ClassProgram(r, ts.programs[ts.scans[r].shape]) for r in reps]
+        indexes: dict[bytes, _ProgramIndex] = {}
+        self.classes = []
+        for r in reps:
+            shape = ts.scans[r].shape
+            if shape not in indexes:
+                indexes[shape] = _ProgramIndex(ts.programs[shape])
+            self.classes.append(_ClassProgram(r, ts.programs[shape], indexes[shape]))
         sizes = [len(cp.types) for cp in self.classes]
         # Times per class and node, None until it happens.
         self.issue: list[list[float | None]] = [[None] * n for n in sizes]
@@ -168,7 +187,9 @@ class _Replay:
         self.busy = [[False, False] for _ in sizes]  # compute, comm slot
         self.queues: list[list[list]] = [[[], []] for _ in sizes]
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, class, node; < 0: a hook's event)
-        self.seq = 0
+        # The events' tie-breaker: one counter for every event pushed, so equal times run in
+        # the order they were scheduled (a bound C method: the replay pushes millions).
+        self.tick = itertools.count(1).__next__
         self.coll_waiters: dict[tuple[int, int], list] = defaultdict(list)
         self.recv_waiters: dict[tuple[int, int], list] = defaultdict(list)
         self.partner_cache: dict[tuple[int, int], list | None] = {}
@@ -243,8 +264,7 @@ class _Replay:
 
     # -- events -------------------------------------------------------------------------
     def done_at(self, c: int, i: int, t: float) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, c, i))
+        heapq.heappush(self.events, (t, self.tick(), c, i))
 
     def try_collective(self, c: int, i: int) -> None:
         mates = self.partners(c, i)
@@ -348,32 +368,59 @@ class _Replay:
             for i, d in enumerate(cp.indeg):
                 if d == 0:
                     self.became_ready(c, i, 0.0)
+        # The loop below runs once per node (millions in a planner candidate), so it binds what
+        # it reads to locals and does inline what became_ready, acquire, run, release and
+        # done_at do for a compute node (the most common kind), in the same order: the events,
+        # their tie-breaking counter and so every time are those of the method calls.
+        events, heappop, heappush, tick = self.events, heapq.heappop, heapq.heappush, self.tick
+        classes, finish, start, busy_all, queues_all = self.classes, self.finish, self.start, self.busy, self.queues
+        ready_all, indeg_all, recv_waiters = self.ready_at, self.indeg, self.recv_waiters
+        became_ready, release_comm, on_event, finish_recv = self.became_ready, self.release_comm, self.on_event, self.finish_recv
         makespan = 0.0
-        while self.events:
-            t, seq, c, i = heapq.heappop(self.events)
+        while events:
+            t, seq, c, i = heappop(events)
             if i < 0:
-                self.on_event(c, i, seq, t)
+                on_event(c, i, seq, t)
                 continue
-            self.finish[c][i] = t
-            makespan = max(makespan, t)
-            cp = self.classes[c]
-            kind = cp.types[i]
-            if kind == SEND:
-                for rc, ri in self.recv_waiters.pop((c, i), ()):
-                    self.finish_recv(rc, ri, (c, i))
+            finish[c][i] = t
+            if t > makespan:
+                makespan = t
+            cp = classes[c]
+            types = cp.types
+            kind = types[i]
+            if kind == SEND and recv_waiters:
+                for rc, ri in recv_waiters.pop((c, i), ()):
+                    finish_recv(rc, ri, (c, i))
             # As ASTRA-sim: the node's dependents join the ready set first, then the freed
             # resource goes to the lowest-id ready node (a send freed by this node's finish can
             # overtake a collective queued earlier with a higher id).
-            ready_at, indeg = self.ready_at[c], self.indeg[c]
+            ready_at, indeg = ready_all[c], indeg_all[c]
             for j in cp.children[i]:
-                ready_at[j] = max(ready_at[j], t)
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    self.became_ready(c, j, ready_at[j])
-            if kind == COMP:
-                self.release(c, t, 0)
+                if t > ready_at[j]:  # ready_at[j] = max(ready_at[j], t)
+                    ready_at[j] = t
+                left = indeg[j] - 1
+                indeg[j] = left
+                if left == 0:
+                    if types[j] == COMP:  # became_ready -> acquire(c, j, ready_at[j], 0) -> run
+                        busy = busy_all[c]
+                        if busy[0]:
+                            heappush(queues_all[c][0], j)  # lowest id first, as ASTRA-sim issues
+                        else:
+                            busy[0] = True
+                            start[c][j] = r = ready_at[j]
+                            heappush(events, (r + cp.durations[j], tick(), c, j))
+                    else:
+                        became_ready(c, j, ready_at[j])
+            if kind == COMP:  # release(c, t, 0) -> run
+                q = queues_all[c][0]
+                if q:
+                    j = heappop(q)
+                    start[c][j] = t
+                    heappush(events, (t + cp.durations[j], tick(), c, j))
+                else:
+                    busy_all[c][0] = False
             elif kind in (SEND, COLL):
-                self.release_comm(c, i, t)
+                release_comm(c, i, t)
         return makespan
 
 

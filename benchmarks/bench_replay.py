@@ -1,0 +1,118 @@
+"""How long `traceforge plan` takes to build and replay one candidate (planner/estimate.py): the
+stage programs built in memory (plan/program.py, plan/ops.py), then the hardware-mode replay
+(report/timing_replay.py, report/streams.py).
+
+    python benchmarks/bench_replay.py [--only NAME] [--against REV]
+
+Cases: the best-bounded 405B layout at 16,384 H100 (t4 c8 p32 d16, interleaved-zb v2, 128
+micro-batches: ~2.1 M replayed nodes, about a minute before this benchmark's changes) and three
+smaller ones. Per case: seconds to build, seconds to replay, nodes built (ops of every stage),
+nodes replayed (every rank class's), microseconds per replayed node, and the step it replays to.
+Each case runs in a fresh child process; the load average is printed with every row.
+
+`--against REV` first times the same cases on the source of git revision REV (`git archive` into
+a scratch folder, deleted after), case by case back to back with this tree, and says whether
+both replay to the same step (bit for bit): old and new under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_405B_16K = dict(gpu="h100", world_size=16384, sequence_parallel=True, micro_batch=1, order="megatron",
+                 account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+CASES: list[tuple[str, str, dict]] = [
+    ("405b t4 c8 p32 d16 izb v2 mb128", "llama3-405b",
+     dict(_405B_16K, tp=4, cp=8, pp=32, recompute="none", dp_mode="ddp", overlap_grad_reduce=True,
+          schedule="interleaved-zb", virtual_stages=2)),
+    ("405b t8 c1 p16 d128 zero2 1f1b", "llama3-405b",
+     dict(_405B_16K, tp=8, cp=1, pp=16, recompute="none", dp_mode="zero2", overlap_grad_reduce=True,
+          schedule="1f1b")),
+    ("70b t8 c2 p4 d4 dualpipev full", "llama3-70b",
+     dict(cp=2, dp=2, schedule="dualpipev", virtual_stages=2, recompute="full", order="megatron",
+          global_batch=64)),
+    ("mixtral t2 p4 e4 zb-h1 zero2", "mixtral-8x7b",
+     dict(tp=2, dp=4, ep=4, sequence_parallel=True, schedule="zb-h1", dp_mode="zero2",
+          overlap_grad_reduce=True, order="megatron", global_batch=64)),
+]
+
+# Runs in the child, with the tree under test first on sys.path: prints one JSON line.
+_CHILD = """
+import json, sys, time
+from traceforge.cluster import Cluster
+from traceforge.planner.estimate import in_memory_trace_set
+from traceforge.report.timing_replay import HARDWARE, LinkModel, replay
+from traceforge.spec import build_spec
+preset, flags = json.loads(sys.argv[1])
+spec = build_spec(preset, None, flags)
+link = LinkModel.from_cluster(Cluster.from_options())
+t0 = time.perf_counter()
+ts = in_memory_trace_set(spec)
+t1 = time.perf_counter()
+result = replay(ts, link, mode=HARDWARE)
+t2 = time.perf_counter()
+built = sum(ts.scans[r].nodes for r in {ts.scans[r].shape: r for r in range(ts.world)}.values())
+replayed = sum(len(f) for f in result.finish)
+print(json.dumps(dict(build=t1 - t0, replay=t2 - t1, built=built, replayed=replayed, step=result.makespan)))
+"""
+
+
+def measure(tree: Path, preset: str, flags: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([preset, flags])], capture_output=True,
+                          text=True, env=env, cwd=tree)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_replay: the case failed in {tree}: {proc.stderr.strip()[-600:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def row(label: str, m: dict) -> str:
+    us = m["replay"] / max(1, m["replayed"]) * 1e6
+    return (f"  {label:<4} build {m['build']:7.2f} s  replay {m['replay']:7.2f} s  built {m['built']:>9,}  "
+            f"replayed {m['replayed']:>9,}  {us:5.2f} us/node  step {m['step'] / 1e3:,.3f} ms  ({load()})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the cases whose name contains this text")
+    parser.add_argument("--against", metavar="REV", help="also time git revision REV, back to back")
+    args = parser.parse_args()
+    cases = [c for c in CASES if args.only is None or args.only in c[0]]
+    if not cases:
+        raise SystemExit(f"bench_replay: no case matches {args.only!r}: {', '.join(c[0] for c in CASES)}")
+    with tempfile.TemporaryDirectory(prefix="bench_replay_") as scratch:
+        old = None
+        if args.against:
+            old = Path(scratch)
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.against], capture_output=True)
+            if archive.returncode != 0:
+                raise SystemExit(f"bench_replay: git archive {args.against}: {archive.stderr.decode().strip()}")
+            subprocess.run(["tar", "-x", "-C", scratch], input=archive.stdout, check=True)
+        for name, preset, flags in cases:
+            print(name, flush=True)
+            before = measure(old, preset, flags) if old is not None else None
+            if before is not None:
+                print(row("old", before), flush=True)
+            after = measure(ROOT, preset, flags)
+            print(row("new", after), flush=True)
+            if before is not None:
+                same = "same step" if before["step"] == after["step"] else "STEP DIFFERS"
+                total = (before["build"] + before["replay"]) / (after["build"] + after["replay"])
+                print(f"  build {before['build'] / after['build']:.2f}x  replay {before['replay'] / after['replay']:.2f}x  "
+                      f"both {total:.2f}x faster; {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
