@@ -183,3 +183,35 @@ def test_a_candidate_past_the_node_limit_is_set_aside_unbuilt(monkeypatch):
     result = search(base, model, {"dp_mode": "ddp", "recompute": "none"}, LINK, None, top=3, quiet=True)
     assert result.feasible > 0 and result.replayed == 0 and not result.candidates
     assert result.too_big == result.feasible
+
+
+def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_certificate(monkeypatch):
+    """Under a budget, a candidate whose replay (its node floor at the seconds per node known so
+    far) would end past the deadline is not started; the next ones in bound order that can end
+    are; the skipped ones stay in the certificate."""
+    import traceforge.planner.search as search_module
+
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    fixed = {"dp_mode": "ddp", "recompute": "none"}
+    everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
+    lowest = min(everything.candidates, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
+    threshold = search_module.replay_nodes_floor(lowest.spec, LINK)  # the first in bound order costs too much
+    assert min(search_module.replay_nodes_floor(r.spec, LINK) for r in everything.candidates) < threshold
+    budget = 1000.0
+    per_node = budget / (threshold - 0.5)
+    monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", per_node)
+    order = []
+    real = search_module._replay
+
+    def noting(item):
+        order.append(item)
+        return real(item)
+
+    monkeypatch.setattr(search_module, "_replay", noting)
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=budget)
+    assert order and order[0].nodes < threshold and order[0].values != lowest.values
+    assert lowest.values not in [item.values for item in order]  # never started: the measured rate came later
+    assert cut.unreplayed >= 1 and cut.floor_us is not None and cut.floor_us <= lowest.bound_us
+    steps = sorted(r.estimate.step_us for r in everything.candidates)
+    assert min(cut.candidates[0].estimate.step_us, cut.floor_us) <= steps[0] + 1e-6

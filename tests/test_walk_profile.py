@@ -1,4 +1,4 @@
-"""memory.walk.peak sizes a schedule from its distinct moments (walk._profile); it must equal
+"""memory.walk.peak sizes a schedule from its distinct moments (walk.profile); it must equal
 the plain walk over every pass (walk.moments) for any chunk costs, on every schedule."""
 
 from __future__ import annotations
@@ -41,3 +41,18 @@ def test_profile_peak_equals_the_plain_walk(name, v):
                     assert bytes_ == expected
                     first = next(mo for mo in moments(passes, chunks) if mo.index == index)
                     assert f"micro-batch {first.microbatch}" in when  # the same (first) moment named
+
+
+def test_the_memoized_schedule_profile_sizes_as_the_passes_do():
+    """memory_report sizes each stage from schedule_profile (memoized on the schedule's name and
+    sizes); it must give what the stage's own passes give."""
+    from traceforge.memory.walk import profile_peak, schedule_profile
+    from traceforge.plan.pipeline import passes_of
+
+    rng = random.Random(11)
+    for name, v in SCHEDULES:
+        for p in (3, 4):
+            for stage in range(p):
+                passes = passes_of(name, stage, p, 2 * p, v)
+                chunks = [PassBytes(rng.randint(1, 10**6), rng.randint(0, 10**6), rng.randint(0, 10**6)) for _ in range(v)]
+                assert profile_peak(schedule_profile(name, stage, p, 2 * p, v, v), chunks) == peak(list(passes), chunks)

@@ -758,6 +758,21 @@ def _experts(r: _Raw, v: dict) -> dict:
 
 def _modes(r: _Raw, v: dict) -> dict:
     dp, pp, m, layers = v["dp"], v["pp"], v["num_microbatches"], v["layers"]
+    # The schedule is checked before the data-parallel mode: none of its rules reads the mode, so
+    # the planner, which varies the mode innermost, refuses a schedule once for all modes.
+    schedule = r.need("schedule")
+    vs = _virtual_stages(r, schedule, pp, m)
+    split = _layer_split(r, layers, pp, vs, schedule)
+    steps = r.need("steps")
+    nodes = estimated_nodes_per_rank(v, _most_layers_per_stage(split, layers, pp, schedule), vs, steps,
+                                     r.get("recompute", "none"))
+    if nodes > MAX_NODES_PER_RANK:
+        raise SpecError(f"up to {nodes:,} nodes per rank (layers {layers}, pp {pp}, {m} micro-batches, {steps} steps) is above "
+                        f"the {MAX_NODES_PER_RANK:,} traceforge plans: lower --layers, --num-microbatches or --steps")
+    # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
+    if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
+        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers ({layers}) x cp ({v['cp']}) make too many p2p transfers "
+                        f"for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
     dp_mode = DP_MODE_ALIASES.get(r.need("dp_mode"), r.need("dp_mode"))
     shard_size = r.get("shard_size")
     if dp_mode == "hsdp":
@@ -781,20 +796,6 @@ def _modes(r: _Raw, v: dict) -> dict:
         raise SpecError("overlap_param_gather needs a sharded optimizer: use --dp-mode dist-opt, zero1 or zero2")
     if overlap_param and not overlap_grad:
         raise SpecError("overlap_param_gather needs --overlap-grad-reduce too, as Megatron requires")
-
-    schedule = r.need("schedule")
-    vs = _virtual_stages(r, schedule, pp, m)
-    split = _layer_split(r, layers, pp, vs, schedule)
-    steps = r.need("steps")
-    nodes = estimated_nodes_per_rank(v, _most_layers_per_stage(split, layers, pp, schedule), vs, steps,
-                                     r.get("recompute", "none"))
-    if nodes > MAX_NODES_PER_RANK:
-        raise SpecError(f"up to {nodes:,} nodes per rank (layers {layers}, pp {pp}, {m} micro-batches, {steps} steps) is above "
-                        f"the {MAX_NODES_PER_RANK:,} traceforge plans: lower --layers, --num-microbatches or --steps")
-    # p2p tags: pipeline transfers number steps*v*m*2, context-parallel ones steps*m*L*cp*4.
-    if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
-        raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers ({layers}) x cp ({v['cp']}) make too many p2p transfers "
-                        f"for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
     return dict(schedule=schedule, virtual_stages=vs, **split, overlap_p2p_comm=bool(r.get("overlap_p2p_comm")),
                 dp_mode=dp_mode,
                 shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from traceforge.memory.activations import chunk_activations
 from traceforge.memory.gpus import gpu_memory_bytes
 from traceforge.memory.states import StageStates, stage_states
-from traceforge.memory.walk import peak
+from traceforge.memory.walk import profile_peak, schedule_profile
 from traceforge.model import model_chunks, p2p_bytes
-from traceforge.plan.pipeline import schedule
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
 
@@ -94,8 +93,12 @@ def stages_states(spec: Spec) -> tuple[StageStates, ...]:
 @ignoring("dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
 def stages_activation_peaks(spec: Spec) -> tuple[tuple[int, str], ...]:
     """Every stage's activation peak over its schedule, and when it happens."""
-    return tuple(peak(schedule(spec, stage), [chunk_activations(spec, chunk) for chunk in model_chunks(spec, stage)])
-                 for stage in range(spec.pp))
+    out = []
+    for stage in range(spec.pp):
+        chunks = [chunk_activations(spec, chunk) for chunk in model_chunks(spec, stage)]
+        of = schedule_profile(spec.schedule, stage, spec.pp, spec.num_microbatches, spec.virtual_stages, len(chunks))
+        out.append(profile_peak(of, chunks))
+    return tuple(out)
 
 
 def _stage_parts(spec: Spec, stage: int) -> tuple[int, int, int, int, int, str]:

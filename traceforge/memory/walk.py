@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceforge.memory.activations import PassBytes
-from traceforge.plan.pipeline import Pass
+from traceforge.plan.pipeline import Pass, passes_of
 
 KIND_NAMES = {"F": "forward", "F&": "forward", "B": "backward", "I": "input-gradient pass", "W": "weight-gradient pass"}
 
@@ -50,51 +50,74 @@ def moments(passes: Sequence[Pass], chunks: Sequence[PassBytes]) -> Iterator[Mom
 
 
 @dataclass(frozen=True)
-class _Profile:
+class Profile:
     """A schedule's distinct moments, in order of first occurrence: those that hold the same
     micro-batch chunks and add the same transient have one peak for any chunk costs. A schedule
     of thousands of passes has a few dozen to a few hundred; the planner sizes every candidate
     from these (one matrix product) rather than by walking the passes."""
 
-    live: np.ndarray  # [row, chunk] micro-batch chunks held
-    forward: np.ndarray  # [row, chunk] 1 where the row's pass adds that chunk's forward transient
-    backward: np.ndarray  # [row, chunk] the same for the backward transient
+    # [row, 3 * chunk]: micro-batch chunks held, then 1 where the row's pass adds that chunk's
+    # forward transient, then the same for the backward transient; times the chunks' (stored,
+    # forward, backward) bytes it gives each row's peak.
+    counts: np.ndarray
     first: tuple[Moment, ...]  # the first moment of each row
 
 
-@functools.lru_cache(maxsize=4096)
-def _profile(passes: tuple[Pass, ...], chunks: int) -> _Profile:
-    unit = [PassBytes(0)] * chunks
+def profile(passes: Sequence[Pass], chunks: int) -> Profile:
+    """The distinct moments of a schedule of chunks model chunks (as moments() would yield them
+    with zero costs, without making a Moment of every pass)."""
     live = [0] * chunks
+    total = 0
     rows: dict[tuple, Moment] = {}
-    for moment in moments(passes, unit):
-        kind, c = moment.kind, moment.chunk
+    for index, (kind, c, mb) in enumerate(passes):
         if kind in ("F", "F&"):
             live[c] += 1
-        transient = "forward" if kind in ("F", "F&") else "backward" if kind in ("I", "B") else ""
-        rows.setdefault((tuple(live), transient, c), moment)
+            total += 1
+            transient = 1
+        else:
+            transient = 2 if kind in ("I", "B") else 0
+        key = (*live, transient, c)
+        if key not in rows:
+            rows[key] = Moment(index, kind, c, mb, 0, 0, total)
         if kind in ("B", "W"):
             live[c] -= 1
-    keys = list(rows)
-    n = len(keys)
-    held = np.array([k[0] for k in keys], dtype=np.int64).reshape(n, chunks)
-    forward, backward = np.zeros((n, chunks), np.int64), np.zeros((n, chunks), np.int64)
-    for i, (_, transient, c) in enumerate(keys):
+            total -= 1
+    counts = np.zeros((len(rows), 3 * chunks), np.int64)
+    for i, key in enumerate(rows):
+        counts[i, :chunks] = key[:chunks]
+        transient, c = key[chunks], key[chunks + 1]
         if transient:
-            (forward if transient == "forward" else backward)[i, c] = 1
-    return _Profile(held, forward, backward, tuple(rows.values()))
+            counts[i, transient * chunks + c] = 1
+    return Profile(counts, tuple(rows.values()))
+
+
+@functools.lru_cache(maxsize=65536)
+def schedule_profile(name: str, stage: int, p: int, m: int, v: int, chunks: int) -> Profile:
+    """The profile of one stage's schedule, memoized on what names the schedule: hashing its
+    thousands of passes for every candidate cost more than the sizing itself."""
+    return _profile_of(passes_of(name, stage, p, m, v), chunks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _profile_of(passes: tuple[Pass, ...], chunks: int) -> Profile:
+    # On the passes themselves: stages of different pipelines often run one schedule (1F1B's
+    # stage i of p and stage i + k of p + k), and they share one profile.
+    return profile(passes, chunks)
 
 
 def peak(passes: Sequence[Pass], chunks: Sequence[PassBytes]) -> tuple[int, str]:
     """The largest activation footprint over the schedule, and when it happens."""
-    if not passes:
+    return profile_peak(profile(passes, len(chunks)), chunks)
+
+
+def profile_peak(of: Profile, chunks: Sequence[PassBytes]) -> tuple[int, str]:
+    """peak() from the schedule's profile."""
+    if not of.first:
         return 0, "no passes"
-    profile = _profile(tuple(passes), len(chunks))
-    stored = np.array([c.stored for c in chunks], np.int64)
-    tops = (profile.live @ stored + profile.forward @ np.array([c.forward for c in chunks], np.int64)
-            + profile.backward @ np.array([c.backward for c in chunks], np.int64))
+    costs = np.array([c.stored for c in chunks] + [c.forward for c in chunks] + [c.backward for c in chunks], np.int64)
+    tops = of.counts @ costs
     row = int(np.argmax(tops))  # the first of equal peaks: the earliest moment, as the walk finds
-    best = profile.first[row]
+    best = of.first[row]
     chunk = f" of chunk {best.chunk}" if len(chunks) > 1 else ""
     noun = "micro-batch chunk" if len(chunks) > 1 else "micro-batch"  # interleaved: a micro-batch per chunk
     plural = "" if best.live == 1 else ("s" if len(chunks) > 1 else "es")

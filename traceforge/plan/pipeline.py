@@ -222,11 +222,12 @@ def dualpipev(stage: int, stages: int, microbatches: int) -> list[Pass]:
 
 def schedule(spec: Spec, stage: int) -> list[Pass]:
     """One stage's passes in order (a fresh list: callers may change it)."""
-    return list(_passes(spec.schedule, stage, spec.pp, spec.num_microbatches, spec.virtual_stages))
+    return list(passes_of(spec.schedule, stage, spec.pp, spec.num_microbatches, spec.virtual_stages))
 
 
 @functools.lru_cache(maxsize=4096)
-def _passes(name: str, stage: int, p: int, m: int, v: int) -> tuple[Pass, ...]:
+def passes_of(name: str, stage: int, p: int, m: int, v: int) -> tuple[Pass, ...]:
+    """The passes of schedule name on one stage of p, with m micro-batches and v chunks."""
     # Memoized: the planner and the memory model ask for the same few thousand schedules
     # across hundreds of thousands of candidates.
     return tuple(_build(name, stage, p, m, v))

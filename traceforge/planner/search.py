@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from traceforge.errors import SpecError, UserError
 from traceforge.parallel import fan_out
@@ -85,6 +85,16 @@ class PlanResult:
     gpu_memory_bytes: int = 0
 
 
+class Candidate(NamedTuple):
+    """A feasible candidate waiting to be replayed (ordered by bound, then by its values)."""
+
+    bound: float  # microseconds its replay cannot beat
+    key: tuple  # sort_key(values)
+    values: dict[str, Any]
+    peak: int  # bytes on its fullest GPU
+    nodes: int  # fewest nodes its replay takes (bound.replay_nodes_floor): what a replay costs
+
+
 def sort_key(values: Mapping[str, Any]) -> tuple:
     """A total, deterministic order among candidates of equal time (layout fields, then flags)."""
     return tuple((k, str(values.get(k))) for k in sorted(values))
@@ -117,7 +127,7 @@ def _check(values: dict[str, Any], reads: set[str] | None) -> Spec | None:
 class _Share:
     considered: int = 0
     legal: int = 0
-    feasible: list[tuple[float, tuple, dict[str, Any], int]] = field(default_factory=list)  # (bound, key, values, peak)
+    feasible: list[Candidate] = field(default_factory=list)
     too_big: list[float] = field(default_factory=list)  # bounds of feasible candidates past the replay's node limit
     smallest_peak: int | None = None
 
@@ -135,11 +145,11 @@ def _filter_layout(layout: dict[str, Any]) -> _Share:
         if not fits:
             share.smallest_peak = peak if share.smallest_peak is None else min(share.smallest_peak, peak)
             continue
-        bound = step_lower_bound(spec, _job.link)
-        if replay_nodes_floor(spec, _job.link) > REPLAY_NODE_LIMIT:
+        bound, nodes = step_lower_bound(spec, _job.link), replay_nodes_floor(spec, _job.link)
+        if nodes > REPLAY_NODE_LIMIT:
             share.too_big.append(bound)  # set aside before its programs are built (a minute or more each)
             continue
-        share.feasible.append((bound, sort_key(values), values, peak))
+        share.feasible.append(Candidate(bound, sort_key(values), values, peak, nodes))
     return share
 
 
@@ -166,7 +176,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
     progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
-    feasible: list[tuple[float, tuple, dict[str, Any], int]] = []
+    feasible: list[Candidate] = []
     too_big: list[float] = []
     shares: Iterator[_Share] = (fan_out(_filter_layout, tops, jobs) if jobs > 1 and len(tops) > 1
                                 else map(_filter_layout, tops))
@@ -183,62 +193,95 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
         progress.close()
     result.feasible = len(feasible) + len(too_big)
     feasible.sort(key=lambda c: (c[0], c[1]))
-    budget_left = None if budget_s is None else max(0.0, budget_s - (time.perf_counter() - started))
-    result.candidates, result.replayed, too_big_replayed, stopped = _branch_and_bound(
-        builder, feasible, link, top, every, quiet, until_us, jobs, budget_left)
+    deadline = None if budget_s is None else started + budget_s
+    result.candidates, result.replayed, too_big_replayed, left = _branch_and_bound(
+        builder, feasible, link, top, every, quiet, until_us, jobs, deadline, budget_s)
     # What could still have entered the top K: a bound at most the K-th best step.
     kth = result.candidates[min(top, len(result.candidates)) - 1].estimate.step_us if result.candidates else 0.0
     limit = float("inf") if every or len(result.candidates) < top else max(kth, until_us or 0.0)
     result.too_big = too_big_replayed + sum(1 for bound in too_big if bound <= limit)
-    if stopped < len(feasible):
-        rest = feasible[stopped:]
-        result.unreplayed = sum(1 for c in rest if c[0] <= limit)
-        result.floor_us = rest[0][0] if result.unreplayed else None
+    could_rank = [c.bound for c in left if c.bound <= limit]
+    result.unreplayed = len(could_rank)
+    result.floor_us = min(could_rank) if could_rank else None
     result.seconds = time.perf_counter() - started
     return result
 
 
 # -- phase 2: replay in bound order ---------------------------------------------------------
 
-def _replay(item: tuple[float, tuple, dict[str, Any], int]) -> Estimate | None:
-    """One candidate's estimate (in a worker process); None past the replay's node limit."""
+# Seconds one node of a candidate's replay floor costs to build and replay, until replays of this
+# search have measured it (about 26 µs per node on the 2-core machine the planner was written on):
+# with a budget, a replay that cannot end before the deadline is not started.
+DEFAULT_SECONDS_PER_NODE = 20e-6
+
+
+def _replay(item: Candidate) -> tuple[Estimate | None, float]:
+    """One candidate's estimate (None past the replay's node limit) and the seconds it took
+    (in a worker process)."""
     assert _job is not None
+    started = time.perf_counter()
     try:
-        return estimate(_job.builder(item[2]), _job.link)
-    except ReplayTooBig:  # millions of nodes (thousands of micro-batches): not ranked, counted
-        return None
+        est: Estimate | None = estimate(_job.builder(item.values), _job.link)
+    except ReplayTooBig:  # millions of nodes: not ranked, counted
+        est = None
+    return est, time.perf_counter() - started
 
 
-def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, tuple, dict[str, Any], int]],
-                      link: LinkModel, top: int, every: bool, quiet: bool,
-                      until_us: float | None = None, jobs: int = 1, budget_s: float | None = None,
-                      ) -> tuple[list[Ranked], int, int, int]:
-    """(ranked, replayed, too big, index of the first candidate the budget left unreplayed:
-    len(feasible) when none was)."""
+def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], link: LinkModel, top: int,
+                      every: bool, quiet: bool, until_us: float | None = None, jobs: int = 1,
+                      deadline: float | None = None, budget_s: float | None = None,
+                      ) -> tuple[list[Ranked], int, int, list[Candidate]]:
+    """(ranked, replayed, too big, candidates a deadline left unreplayed).
+
+    With a deadline (perf_counter seconds; budget_s: the whole budget) no replay is started
+    past it once one candidate is ranked, and none whose cost (its node floor at the seconds
+    per node measured so far) would end past it: those are left for the certificate (their
+    bounds), in favour of the next ones in bound order that can still finish. The first replay
+    is started even late, if it costs at most the whole budget (the validation may have used
+    it up); if no candidate does, the cheapest are replayed until one is ranked."""
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     too_big = 0
     progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
-    sent: deque[tuple[float, tuple, dict[str, Any], int]] = deque()
-    started = time.perf_counter()
-    stopped = len(feasible)
+    sent: deque[Candidate] = deque()
+    left: list[Candidate] = []
+    rate = [0.0, 0]  # seconds and floor nodes of the replays done
 
-    def in_bound_order() -> Iterator[tuple[float, tuple, dict[str, Any], int]]:
+    def seconds_per_node() -> float:
+        return rate[0] / rate[1] if rate[1] else DEFAULT_SECONDS_PER_NODE
+
+    def in_bound_order() -> Iterator[Candidate]:
         # Workers take candidates ahead of the results; each is checked against the K-th best
         # step known when it is taken, so a few more than needed may be replayed, never fewer.
-        nonlocal stopped
+        sent_any = False
         for index, item in enumerate(feasible):
-            if not every and len(best) >= top and item[0] > max(-best[0], until_us or 0.0):
+            if not every and len(best) >= top and item.bound > max(-best[0], until_us or 0.0):
                 return  # strictly: a candidate whose step ties the K-th may still rank before it
-            if budget_s is not None and ranked and time.perf_counter() - started > budget_s:
-                stopped = index  # out of time: the rest is reported by its lowest bound
-                return
+            if deadline is not None:
+                now = time.perf_counter()
+                if ranked and now > deadline:
+                    left.extend(feasible[index:])  # out of time: reported by their lowest bound
+                    return
+                cost = item.nodes * seconds_per_node()
+                if now + cost > deadline and (sent_any or cost > (budget_s or 0.0)):
+                    left.append(item)
+                    continue
+            sent_any = True
             sent.append(item)
             yield item
+        if deadline is not None and not sent_any and left:  # nothing fitted the budget: the cheapest first
+            left.sort(key=lambda c: (c.nodes, c.bound, c.key))
+            while left and not ranked:
+                item = left.pop(0)
+                sent.append(item)
+                yield item
+            left.sort(key=lambda c: (c.bound, c.key))
 
     results = fan_out(_replay, in_bound_order(), jobs) if jobs > 1 else map(_replay, in_bound_order())
-    for est in results:
-        bound, _key, values, peak = sent.popleft()
+    for est, seconds in results:
+        item = sent.popleft()
+        rate[0] += seconds
+        rate[1] += item.nodes
         if progress:
             progress.advance()
         if est is None:
@@ -246,8 +289,8 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
             continue
         if est.stalled:
             raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
-                            "please report this spec: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-        ranked.append(Ranked(values, builder(values), peak, bound, est))
+                            "please report this spec: " + ", ".join(f"{k}={v}" for k, v in item.values.items()))
+        ranked.append(Ranked(item.values, builder(item.values), item.peak, item.bound, est))
         if len(best) < top:
             heapq.heappush(best, -est.step_us)
         elif -est.step_us > best[0]:
@@ -256,7 +299,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[tuple[float, 
         progress.close()
     replayed = len(ranked)
     ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
-    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big, stopped
+    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big, left
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:

@@ -124,14 +124,15 @@ def _dp_modes(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]
 
 # The search tree, outermost first: each level adds these spec keys. The order follows the
 # order in which the validator reads them, so a refusal at a level reads nothing deeper and
-# removes the whole subtree with one call; the last PROBE_FREE levels are only validated whole.
+# removes the whole subtree with one call (most refusals are the schedule's, so the
+# data-parallel modes, read last, come last); the last PROBE_FREE levels are only validated whole.
 LEVELS = ((_layouts, ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")),
           (_micro_batches, ("micro_batch",)),
           (_recomputes, ("recompute",)),
-          (_dp_modes, ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")),
           (_schedules, ("schedule", "virtual_stages")),
-          (_splits, tuple(SPLIT_ACCOUNTING)))
-PROBE_FREE = 2
+          (_splits, tuple(SPLIT_ACCOUNTING)),
+          (_dp_modes, ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")))
+PROBE_FREE = 1
 
 
 def count(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any], level: int) -> int:
