@@ -9,6 +9,7 @@ has the speed figures).
 
 from __future__ import annotations
 
+import gc
 import itertools
 from pathlib import Path
 
@@ -16,11 +17,13 @@ import numpy as np
 import pytest
 
 from traceforge.cluster import Cluster
-from traceforge.plan.ops import Context, ProgramBuilder, _sorted_unique
+from traceforge.layout import Layout
+from traceforge.plan.ops import Context, NodeType, ProgramBuilder, _sorted_unique
+from traceforge.plan.program import build_program
 from traceforge.planner.estimate import in_memory_trace_set
 from traceforge.report.rank_scan import RankProgram, RankScan
 from traceforge.report.scan import COLL, COMP, RECV, SEND
-from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, replay
+from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, gc_paused, replay
 from traceforge.report.traceset import TraceSet
 from traceforge.spec import build_spec
 
@@ -176,3 +179,49 @@ def test_compute_queue_on_random_dags(seed: int, mode: str) -> None:
     scan = RankScan(rank=0, nodes=n, compute_micros=int(program.durations.sum()), max_step=0, shape=shape)
     ts = TraceSet(Path("."), "workload", 1, [scan], {shape: program}, {}, {}, 1, False)
     _check_compute(replay(ts, LinkModel(), mode=mode))
+
+
+@pytest.mark.parametrize("case", range(len(SPECS)))
+def test_in_memory_programs_read_every_op_as_written(case: int) -> None:
+    """The in-memory set's programs (read column-wise, shared across rank patterns) hold each
+    stage op's fields as the scanner would read them from the written file: node by node."""
+    spec = _spec(case)
+    ts = in_memory_trace_set(spec)
+    by_stage = {}
+    for scan in ts.scans:
+        by_stage.setdefault(scan.shape, scan)
+    stage_of = Layout.from_spec(spec).coords["pp"].tolist()
+    for shape, scan in by_stage.items():
+        p, ops = ts.programs[shape], build_program(spec, stage_of[scan.rank]).ops
+        assert p.types.tolist() == [int(op.type) for op in ops]
+        assert p.durations.tolist() == [op.duration_micros for op in ops]
+        assert p.ctypes.tolist() == [-1 if op.comm_type is None else int(op.comm_type) for op in ops]
+        assert p.sizes.tolist() == [op.comm_size for op in ops]
+        assert p.tags.tolist() == [op.tag for op in ops]
+        assert p.steps.tolist() == [op.step for op in ops]
+        assert p.names == [op.name for op in ops] and p.dims == [op.dim for op in ops]
+        ptr, idx = p.dep_ptr.tolist(), p.dep_idx.tolist()
+        assert [tuple(idx[ptr[i]:ptr[i + 1]]) for i in range(len(ops))] == [op.deps for op in ops]
+        # roles: a collective's group role numbered by first use, a transfer's peer by its rank's first use
+        groups = list(dict.fromkeys(op.group for op in ops if op.type == NodeType.COLL))
+        peers = scan.peer_roles
+        for op, role in zip(ops, p.roles.tolist(), strict=True):
+            if op.type == NodeType.COLL:
+                assert role == groups.index(op.group)
+            elif op.peer is not None:
+                assert 0 <= role < len(peers)
+            else:
+                assert role == -1
+
+
+def test_gc_paused_restores_the_collector() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    with pytest.raises(KeyError), gc_paused():
+        raise KeyError
+    assert gc.isenabled()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
+from operator import attrgetter
 
 from traceforge.errors import SpecError
 from traceforge.memory.activations import chunk_activations
@@ -296,12 +297,12 @@ class StagePlanner:
 
 
 INT64_MAX = 2**63 - 1
+_SIZES = attrgetter("num_ops", "tensor_size", "comm_size", "duration_micros", "mem_alloc", "mem_free")
 
 
 def build_program(spec: Spec, stage: int, variant: int = 0) -> Program:
     program = StagePlanner(spec, stage, variant).build()
-    biggest = max(max(op.num_ops, op.tensor_size, op.comm_size, op.duration_micros, op.mem_alloc, op.mem_free)
-                  for op in program.ops)
+    biggest = max(map(max, map(_SIZES, program.ops)))
     if biggest > INT64_MAX:
         raise SpecError(f"this spec makes a node value of {biggest:.3g} (FLOPs, bytes or microseconds), beyond "
                         "Chakra's 64-bit integer fields: reduce hidden, ffn_hidden, vocab, seq_len or micro_batch")

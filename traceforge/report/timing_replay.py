@@ -19,9 +19,12 @@ representative per class is replayed. A 16-stage pipeline replays 16 programs at
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +42,21 @@ MODES = (ASTRA_SIM, HARDWARE)
 
 # Replays bigger than this many nodes (classes x nodes per program) are refused.
 REPLAY_NODE_LIMIT = 4_000_000
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the duration. Building and replaying a 405B
+    candidate allocates millions of lists, tuples and ops, none in a cycle; every collection
+    their allocation triggers walks them again, and the periodic full ones walk everything
+    alive: a third of the build's time. Nested uses leave it to the outermost to turn it on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class ReplayTooBig(Exception):
@@ -86,7 +104,8 @@ def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
     first: dict[tuple, int] = {}
     color = []
     for s in ts.scans:
-        inter = tuple(not (0 <= p < world) or node_of(p, gpus_per_node) != node_of(s.rank, gpus_per_node) for p in s.peer_roles)
+        node = node_of(s.rank, gpus_per_node)
+        inter = tuple([not (0 <= p < world) or node_of(p, gpus_per_node) != node for p in s.peer_roles])
         key = (s.shape, tuple(crossing[g] for g in s.group_roles), inter)
         color.append(first.setdefault(key, len(first)))
     count = len(first)
@@ -193,6 +212,7 @@ class _Replay:
         self.coll_waiters: dict[tuple[int, int], list] = defaultdict(list)
         self.recv_waiters: dict[tuple[int, int], list] = defaultdict(list)
         self.partner_cache: dict[tuple[int, int], list | None] = {}
+        self.senders: dict[tuple[int, int], tuple[int, int] | None] = {}  # (class, peer role) -> (class, role) there
         self._roles: dict[int, dict] = {}
         self._peers: dict[int, dict] = {}
         # Per (class, group role): the (class, role) of every member, group size, link class.
@@ -240,12 +260,15 @@ class _Replay:
 
     def matching_send(self, c: int, i: int) -> tuple[int, int] | None:
         cp = self.classes[c]
-        src = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
-        if not 0 <= src < self.ts.world:
+        key = (c, cp.roles[i])
+        if key not in self.senders:  # the same for every recv of this class from this peer role
+            src = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+            self.senders[key] = (self.color[src], self._peer_role(src, cp.rank)) if 0 <= src < self.ts.world else None
+        sender = self.senders[key]
+        if sender is None:
             return None
-        cs = self.color[src]
-        key = (SEND, self._peer_role(src, cp.rank), cp.tags[i], cp.sizes[i])
-        lst = self.classes[cs].p2p_lists.get(key, [])
+        cs, role = sender
+        lst = self.classes[cs].p2p_lists.get((SEND, role, cp.tags[i], cp.sizes[i]), [])
         k = cp.position[i]
         return (cs, lst[k]) if k < len(lst) else None
 
@@ -440,15 +463,17 @@ def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT,
     size = sum(ts.scans[r].nodes for r in reps)
     if size > node_limit:
         raise ReplayTooBig(f"{len(reps)} distinct rank programs, {size:,} nodes to replay (limit {node_limit:,})")
-    if mode == HARDWARE:
-        from traceforge.report.streams import StreamReplay
+    with gc_paused():
+        if mode == HARDWARE:
+            from traceforge.report.streams import StreamReplay
 
-        sim: _Replay = StreamReplay(ts, link, color, reps)
-    else:
-        sim = _Replay(ts, link, color, reps, network)
-    makespan = sim.run_all()
-    stalled = [(c, i) for c, fin in enumerate(sim.finish) for i, f in enumerate(fin) if f is None]
-    result = ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish, makespan,
-                          stalled, mode)
-    sim.annotate(result)
+            sim: _Replay = StreamReplay(ts, link, color, reps)
+        else:
+            sim = _Replay(ts, link, color, reps, network)
+        makespan = sim.run_all()
+        stalled = [(c, i) for c, fin in enumerate(sim.finish) for i, f in enumerate(fin) if f is None]
+        result = ReplayResult(link, color, reps, [cp.p for cp in sim.classes], sim.issue, sim.start, sim.finish,
+                              makespan, stalled, mode)
+        sim.annotate(result)
+        del sim  # its millions of lists go now, by reference count, not in the first collection after the pause
     return result
