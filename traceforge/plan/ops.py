@@ -166,7 +166,9 @@ class ProgramBuilder:
         self._prefixes: dict[tuple, tuple[str, str]] = {}
 
     # -- recording ---------------------------------------------------------------------
-    def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, **kw) -> int:
+    def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, duration_micros: int = 0,
+             num_ops: int = 0, tensor_size: int = 0, comm_type: Coll | None = None, comm_size: int = 0,
+             group: str | None = None, peer: str | None = None, tag: int = 0) -> int:
         op_id = len(self.program.ops)
         c = self.ctx
         key = (c.step, c.phase, c.microbatch, c.layer)
@@ -175,8 +177,10 @@ class ProgramBuilder:
             prefix = self._prefixes[key] = _label_prefix(*key)
         step_part, where = prefix
         label = step_part + (f"{where}/{name}" if where and name else where or name)
+        # Positional, in Op's field order (mem_alloc and mem_free 0: program.py sets them later).
         self.program.ops.append(Op(op_id, label, type_, _sorted_unique(deps), c.phase, dim, c.step, c.microbatch,
-                                   c.layer, **kw))
+                                   c.layer, duration_micros, num_ops, tensor_size, 0, 0, comm_type, comm_size, group,
+                                   peer, tag))
         return op_id
 
     def _follows(self) -> tuple[int, ...]:

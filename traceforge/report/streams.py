@@ -150,8 +150,10 @@ class StreamReplay(_Replay):
 
     def _rerate(self, keys: set[tuple[int, int]], t: float) -> None:
         """Bring each transfer's bytes up to t and reschedule its end if its share changed."""
+        if not keys:  # most calls: a transfer ended that shared no load with another
+            return
         load, active, events, tick = self.load, self.active, self.events, self.tick
-        for key in sorted(keys):  # sorted: the event order, hence the output, is deterministic
+        for key in sorted(keys) if len(keys) > 1 else keys:  # sorted: the event order, hence the output, is deterministic
             x = active[key]
             rate = x.bandwidth / max(map(load.__getitem__, x.bound))
             if rate == x.rate:

@@ -98,22 +98,24 @@ def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
     world = ts.world
     crossing = {g: crosses_nodes(m, gpus_per_node) for g, m in ts.groups.items()}
 
-    def peer_color(p: int, color: list[int]) -> int:
-        return color[p] if 0 <= p < world else -1
-
     first: dict[tuple, int] = {}
     color = []
     for s in ts.scans:
         node = node_of(s.rank, gpus_per_node)
         inter = tuple([not (0 <= p < world) or node_of(p, gpus_per_node) != node for p in s.peer_roles])
-        key = (s.shape, tuple(crossing[g] for g in s.group_roles), inter)
+        key = (s.shape, tuple(map(crossing.__getitem__, s.group_roles)), inter)
         color.append(first.setdefault(key, len(first)))
     count = len(first)
     while True:
-        group_sig = {g: tuple(sorted(color[m] for m in members)) for g, members in ts.groups.items()}
+        # Each group's sorted member classes, numbered: a rank's key then holds small ints, not
+        # tuples of up to thousands of members hashed again for every rank.
+        numbers: dict[tuple[int, ...], int] = {}
+        group_sig = {g: numbers.setdefault(tuple(sorted(map(color.__getitem__, members))), len(numbers))
+                     for g, members in ts.groups.items()}
         seen: dict[tuple, int] = {}
-        new = [seen.setdefault((color[s.rank], tuple(group_sig[g] for g in s.group_roles),
-                                tuple(peer_color(p, color) for p in s.peer_roles)), len(seen)) for s in ts.scans]
+        new = [seen.setdefault((color[s.rank], tuple(map(group_sig.__getitem__, s.group_roles)),
+                                tuple([color[p] if 0 <= p < world else -1 for p in s.peer_roles])), len(seen))
+               for s in ts.scans]
         if len(seen) == count:
             return color
         color, count = new, len(seen)
@@ -243,20 +245,21 @@ class _Replay:
 
     def partners(self, c: int, i: int) -> list[tuple[int, int]] | None:
         """The matching collective of every member (the k-th on the group, as NCCL matches)."""
-        if (c, i) not in self.partner_cache:
-            mates, _, _ = self.coll_info[(c, self.classes[c].roles[i])]
-            k = self.classes[c].position[i]
-            out: list[tuple[int, int]] = []
-            for c2, r2 in mates:
-                lst = self.classes[c2].coll_lists.get(r2, [])
-                if k >= len(lst):
-                    break
-                out.append((c2, lst[k]))
-            else:
-                self.partner_cache[(c, i)] = out
-                return out
-            self.partner_cache[(c, i)] = None  # a member posts fewer collectives on this group: never starts
-        return self.partner_cache[(c, i)]
+        try:
+            return self.partner_cache[(c, i)]  # computed when the first member issued it
+        except KeyError:
+            pass
+        mates, _, _ = self.coll_info[(c, self.classes[c].roles[i])]
+        k = self.classes[c].position[i]
+        out: list[tuple[int, int]] = []
+        for c2, r2 in mates:
+            lst = self.classes[c2].coll_lists.get(r2, [])
+            if k >= len(lst):  # a member posts fewer collectives on this group: never starts
+                self.partner_cache[(c, i)] = None
+                return None
+            out.append((c2, lst[k]))
+        self.partner_cache[(c, i)] = out
+        return out
 
     def matching_send(self, c: int, i: int) -> tuple[int, int] | None:
         cp = self.classes[c]
