@@ -20,9 +20,10 @@ from traceforge.cluster import Cluster
 from traceforge.layout import Layout
 from traceforge.plan.ops import Context, NodeType, ProgramBuilder, _sorted_unique
 from traceforge.plan.program import build_program
-from traceforge.planner.estimate import in_memory_trace_set
+from traceforge.planner.estimate import estimate, in_memory_trace_set
 from traceforge.report.rank_scan import RankProgram, RankScan
 from traceforge.report.scan import COLL, COMP, RECV, SEND
+from traceforge.report.timeline import step_estimate
 from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, gc_paused, replay
 from traceforge.report.traceset import TraceSet
 from traceforge.spec import build_spec
@@ -225,3 +226,14 @@ def test_gc_paused_restores_the_collector() -> None:
     with pytest.raises(KeyError), gc_paused():
         raise KeyError
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("case", range(len(SPECS)))
+def test_planner_estimate_is_the_reports_critical_split(case: int) -> None:
+    """The planner splits only the critical class; the report's step_estimate splits every
+    class and picks the critical one: the same numbers."""
+    spec, link = _spec(case), LinkModel.from_cluster(Cluster.from_options())
+    est = estimate(spec, link)
+    step = step_estimate(replay(in_memory_trace_set(spec), link, mode=HARDWARE), spec.steps)
+    assert (est.step_us, est.compute_us, est.idle_us) == (step.critical.total, step.critical.compute, step.critical.idle)
+    assert (est.classes, est.stalled) == (step.classes, step.stalled)

@@ -138,7 +138,7 @@ class StreamReplay(_Replay):
             return
         bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
         key = (c, i)
-        self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, last=t)
+        self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, 0.0, t)  # rate 0 until _rerate
         affected = {key}
         load, bound_by = self.load, self.bound_by
         for k in own:

@@ -105,10 +105,15 @@ class StepEstimate:
                 "estimate": "analytical alpha-beta replay, not a simulation"}
 
 
+def critical_class(result: ReplayResult) -> int:
+    """The class that finishes last (the first of them on a tie; 0 when there is none)."""
+    ends = [max((f for f in result.finish[c] if f is not None), default=0.0) for c in range(len(result.reps))]
+    return max(range(len(ends)), key=lambda c: ends[c]) if ends else 0
+
+
 def step_estimate(result: ReplayResult, steps: int) -> StepEstimate:
     splits = [class_split(result, c) for c in range(len(result.reps))]
-    ends = [max((f for f in result.finish[c] if f is not None), default=0.0) for c in range(len(result.reps))]
-    crit = max(range(len(ends)), key=lambda c: ends[c]) if ends else 0
+    crit = critical_class(result)
     sizes = result.class_size()
     world = sum(sizes) or 1
     mean = Split(result.makespan, sum(s.compute * n for s, n in zip(splits, sizes, strict=False)) / world,

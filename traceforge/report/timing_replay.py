@@ -402,6 +402,7 @@ class _Replay:
         classes, finish, start, busy_all, queues_all = self.classes, self.finish, self.start, self.busy, self.queues
         ready_all, indeg_all, recv_waiters = self.ready_at, self.indeg, self.recv_waiters
         became_ready, release_comm, on_event, finish_recv = self.became_ready, self.release_comm, self.on_event, self.finish_recv
+        post_recv, acquire_comm = self.post_recv, self.acquire_comm
         makespan = 0.0
         while events:
             t, seq, c, i = heappop(events)
@@ -435,6 +436,10 @@ class _Replay:
                             busy[0] = True
                             start[c][j] = r = ready_at[j]
                             heappush(events, (r + cp.durations[j], tick(), c, j))
+                    elif types[j] == RECV:  # became_ready's other cases, without its dispatch
+                        post_recv(c, j, ready_at[j])
+                    elif types[j] in (SEND, COLL):
+                        acquire_comm(c, j, ready_at[j])
                     else:
                         became_ready(c, j, ready_at[j])
             if kind == COMP:  # release(c, t, 0) -> run
