@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
+from traceforge.errors import SpecError
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
 from traceforge.model import _model_chunks, stage_params
-from traceforge.planner.bound import _pieces, _pipeline
+from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces
 from traceforge.planner.dp_bound import _stage_parts, crossings, unit_gathers
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec, build_spec
@@ -60,7 +61,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['schedule']}-{c['dp_mode']}")
-@pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_pieces, (LINK,)),
+@pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_layer_pieces, (LINK,)),
                                          (_pipeline, (LINK,)), (_stage_parts, (LINK,)), (crossings, (4,)), (unit_gathers, (LINK,)),
                                          (_model_chunks, (1,)), (stage_params, (1,))],
                          ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline",
@@ -72,6 +73,22 @@ def test_ignored_fields_are_never_read(case, cached, args):
     read = reads(spec)
     assert read, "the spy saw no field read at all"
     assert not read & cached.ignored, f"{cached.__name__} reads {sorted(read & cached.ignored)}, which its memo ignores"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.get("experts")]
+                         + [dict(CASES[0], fp8="hybrid"), dict(CASES[2], cp=2, world_size=16, order="megatron"),
+                            dict(CASES[0], tp_comm_overlap=True)],
+                         ids=lambda c: f"{c['schedule']}-{c['dp_mode']}-{c.get('fp8', 'bf16')}-cp{c.get('cp', 1)}")
+def test_a_dense_layer_recorded_at_dp_1_floors_as_at_its_own_dp(case):
+    """The bound records a dense model's layers with dp and the micro-batch count at 1 (their
+    only reads are p2p tags), so one recording serves every pipeline depth: the pieces must
+    equal the recording at the spec's own sizes (FP8, CP and TP-overlap rings included)."""
+    for world in (8, 16, 32):
+        try:
+            spec = build_spec("demo", overrides={**case, "world_size": world * case.get("cp", 1)})
+        except SpecError:
+            continue
+        assert _pieces(spec, LINK) == _record_pieces(spec, LINK), (world, spec.dp, spec.num_microbatches)
 
 
 def test_memory_report_equals_a_cold_computation_across_the_ignored_fields():

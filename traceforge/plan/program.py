@@ -31,17 +31,19 @@ Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emi
 
 
 def layer_group_sizes(spec: Spec) -> dict[str, int]:
-    """Members of the groups a layer's own ops use (TP, CP, EP and FP8's amax reduction): what
-    the planner's bound records a layer with, without reading the pipeline or the DP mode."""
+    """Members of the groups a layer's own ops use (TP, CP, EP): what the planner's bound
+    records a layer with, without reading the pipeline or the data-parallel size."""
     return {"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
-            "epn": spec.ep // spec.moe_router_num_groups, "amax": spec.tp * spec.cp * spec.dp}
+            "epn": spec.ep // spec.moe_router_num_groups}
 
 
 def group_sizes(spec: Spec) -> dict[str, int]:
     """Members of each group role; collectives on single-member groups are dropped."""
     dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
     first, last = embedding_stages(spec)
-    sizes = {**layer_group_sizes(spec), "pp": spec.pp, "dp": dp, "emb": 2 if first != last else 1,
+    # FP8's amax reduction (once per model chunk, not in a layer's ops) spans TP x CP x DP.
+    sizes = {**layer_group_sizes(spec), "amax": spec.tp * spec.cp * spec.dp, "pp": spec.pp, "dp": dp,
+             "emb": 2 if first != last else 1,
              "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
              "tpepp": spec.tp * spec.ep * spec.pp}
     if spec.dp_mode == "hsdp":

@@ -22,6 +22,7 @@ Pipeline transfers and sharing of links are left out: they only add to the repla
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from traceforge.model import activation_bytes, is_moe_layer, model_chunks, virtual_stage_layers
@@ -80,16 +81,32 @@ def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) ->
 
 
 # The searched fields a layer's, the embedding's and the head's recorded ops never read.
-# (dp stays in the key: FP8's amax reduction spans TP x CP x DP; the micro-batch count with it.)
 PIPELINE_AND_DP = ("pp", "world_size", "schedule", "virtual_stages",
                    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                    "dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
 DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
 
 
-@ignoring(*PIPELINE_AND_DP)
 def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
+    if not spec.experts:
+        # A dense layer's ops read the data-parallel size and the micro-batch count only to
+        # number p2p tags (an MoE layer's routing reads them too): recorded with both at 1,
+        # one recording serves every pipeline depth of a (tp, cp) layout.
+        spec = _with_data_parallel_one(spec)
+    return _layer_pieces(spec, link)
+
+
+def _with_data_parallel_one(spec: Spec) -> Spec:
+    """spec with dp and the micro-batch count at 1 (a shallow copy: dataclasses.replace would
+    read, and re-validate nothing of, every other field)."""
+    one = copy.copy(spec)
+    for name, value in (("dp", 1), ("num_microbatches", 1), ("global_batch", spec.micro_batch)):
+        object.__setattr__(one, name, value)  # a frozen dataclass's own copy, before anyone sees it
+    return one
+
+
+def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     cost = CostModel(spec)
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
     template = LayerTemplate(spec, tp, cost)
@@ -115,6 +132,9 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     for moe, index in kinds.items():
         out["moe" if moe else "dense"] = layer(index, moe)
     return out
+
+
+_layer_pieces = ignoring(*PIPELINE_AND_DP)(_record_pieces)
 
 
 def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
