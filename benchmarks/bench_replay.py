@@ -7,8 +7,9 @@ the stage programs in memory (plan/program.py, plan/ops.py), replays them in the
 Cases: the best-bounded 405B layout at 16,384 H100 (t4 c8 p32 d16, interleaved-zb v2, 128
 micro-batches: 2.1 M replayed nodes) and three smaller ones. Per case: seconds to build, to
 replay, and for the whole estimate (build, replay and the split), nodes built (ops of every
-distinct program), nodes replayed (every rank class's), microseconds per replayed node, and the
-step. Each case runs in a fresh child process; the load average is printed with every row.
+distinct program), nodes replayed (every rank class's), microseconds per replayed node, the
+step and the child's peak memory (RSS). Each case runs in a fresh child process; the load
+average is printed with every row.
 
 `--against REV` first times the same cases on the source of git revision REV (`git archive` into
 a scratch folder, deleted after), case by case back to back with this tree, and says whether
@@ -73,8 +74,10 @@ total = time.perf_counter() - t
 ts, result = seen["build_out"], seen["replay_out"]
 built = sum(ts.scans[r].nodes for r in {ts.scans[r].shape: r for r in range(ts.world)}.values())
 replayed = sum(len(f) for f in result.finish)
+import resource
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
 print(json.dumps(dict(build=seen["build"], replay=seen["replay"], total=total, built=built, replayed=replayed,
-                      step=est.step_us)))
+                      step=est.step_us, peak=peak)))
 """
 
 
@@ -94,7 +97,8 @@ def load() -> str:
 def row(label: str, m: dict) -> str:
     us = m["replay"] / max(1, m["replayed"]) * 1e6
     return (f"  {label:<4} build {m['build']:6.2f} s  replay {m['replay']:6.2f} s  estimate {m['total']:6.2f} s  "
-            f"built {m['built']:>9,}  replayed {m['replayed']:>9,}  {us:5.2f} us/node  step {m['step'] / 1e3:,.3f} ms  "
+            f"built {m['built']:>9,}  replayed {m['replayed']:>9,}  {us:5.2f} us/node  peak {m['peak'] / 1e9:5.2f} GB  "
+            f"step {m['step'] / 1e3:,.3f} ms  "
             f"({load()})")
 
 
