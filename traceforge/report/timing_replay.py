@@ -15,6 +15,10 @@ Exact and cheap for big sets: ranks are partitioned into classes that provably b
 (same rank-independent program and link classes, refined until every member of a class sees
 the same classes in each of its groups and peers: an equitable partition), and only one
 representative per class is replayed. A 16-stage pipeline replays 16 programs at any width.
+
+The planner replays candidates of millions of nodes (benchmarks/bench_replay.py), so the event
+loop runs compute nodes inline and classes that run one program share its lookups; the events,
+and their order, are those of the plain method calls (tests/test_replay_paths.py).
 """
 
 from __future__ import annotations
