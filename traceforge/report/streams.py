@@ -179,7 +179,7 @@ class StreamReplay(_Replay):
             bound_by[k].discard(key)
         affected.discard(key)
         self._rerate(affected, t)
-        self.done_at(c, key[1], t + x.latency)
+        heapq.heappush(self.events, (t + x.latency, self.tick(), c, key[1]))  # done_at, once per transfer
 
     def annotate(self, result: ReplayResult) -> None:
         result.streams, result.stream_names = self.stream_of, self.stream_names

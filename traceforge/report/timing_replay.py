@@ -139,6 +139,7 @@ class _ProgramIndex:
         self.tags = program.tags.tolist()
         counts = np.diff(program.dep_ptr)
         self.indeg = counts.tolist()
+        self.roots = np.flatnonzero(counts == 0).tolist()  # the nodes ready at time 0, in id order
         # children[d]: the nodes that depend on d, in increasing order (a node listing d twice
         # appears twice): the dependency CSR transposed by a stable sort on the dependency.
         owner = np.repeat(np.arange(n, dtype=np.int64), counts)
@@ -163,6 +164,7 @@ class _ClassProgram:
         self.rank, self.p = rank, program
         self.types, self.durations, self.sizes = index.types, index.durations, index.sizes
         self.roles, self.tags, self.indeg, self.children = index.roles, index.tags, index.indeg, index.children
+        self.roots = index.roots
         self.coll_lists, self.p2p_lists, self.position = index.coll_lists, index.p2p_lists, index.position
 
 
@@ -379,7 +381,7 @@ class _Replay:
         posted, s_start, s_end = self.issue[c][i], self.start[send[0]][send[1]], self.finish[send[0]][send[1]]
         assert posted is not None and s_start is not None and s_end is not None  # the recv posted, the send done
         self.start[c][i] = max(posted, s_start) if s_end > posted else posted
-        self.done_at(c, i, max(posted, s_end))
+        heapq.heappush(self.events, (max(posted, s_end), self.tick(), c, i))  # done_at, once per recv
 
     def became_ready(self, c: int, i: int, t: float) -> None:
         kind = self.classes[c].types[i]
@@ -395,9 +397,8 @@ class _Replay:
 
     def run_all(self) -> float:
         for c, cp in enumerate(self.classes):
-            for i, d in enumerate(cp.indeg):
-                if d == 0:
-                    self.became_ready(c, i, 0.0)
+            for i in cp.roots:
+                self.became_ready(c, i, 0.0)
         # The loop below runs once per node (millions in a planner candidate), so it binds what
         # it reads to locals and does inline what became_ready, acquire, run, release and
         # done_at do for a compute node (the most common kind), in the same order: the events,
