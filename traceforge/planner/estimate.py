@@ -114,9 +114,11 @@ def _trace_set(spec: Spec, programs: list[Program] | None) -> TraceSet:
     shared: list[tuple[_Columns, tuple[str, ...], tuple[str, ...], bytes]] = []
     for program in programs:
         columns = _Columns(program)
-        kinds = columns.types
-        groups = _first_use([g for t, g in zip(kinds, columns.groups, strict=True) if t == NodeType.COLL])
-        peers = _first_use([p for t, p in zip(kinds, columns.peers, strict=True) if t in (NodeType.SEND, NodeType.RECV)])
+        kinds = columns.type_array
+        colls = np.flatnonzero(kinds == NodeType.COLL).tolist()
+        transfers = np.flatnonzero((kinds == NodeType.SEND) | (kinds == NodeType.RECV)).tolist()
+        groups = _first_use(list(map(columns.groups.__getitem__, colls)))
+        peers = _first_use(list(map(columns.peers.__getitem__, transfers)))
         shared.append((columns, groups, peers, b""))
     rank_programs: dict[bytes, RankProgram] = {}
     role_arrays = {"next": nxt, "prev": prv, "cp_next": cp_next, "cp_prev": cp_prev}
