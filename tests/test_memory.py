@@ -207,3 +207,25 @@ def test_suggested_fixes_fit_under_the_overhead_the_user_gave():
             changed = dataclasses.replace(spec, **{k: v for flag in fix.split(" --") for k, v in
                                                    changes["--" + flag.lstrip("-")].items()})
             assert memory_report(changed, overhead_bytes=overhead).fits, (overhead, fix)
+
+
+@pytest.mark.parametrize("flags", [
+    dict(world_size=8, tp=2, pp=2, schedule="1f1b", dp_mode="zero3", recompute="selective"),
+    dict(world_size=16, tp=1, pp=4, schedule="interleaved", virtual_stages=2, dp_mode="hsdp", shard_size=2, layers=8),
+    dict(world_size=8, tp=2, pp=2, schedule="zbv", dp_mode="zero2", recompute="full", micro_batch=2),
+    dict(world_size=8, pp=4, schedule="interleaved-zb", virtual_stages=2, dp_mode="dist-opt", layers=16),
+    dict(world_size=8, tp=2, pp=2, ep=2, experts=4, top_k=2, schedule="dualpipev", dp_mode="zero1", layers=8,
+         sequence_parallel=True,
+         order="megatron"),
+])
+def test_the_planners_peak_equals_the_report(flags):
+    """plan sizes candidates with peak_and_fits (no per-stage report): the same peak and verdict
+    as memory_report, at a GPU memory just above and just below that peak, any overhead."""
+    from traceforge.memory.report import peak_and_fits
+
+    spec = build_spec("demo", None, {"global_batch": 16, **flags})
+    for overhead in (None, 0, 3 * 2**30):
+        top = memory_report(spec, 10**15, overhead_bytes=overhead).peak_bytes
+        for memory in (top, top - 1, None):
+            report = memory_report(spec, memory, overhead_bytes=overhead)
+            assert peak_and_fits(spec, memory, overhead_bytes=overhead) == (report.peak_bytes, report.fits)

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from traceforge.errors import SpecError
+from traceforge.memory.activations import layer_activations
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
 from traceforge.model import _model_chunks, stage_params
 from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces
@@ -63,10 +64,11 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['schedule']}-{c['dp_mode']}")
 @pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_layer_pieces, (LINK,)),
                                          (_pipeline, (LINK,)), (_stage_parts, (LINK,)), (crossings, (4,)), (unit_gathers, (LINK,)),
-                                         (_model_chunks, (1,)), (stage_params, (1,))],
+                                         (_model_chunks, (1,)), (stage_params, (1,)), (layer_activations, (False,)),
+                                         (layer_activations, (True,))],
                          ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline",
                               "dp_floor_parts", "dp_crossings", "dp_unit_gathers", "model_chunks",
-                              "stage_params"])
+                              "stage_params", "dense_layer_activations", "moe_layer_activations"])
 def test_ignored_fields_are_never_read(case, cached, args):
     spec = spy(build_spec("demo", overrides=case))
     cached.uncached(spec, *args)

@@ -33,6 +33,7 @@ import numpy as np
 
 from traceforge.model import Chunk, is_moe_layer, local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import Spec
+from traceforge.spec_cache import ignoring
 
 FP32, INT64, MASK = 4, 8, 1
 
@@ -112,7 +113,11 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
     return stored, scores, forward, backward
 
 
-@functools.lru_cache(maxsize=4096)
+# Memoized on the fields it reads (the planner asks for every stage of every pipeline depth,
+# schedule and data-parallel mode of one layer shape): tests/test_spec_cache.py checks them.
+@ignoring("pp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather",
+          "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
+          "account_for_loss_in_pipeline_split")
 def layer_activations(spec: Spec, moe: bool) -> PassBytes:
     """One layer, one micro-batch, one GPU."""
     tokens = local_tokens(spec)

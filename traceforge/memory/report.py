@@ -133,5 +133,20 @@ def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_b
     return MemoryReport(spec.gpu, memory, top, top <= memory, stages, overhead_bytes)
 
 
+def peak_and_fits(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> tuple[int, bool]:
+    """(memory_report(...).peak_bytes, .fits) without the per-stage report: the planner sizes
+    hundreds of thousands of candidates and reads only these (tests/test_memory.py: equal)."""
+    memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
+    context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
+    fixed = _fixed_buffers(spec)
+    top = 0
+    for states, (activations, _) in zip(stages_states(spec), stages_activation_peaks(spec), strict=True):
+        buffers = states.dp_buffers + fixed
+        total = (states.weights + states.gradients + states.optimizer + activations + buffers + context
+                 + int(FRAGMENTATION * (activations + buffers)))
+        top = max(top, total)
+    return top, top <= memory
+
+
 def _gpu_memory(gpu: str) -> int:
     return gpu_memory_bytes(gpu)

@@ -8,8 +8,7 @@ from traceforge.spec import Spec
 def peak_bytes(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | None = None) -> tuple[int, bool]:
     """(peak bytes on the fullest GPU, whether it fits) from `traceforge memory`'s model
     (overhead_bytes: its --overhead-gb, None for the stated default)."""
-    from traceforge.memory import memory_report
+    from traceforge.memory.report import peak_and_fits
 
-    report = memory_report(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes)
-    return report.peak_bytes, report.fits
+    return peak_and_fits(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes)
 
