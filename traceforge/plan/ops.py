@@ -75,8 +75,8 @@ NEXT, PREV = Peer.NEXT, Peer.PREV
 
 
 # Not frozen: a frozen dataclass's __init__ sets each of the 19 fields through
-# object.__setattr__, 4x the cost of plain slot stores, and a 405B stage program records
-# ~26,000 ops (840,000 per candidate). unsafe_hash keeps Op hashable by value as before;
+# object.__setattr__, 4x the cost of plain slot stores, and a 405B stage program records up to
+# ~34,000 ops (over a million per candidate). unsafe_hash keeps Op hashable by value as before;
 # nothing assigns to an Op after _add (program.py uses dataclasses.replace).
 @dataclass(slots=True, unsafe_hash=True)
 class Op:
@@ -162,7 +162,7 @@ class ProgramBuilder:
         self.split_backward: list[tuple[int | None, str, Cost]] | None = None
         self._exact_micros = 0.0  # the model's compute time so far, unrounded
         self._written_micros = 0  # the whole microseconds written so far
-        # (step, phase, micro-batch, layer) -> label prefix: a few hundred contexts, 840,000 ops
+        # (step, phase, micro-batch, layer) -> label prefix: a few thousand contexts, a million ops
         self._prefixes: dict[tuple, tuple[str, str]] = {}
 
     # -- recording ---------------------------------------------------------------------
