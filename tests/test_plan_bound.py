@@ -199,7 +199,7 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
     threshold = search_module.replay_nodes_floor(lowest.spec, LINK)  # the first in bound order costs too much
     assert min(search_module.replay_nodes_floor(r.spec, LINK) for r in everything.candidates) < threshold
     budget = 1000.0
-    per_node = budget / (threshold - 0.5)
+    per_node = budget / (search_module.COST_MARGIN * (threshold - 0.5))
     monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", per_node)
     order = []
     real = search_module._replay
@@ -215,3 +215,27 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
     assert cut.unreplayed >= 1 and cut.floor_us is not None and cut.floor_us <= lowest.bound_us
     steps = sorted(r.estimate.step_us for r in everything.candidates)
     assert min(cut.candidates[0].estimate.step_us, cut.floor_us) <= steps[0] + 1e-6
+
+
+def test_when_validation_spends_the_budget_the_lowest_bound_affordable_candidate_is_ranked(monkeypatch):
+    """Past the deadline before any replay, the plan still ranks one: the first in bound order
+    whose cost is within the whole budget (not the cheapest, which may be any layout)."""
+    import traceforge.planner.search as search_module
+
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    fixed = {"dp_mode": "ddp", "recompute": "none"}
+    everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
+    lowest = min(everything.candidates, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
+    monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", 1e-15)  # every replay affordable
+    order = []
+    real = search_module._replay
+
+    def noting(item):
+        order.append(item)
+        return real(item)
+
+    monkeypatch.setattr(search_module, "_replay", noting)
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=1e-9)  # spent while validating
+    assert order[0].values == lowest.values and len(cut.candidates) >= 1
+    assert cut.unreplayed > 0 and cut.floor_us is not None

@@ -49,7 +49,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
-        opt("budget", float | None, typer.Option(None, "--budget", metavar="SECONDS", help="Seconds the search may run (validating, sizing and replaying) before it stops replaying and says how far from exact its ranking may be (default 60, none with --all; 0: no limit, the top K exact).")),
+        opt("budget", float | None, typer.Option(None, "--budget", metavar="SECONDS", help="Seconds the search may run (validating, sizing and replaying) before it stops replaying and says how far from exact its ranking may be (default 55, so that a plan ends within a minute; none with --all; 0: no limit, the top K exact).")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]

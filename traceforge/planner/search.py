@@ -213,6 +213,10 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
 # search have measured it (about 26 µs per node on the 2-core machine the planner was written on):
 # with a budget, a replay that cannot end before the deadline is not started.
 DEFAULT_SECONDS_PER_NODE = 20e-6
+# A replay's cost is its floor at the mean seconds per node so far; one candidate's own rate
+# varies around that mean (its floor is 70-95 % of its nodes; a ring's transfers cost more than
+# compute), so a replay is started only if it would end in time at this multiple of its cost.
+COST_MARGIN = 1.5
 
 
 def _replay(item: Candidate) -> tuple[Estimate | None, float]:
@@ -235,10 +239,10 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], l
 
     With a deadline (perf_counter seconds; budget_s: the whole budget) no replay is started
     past it once one candidate is ranked, and none whose cost (its node floor at the seconds
-    per node measured so far) would end past it: those are left for the certificate (their
-    bounds), in favour of the next ones in bound order that can still finish. The first replay
-    is started even late, if it costs at most the whole budget (the validation may have used
-    it up); if no candidate does, the cheapest are replayed until one is ranked."""
+    per node measured so far, times COST_MARGIN) would end past it: those are left for the
+    certificate (their bounds), in favour of the next ones in bound order that can still end.
+    If none can (the validation used the budget up), the candidates that cost at most the whole
+    budget are replayed in bound order until one is ranked, or else the cheapest."""
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     too_big = 0
@@ -262,20 +266,21 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], l
                 if ranked and now > deadline:
                     left.extend(feasible[index:])  # out of time: reported by their lowest bound
                     return
-                cost = item.nodes * seconds_per_node()
-                if now + cost > deadline and (sent_any or cost > (budget_s or 0.0)):
+                if now + COST_MARGIN * item.nodes * seconds_per_node() > deadline:
                     left.append(item)
                     continue
             sent_any = True
             sent.append(item)
             yield item
-        if deadline is not None and not sent_any and left:  # nothing fitted the budget: the cheapest first
-            left.sort(key=lambda c: (c.nodes, c.bound, c.key))
-            while left and not ranked:
-                item = left.pop(0)
+        if deadline is not None and not sent_any and left:  # none could end in time: rank one anyway
+            per_node = seconds_per_node()
+            affordable = [c for c in left if c.nodes * per_node <= (budget_s or 0.0)]
+            for item in affordable or sorted(left, key=lambda c: (c.nodes, c.bound, c.key)):
+                if ranked:
+                    break
+                left.remove(item)
                 sent.append(item)
                 yield item
-            left.sort(key=lambda c: (c.bound, c.key))
 
     results = fan_out(_replay, in_bound_order(), jobs) if jobs > 1 else map(_replay, in_bound_order())
     for est, seconds in results:
