@@ -151,10 +151,11 @@ def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
 
 @ignoring(*DP_MODE, maxsize=65536)
 def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None
-              ) -> tuple[list[float], float]:
+              ) -> tuple[list[float], float, list[float]]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
-    end: the last micro-batch's gradient back through every virtual stage), over all steps.
-    gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers)."""
+    end: the last micro-batch's gradient back through every virtual stage, per stage: when the
+    last step's last-micro-batch backward of one of its chunks can start at the earliest), over
+    all steps. gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers)."""
     pieces = _pieces(spec, link)
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
@@ -179,24 +180,34 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         fill.append(fill[-1] + p.forward)
         drain.append(drain[-1] + p.backward)
     m = spec.num_microbatches
-    ends, pipeline = [], 0.0
+    unsplit = spec.schedule in UNSPLIT
+    ends, pipeline, starts = [], 0.0, []
     for stage in range(spec.pp):
-        chunks = model_chunks(spec, stage)
-        first = min(virtual_stage(spec, stage, c.index) for c in chunks)
-        work = m * sum(per[virtual_stage(spec, stage, c.index)].forward + per[virtual_stage(spec, stage, c.index)].backward
-                       for c in chunks)
+        chunks = [per[virtual_stage(spec, stage, c.index)] for c in model_chunks(spec, stage)]
+        vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
+        first = min(vstages)
+        work = m * sum(c.forward + c.backward for c in chunks)
         ends.append(fill[first] + spec.steps * work)
-        pipeline = max(pipeline, ends[-1] + (drain[first] if spec.schedule in UNSPLIT else 0.0))
+        pipeline = max(pipeline, ends[-1] + (drain[first] if unsplit else 0.0))
+        # A chunk's last backward follows, on the stage's one compute stream, every forward of
+        # the chunk (its first after the fill reached it) and, unless weight-gradient passes
+        # are split off and deferred (zero-bubble schedules), every earlier backward; and in a
+        # later step, all the stage's work of the steps before.
+        earlier = fill[first] + (spec.steps - 1) * work
+        starts.append(min(max(fill[j], earlier) + m * c.forward + ((m - 1) * c.backward if unsplit else 0.0)
+                          for j, c in zip(vstages, chunks, strict=True)))
     assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
-    return ends, pipeline
+    return ends, pipeline, starts
 
 
 def step_lower_bound(spec: Spec, link: LinkModel) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
-    ends, pipeline = _pipeline(spec, link, unit_gathers(spec, link))
+    ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link))
     floors = stage_floors(spec, link)
     # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
     best = pipeline + floors[0].tail
-    for end, floor in zip(ends, floors, strict=True):
-        best = max(best, end + floor.tail, spec.steps * floor.chain)
+    for end, start, floor in zip(ends, starts, floors, strict=True):
+        # A step's once-per-step data-parallel collectives (gradient buckets, parameter
+        # gathers) are issued from its chunks' last-micro-batch backwards on: after `start`.
+        best = max(best, end + floor.tail, spec.steps * floor.chain, start + floor.after_backward)
     return best / spec.steps

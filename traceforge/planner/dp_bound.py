@@ -50,6 +50,7 @@ class StageFloor:
 
     chain: float  # the busiest data-parallel group's collectives, one after another
     tail: float  # what follows the stage's last backward compute (optimizer, gathers, last bucket)
+    after_backward: float = 0.0  # the busiest group's once-per-step collectives, one after another
 
 
 @ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
@@ -146,7 +147,7 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
     for parts in _stage_parts(spec, link):
         groups = set(parts.once) | set(parts.per_microbatch)
         chain = max((parts.once.get(k, 0.0) + m * parts.per_microbatch.get(k, 0.0) for k in groups), default=0.0)
-        out.append(StageFloor(chain, parts.tail))
+        out.append(StageFloor(chain, parts.tail, max(parts.once.values(), default=0.0)))
     return out
 
 
