@@ -185,6 +185,21 @@ def test_a_candidate_past_the_node_limit_is_set_aside_unbuilt(monkeypatch):
     assert result.too_big == result.feasible
 
 
+def _note_replays(monkeypatch) -> list:
+    """The candidates the search hands to replay, in the order it does."""
+    import traceforge.planner.search as search_module
+
+    order: list = []
+    real = search_module._replay
+
+    def noting(item):
+        order.append(item)
+        return real(item)
+
+    monkeypatch.setattr(search_module, "_replay", noting)
+    return order
+
+
 def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_certificate(monkeypatch):
     """Under a budget, a candidate whose replay (its node floor at the seconds per node known so
     far) would end past the deadline is not started; the next ones in bound order that can end
@@ -201,14 +216,7 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
     budget = 1000.0
     per_node = budget / (search_module.COST_MARGIN * (threshold - 0.5))
     monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", per_node)
-    order = []
-    real = search_module._replay
-
-    def noting(item):
-        order.append(item)
-        return real(item)
-
-    monkeypatch.setattr(search_module, "_replay", noting)
+    order = _note_replays(monkeypatch)
     cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=budget)
     assert order and order[0].nodes < threshold and order[0].values != lowest.values
     assert lowest.values not in [item.values for item in order]  # never started: the measured rate came later
@@ -228,14 +236,7 @@ def test_when_validation_spends_the_budget_the_lowest_bound_affordable_candidate
     everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
     lowest = min(everything.candidates, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
     monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", 1e-15)  # every replay affordable
-    order = []
-    real = search_module._replay
-
-    def noting(item):
-        order.append(item)
-        return real(item)
-
-    monkeypatch.setattr(search_module, "_replay", noting)
+    order = _note_replays(monkeypatch)
     cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=1e-9)  # spent while validating
     assert order[0].values == lowest.values and len(cut.candidates) >= 1
     assert cut.unreplayed > 0 and cut.floor_us is not None
