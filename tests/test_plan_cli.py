@@ -383,3 +383,13 @@ def test_json_says_on_stderr_when_the_budget_ran_out():
     assert cut.exit_code == 0 and json.loads(cut.stdout)["candidates"]
     assert "--budget ran out" in cut.stderr
     assert "--budget" not in invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", 0).stderr
+
+
+def test_the_budget_note_says_exact_when_no_unreplayed_bound_is_below_the_best():
+    """The certificate's wording: a floor at or above the best step makes the best exact; below
+    it, the best is within best/floor - 1 of the best of the space."""
+    from traceforge.cli.plan import _distance
+
+    assert "exact" in _distance(100.0, 100.0) and "exact" in _distance(100.0, 120.0)
+    below = _distance(110.0, 100.0)
+    assert "within 10.0 %" in below and "no layout is faster than 100" in below and "exact" not in below

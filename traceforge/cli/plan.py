@@ -283,14 +283,20 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
                   "and were not ranked", markup=False)
     if counts.get("unreplayed"):
         best = ranked[0]["step_ms"] if ranked else float("inf")
-        floor = min(best, counts["floor_ms"])
         out.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still rank "
-                  f"(their lower bounds start at {_ms(counts['floor_ms'])} ms): no layout is faster than "
-                  f"{_ms(floor)} ms, the best shown is within {100 * (best / floor - 1):.1f} % of the best; "
+                  f"(their lower bounds start at {_ms(counts['floor_ms'])} ms): {_distance(best, counts['floor_ms'])}; "
                   "--budget 0 replays until the ranking is exact", markup=False, soft_wrap=True)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()
+
+
+def _distance(best_ms: float, floor_ms: float) -> str:
+    """How far the best shown may be from the best of the space, given the unreplayed floor."""
+    if floor_ms >= best_ms:  # no unreplayed candidate can beat it: only the rows after it may move
+        return "none of them can beat the best shown, which is exact (the rows after it may not be)"
+    return (f"no layout is faster than {_ms(floor_ms)} ms, the best shown is within "
+            f"{100 * (best_ms / floor_ms - 1):.1f} % of the best")
 
 
 def _value(value: Any) -> str:
@@ -317,10 +323,8 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
               markup=False, soft_wrap=True)
     for value, c in (cut_short or {}).items():
         step = next(r["step_ms"] for v, _, r in best if v == value)
-        floor = min(step, c["floor_ms"])
         out.print(f"note: at {flag} {_value(value)} --budget ran out with {c['unreplayed']:,} candidates unreplayed: "
-                  f"its best is within {100 * (step / floor - 1):.1f} % of the best; --budget 0 makes it exact",
-                  markup=False, soft_wrap=True)
+                  f"{_distance(step, c['floor_ms'])}; --budget 0 makes it exact", markup=False, soft_wrap=True)
     sys.stdout.flush()
 
 
