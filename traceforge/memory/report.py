@@ -14,6 +14,7 @@ those of its most-loaded rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from traceforge.memory.activations import chunk_activations
@@ -115,36 +116,33 @@ def _fixed_buffers(spec: Spec) -> int:
     return receive + NCCL_BYTES_PER_COMMUNICATOR * communicators(spec)
 
 
+def _stages(spec: Spec, overhead_bytes: int | None) -> Iterator[tuple[StageStates, int, str, int, int, int]]:
+    """Per stage: (states, activations, when, buffers, overhead, total), the one sum both the
+    report and the planner's peak_and_fits make."""
+    context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
+    fixed = _fixed_buffers(spec)
+    for states, (activations, when) in zip(stages_states(spec), stages_activation_peaks(spec), strict=True):
+        buffers = states.dp_buffers + fixed
+        overhead = context + int(FRAGMENTATION * (activations + buffers))
+        total = states.weights + states.gradients + states.optimizer + activations + buffers + overhead
+        yield states, activations, when, buffers, overhead, total
+
+
 def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> MemoryReport:
     """Each stage's peak per GPU against the GPU's memory (the spec's GPU unless given)."""
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
-    context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
-    stages = []
-    fixed = _fixed_buffers(spec)
-    for stage, (states, (activations, when)) in enumerate(zip(stages_states(spec), stages_activation_peaks(spec),
-                                                              strict=True)):
-        weights, gradients, optimizer = states.weights, states.gradients, states.optimizer
-        buffers = states.dp_buffers + fixed
-        overhead = context + int(FRAGMENTATION * (activations + buffers))
-        total = weights + gradients + optimizer + activations + buffers + overhead
-        stages.append(StageMemory(stage, weights, gradients, optimizer, activations, buffers, overhead, total,
-                                  total <= memory, when))
+    stages = [StageMemory(stage, states.weights, states.gradients, states.optimizer, activations, buffers, overhead,
+                          total, total <= memory, when)
+              for stage, (states, activations, when, buffers, overhead, total) in enumerate(_stages(spec, overhead_bytes))]
     top = max(s.peak for s in stages)
     return MemoryReport(spec.gpu, memory, top, top <= memory, stages, overhead_bytes)
 
 
 def peak_and_fits(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> tuple[int, bool]:
-    """(memory_report(...).peak_bytes, .fits) without the per-stage report: the planner sizes
-    hundreds of thousands of candidates and reads only these (tests/test_memory.py: equal)."""
+    """(memory_report(...).peak_bytes, .fits) without building the per-stage report: the
+    planner sizes hundreds of thousands of candidates and reads only these."""
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
-    context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
-    fixed = _fixed_buffers(spec)
-    top = 0
-    for states, (activations, _) in zip(stages_states(spec), stages_activation_peaks(spec), strict=True):
-        buffers = states.dp_buffers + fixed
-        total = (states.weights + states.gradients + states.optimizer + activations + buffers + context
-                 + int(FRAGMENTATION * (activations + buffers)))
-        top = max(top, total)
+    top = max(stage[-1] for stage in _stages(spec, overhead_bytes))
     return top, top <= memory
 
 

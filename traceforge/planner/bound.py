@@ -183,8 +183,8 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
     unsplit = spec.schedule in UNSPLIT
     ends, pipeline, starts = [], 0.0, []
     for stage in range(spec.pp):
-        chunks = [per[virtual_stage(spec, stage, c.index)] for c in model_chunks(spec, stage)]
         vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
+        chunks = [per[j] for j in vstages]
         first = min(vstages)
         work = m * sum(c.forward + c.backward for c in chunks)
         ends.append(fill[first] + spec.steps * work)

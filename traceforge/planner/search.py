@@ -210,8 +210,9 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
 # -- phase 2: replay in bound order ---------------------------------------------------------
 
 # Seconds one node of a candidate's replay floor costs to build and replay, until replays of this
-# search have measured it (about 26 µs per node on the 2-core machine the planner was written on):
-# with a budget, a replay that cannot end before the deadline is not started.
+# search have measured it (about 11 µs per floor node for the 405B candidates on the 2-core
+# machine the planner was written on; kept above that, to err on passing over a replay): with a
+# budget, a replay that cannot end before the deadline is not started.
 DEFAULT_SECONDS_PER_NODE = 20e-6
 # A replay's cost is its floor at the mean seconds per node so far; one candidate's own rate
 # varies around that mean (its floor is 70-95 % of its nodes; a ring's transfers cost more than

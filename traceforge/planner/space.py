@@ -125,14 +125,13 @@ def _dp_modes(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]
 # The search tree, outermost first: each level adds these spec keys. The order follows the
 # order in which the validator reads them, so a refusal at a level reads nothing deeper and
 # removes the whole subtree with one call (most refusals are the schedule's, so the
-# data-parallel modes, read last, come last); the last PROBE_FREE levels are only validated whole.
+# data-parallel modes, read last, come last); every level above the leaves is probed.
 LEVELS = ((_layouts, ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")),
           (_micro_batches, ("micro_batch",)),
           (_recomputes, ("recompute",)),
           (_schedules, ("schedule", "virtual_stages")),
           (_splits, tuple(SPLIT_ACCOUNTING)),
           (_dp_modes, ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")))
-PROBE_FREE = 1
 
 
 def count(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any], level: int) -> int:
@@ -157,9 +156,6 @@ def walk(model: Model, fixed: Mapping[str, Any], check: Callable[[dict[str, Any]
         values = {**partial, **child}
         if level == len(LEVELS) - 1:
             yield values, check(values, None), 1
-            continue
-        if level >= len(LEVELS) - PROBE_FREE:
-            yield from walk(model, fixed, check, values, level + 1)
             continue
         reads: set[str] = set()
         spec = check(values, reads)
