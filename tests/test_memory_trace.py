@@ -26,6 +26,11 @@ SCHEDULES = [
     ["--schedule", "zb-h1"],
     ["--schedule", "interleaved-zb", "--virtual-stages", "2", "--pp", "4", "--layers", "8", "--dp", "1"],
     ["--schedule", "dualpipev", "--num-microbatches", "8"],
+    # 6 layers + embedding + loss over 4 x 2 chunks: the first holds only the embedding, the last only the loss
+    ["--schedule", "interleaved", "--virtual-stages", "2", "--pp", "4", "--layers", "6", "--dp", "1",
+     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+    ["--schedule", "interleaved-zb", "--virtual-stages", "2", "--pp", "4", "--layers", "6", "--dp", "1",
+     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
     ["--recompute", "selective", "--attention", "unfused", "--sequence-parallel"],
     ["--recompute", "full", "--steps", "2"],
 ]

@@ -67,12 +67,14 @@ def test_moe_layouts_hand_counted():
 
 def test_schedules_and_dp_modes_hand_counted():
     # 8 layers on 2 stages: 1f1b, gpipe, zb-h1, zbv, dualpipev; interleaved and interleaved-zb with
-    # 2 chunks (8 layers = 2 x 2 x 2) or 4 (2 x 4 x 1); 3 chunks split neither 8 nor 8 + 2 layers.
+    # 2 chunks (8 layers = 2 x 2 x 2), 4 (2 x 4 x 1) or 5 ((8 + 2) = 2 x 5 x 1: the embedding's and
+    # the loss's chunks hold no layer); 3 chunks split neither 8 nor 8 + 2 layers.
     assert sorted(schedules(8, 2, {})) == sorted([("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2),
-                                                  ("interleaved", 2), ("interleaved", 4), ("interleaved-zb", 2),
-                                                  ("interleaved-zb", 4)])
-    # 6 layers on 2 stages: 3 chunks of 1 layer, and (6 + 2) / (2 x 2) = 2 chunks with embedding and loss.
-    assert sorted(v for s, v in schedules(6, 2, {}) if s == "interleaved") == [2, 3]
+                                                  ("interleaved", 2), ("interleaved", 4), ("interleaved", 5),
+                                                  ("interleaved-zb", 2), ("interleaved-zb", 4), ("interleaved-zb", 5)])
+    # 6 layers on 2 stages: 3 chunks of 1 layer, (6 + 2) / (2 x 2) = 2 chunks with embedding and loss,
+    # and (6 + 2) / (2 x 4) = 1: 4 chunks, the first and the last holding no layer.
+    assert sorted(v for s, v in schedules(6, 2, {}) if s == "interleaved") == [2, 3, 4]
     assert schedules(4, 1, {}) == [("1f1b", 1), ("gpipe", 1)]  # without a pipeline
     # dp 16 at tp 2 on 8-GPU nodes: hsdp shards within a node (4 dp ranks), so 5 modes + hsdp:4.
     assert dp_modes(16, 2, 1, 8, {}) == [("ddp", None), ("zero1", None), ("zero2", None), ("dist-opt", None),

@@ -15,11 +15,12 @@ GPUS, GLOBAL_BATCH = 2, 2
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
 SHARDED_OPTIMIZERS = ("zero1", "zero2", "dist-opt")
 # Two small spaces of demo (4 layers, 8 heads) on 2 GPUs, each with a GPU memory that removes some:
-# the layouts, micro-batches, schedules and splits (recompute and dp-mode fixed); then recompute
+# the layouts, micro-batches, schedules and splits (recompute and dp-mode fixed; 3 chunks on 2 stages
+# split only 4 layers + embedding + loss, the first and last chunk holding no layer); then recompute
 # and dp-mode (schedule and micro-batch fixed; hsdp needs dp ranks on more than one node).
 SPACES = {
     "layouts": dict(memory="1.4", fixed=("--recompute", "none", "--dp-mode", "ddp"), mbs=(1, 2), schedules=SCHEDULES,
-                    vps=(1, 2), recomputes=("none",), modes=("ddp",)),
+                    vps=(1, 2, 3), recomputes=("none",), modes=("ddp",)),
     "modes": dict(memory="1.3", fixed=("--schedule", "1f1b", "--micro-batch", "1"), mbs=(1,), schedules=("1f1b",),
                   vps=(1,), recomputes=("none", "selective", "full"), modes=("ddp", *SHARDED_OPTIMIZERS, "zero3")),
 }

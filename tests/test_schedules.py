@@ -342,13 +342,32 @@ def test_first_last_counts_with_interleaving(make_set):
 
 
 def test_embedding_and_loss_accounted_as_layers(make_set):
-    # 6 layers + embedding + loss = 8 slots, p 4, v 2: one per chunk; the first chunk's slot is
-    # the embedding and the last chunk's the loss, so those two chunks hold no layer.
+    # 14 layers + embedding + loss = 16 slots over p 4 x v 2 = 8 chunks: 2 each; chunk (0, 0)
+    # holds 1 layer + embedding, the last 1 + loss.
     _, out, _ = make_set("demo", pp=4, layers=14, num_microbatches=4, schedule="interleaved", virtual_stages=2,
                          account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
-    # 16 slots over 8 chunks: 2 each; chunk (0, 0) holds 1 layer + embedding, the last 1 + loss.
     got = layers_by_stage(load_set(out))
     assert got == {0: {0, 7, 8}, 1: {1, 2, 9, 10}, 2: {3, 4, 11, 12}, 3: {5, 6, 13}}
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "interleaved-zb"])
+def test_a_chunk_may_hold_only_the_embedding_or_the_loss(make_set, schedule):
+    # 6 layers + embedding + loss = 8 slots over 8 chunks: one each, so the first chunk holds only
+    # the embedding and the last only the loss (Llama 3's split, Dubey et al. 2024 section 3.3.2;
+    # Megatron's get_num_layers_to_build asserts only that a chunk's layers are >= 0).
+    _, out, _ = make_set("demo", pp=4, layers=6, num_microbatches=4, schedule=schedule, virtual_stages=2,
+                         account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    ts = load_set(out)
+    assert layers_by_stage(ts) == {0: {3}, 1: {0, 4}, 2: {1, 5}, 3: {2}}
+    first = next(r for r in ts.nodes if ts.stage(r) == 0)
+    forward = [n for n in ts.nodes[first] if n.name.startswith("fwd/mb0/")]
+    names = [n.name for n in forward]
+    # Chunk 0 of stage 0 embeds and sends before any layer of micro-batch 0 runs there.
+    first_layer = next(i for i, n in enumerate(forward) if n.get("layer") is not None)
+    assert names.index("fwd/mb0/embed") < names.index("fwd/mb0/send_act") < first_layer
+    assert forward[first_layer].get("layer") == 3
+    for model in ("general", "astra-sim"):
+        assert check_trace_set(out, model=model).findings == []
 
 
 def test_llama3_405b_interleaves_with_embedding_and_loss_accounted():
@@ -362,6 +381,12 @@ def test_llama3_405b_interleaves_with_embedding_and_loss_accounted():
     assert {v for k, v in counts.items() if k not in ((0, 0), (15, 1))} == {4}
     with pytest.raises(SpecError, match="divisible by pp"):
         build_spec("llama3-405b", overrides=dict(schedule="interleaved", virtual_stages=2))
+    # v 8: 128 slots, one per chunk; Meta's "first model chunk on the first stage has only the embedding".
+    spec = build_spec("llama3-405b", overrides=dict(schedule="interleaved", virtual_stages=8,
+                                                    account_for_embedding_in_pipeline_split=True,
+                                                    account_for_loss_in_pipeline_split=True))
+    counts = {(s, c.index): len(c.layers) for s in range(16) for c in model_chunks(spec, s)}
+    assert counts[0, 0] == 0 and counts[15, 7] == 0 and sum(counts.values()) == 126
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -899,9 +899,7 @@ def _layer_split(r: _Raw, layers: int, pp: int, vs: int, schedule: str) -> dict:
         if total % chunks:
             raise SpecError(f"layers ({layers}) + embedding/loss ({emb + loss}) must be divisible by the {chunks} "
                             "model chunks (pp*virtual_stages) when accounted in the pipeline split")
-        if total // chunks < 2:
-            raise SpecError("accounting the embedding/loss as a layer leaves a model chunk without layers: "
-                            "use fewer stages")
+        # A chunk may then hold only the embedding or the loss (Megatron asserts >= 0 layers).
         return out
     if (vs > 1 or v_shaped) and layers % chunks:
         raise SpecError(f"{schedule} schedule: layers ({layers}) must be divisible by pp*virtual_stages ({chunks}); "

@@ -186,13 +186,15 @@ class StagePlanner:
         `forward` transient; I and B have `backward` transient; B, or the W after an I, frees
         `stored`."""
         ops = self.b.program.ops
-        first = next((i for i in range(since, len(ops)) if ops[i].type == NodeType.COMP), None)
-        if first is None:  # a pass without compute has no node to carry its bytes
-            raise SpecError(f"a {kind} pass of model chunk {c} on stage {self.stage} has no compute")
-        last = next(i for i in range(len(ops) - 1, first - 1, -1) if ops[i].type == NodeType.COMP)
         cost = self.activations[c]
         alloc = {"F": cost.stored + cost.forward, "I": cost.backward, "B": cost.backward}.get(kind, 0)
         free = {"F": cost.forward, "I": cost.backward, "B": cost.backward + cost.stored, "W": cost.stored}[kind]
+        first = next((i for i in range(since, len(ops)) if ops[i].type == NodeType.COMP), None)
+        if first is None and alloc == free == 0:
+            return  # e.g. the input-gradient pass of a chunk holding only the embedding (no input gradient)
+        if first is None:  # a pass without compute has no node to carry its bytes
+            raise SpecError(f"a {kind} pass of model chunk {c} on stage {self.stage} has no compute")
+        last = next(i for i in range(len(ops) - 1, first - 1, -1) if ops[i].type == NodeType.COMP)
         ops[first] = replace(ops[first], mem_alloc=ops[first].mem_alloc + alloc)
         ops[last] = replace(ops[last], mem_free=ops[last].mem_free + free)
 

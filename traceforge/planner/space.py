@@ -66,7 +66,10 @@ def schedules(layers: int, pp: int, fixed: Mapping[str, Any]) -> list[tuple[str,
     out: list[tuple[str, int]] = []
     for name in names:
         if name in ("interleaved", "interleaved-zb"):
-            chunks = [v for v in range(2, layers // pp + 1) if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0]
+            # Up to one layer per chunk, the embedding's and the loss's chunks then holding no layer
+            # (Megatron builds such a chunk: get_num_layers_to_build asserts only >= 0 layers).
+            chunks = [v for v in range(2, (layers + 2) // pp + 1)
+                      if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0]
             out += [(name, v) for v in _fixed(fixed, "virtual_stages", chunks)]
         else:
             out.append((name, 2 if name in ("zbv", "dualpipev") else 1))
