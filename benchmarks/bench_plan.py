@@ -95,22 +95,23 @@ def korthikanti(size: str, h: int, heads: int, layers: int, batch: int, gpus: in
 
 def llama3(gpus: int) -> Published:
     """Dubey et al. 2024, Table 4 and section 3.3.2: t8 c1 p16, 2,048 sequences of 8,192 tokens;
-    interleaved schedule (V not published) with one layer fewer on the first and last stage
-    (the embedding and the loss as a layer each); no activation checkpointing at 8K; FSDP
+    interleaved schedule with one layer fewer on the first and last stage (the embedding and the
+    loss as a layer each), so that "the first model chunk on the first stage has only the
+    embedding": one layer per chunk, V = (126 + 2) / 16 = 8; no activation checkpointing at 8K; FSDP
     sharding optimizer state and gradients, weights kept after the forward (not resharded), prefetched
     and reduced asynchronously: ZeRO-2 (zero2: gradients reduce-scattered in every micro-batch's backward,
     each rank keeping its shard) with both overlaps; rank order [TP, CP, PP, DP], which
     every candidate shares (order_unchecked: Megatron refuses pp inside dp when cp > 1). Not
-    published: the micro-batch and V (searched)."""
+    published: the micro-batch (searched)."""
     # cp 1 for every candidate (Table 4's 8K stage): the search's lowest bounds at 8,192 GPUs are
     # context-parallel layouts past the replay's node limit, each built for a minute or more only
     # to be set aside unranked (17 of them in 21 minutes before the first ranked candidate).
     shared = dict(global_batch=2048, gpu="h100", order="tp-cp-pp-dp", order_unchecked=True, cp=1)
-    layout = dict(tp=8, cp=1, pp=16, schedule="interleaved", recompute="none", dp_mode="zero2",
+    layout = dict(tp=8, cp=1, pp=16, schedule="interleaved", virtual_stages=8, recompute="none", dp_mode="zero2",
                   overlap_grad_reduce=True, overlap_param_gather=True, account_for_embedding_in_pipeline_split=True,
                   account_for_loss_in_pipeline_split=True)
     return Published(f"Llama 3 405B, {gpus:,} H100 (T4)", "llama3-405b", shared, H100_ROCE, gpus, layout,
-                     "micro-batch, V")
+                     "micro-batch")
 
 
 PUBLISHED = [

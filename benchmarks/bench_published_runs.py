@@ -226,18 +226,19 @@ def llama3_405b(dp: int, published: float, cp: int = 1) -> Run:
     spec = {"--arch": "llama", "--layers": layers, "--hidden": h, "--ffn-hidden": 53248, "--heads": 128,
             "--kv-heads": 8, "--vocab": 128256, "--seq-len": s, "--untied-embeddings": None}
     # Interleaved 1F1B on 16 stages whose first and last hold one layer fewer (the embedding and the
-    # loss counted as a layer each, §3.3.2); the paper gives no v: v = 2, the least interleaving.
+    # loss counted as a layer each), so that "the first model chunk on the first stage has only the
+    # embedding" (§3.3.2): one layer per chunk, v = (126 + 2) / 16 = 8.
     # Order [TP, CP, PP, DP] (§3.3.2), which Megatron's own order check refuses with cp > 1. FSDP
-    # sharding optimizer state and gradients, weights kept after the forward (§3.3.2): gradients
-    # reduced and weights gathered once per step, overlapped, as Megatron's distributed optimizer.
-    spec |= layout(8, 16, n, tokens // s, v=2, order="tp-cp-pp-dp", dp_mode="dist-opt", overlap_grad_reduce=None,
+    # "shards the optimizer states and gradients" and keeps the weights after the forward (§3.3.2):
+    # ZeRO-2, sharded gradients reduce-scattered in every micro-batch's backward, overlapped.
+    spec |= layout(8, 16, n, tokens // s, v=8, order="tp-cp-pp-dp", dp_mode="zero2", overlap_grad_reduce=None,
                    overlap_param_gather=None,
                    account_for_embedding_in_pipeline_split=None, account_for_loss_in_pipeline_split=None)
     if cp > 1:
         spec |= {"--cp": cp, "--cp-comm-type": "all-gather", "--order-unchecked": None}
     return Run(f"Llama 3 405B, {n:,} H100{', cp16 128k' if cp > 1 else ''}", "Dubey et al. 2024, Table 4", spec,
                H100_ROCE, per_token(params, layers, h, s, 6, tokens), "MFU", published,
-               f"{published} TFLOP/s", note="v not published (v = 2 used)")
+               f"{published} TFLOP/s")
 
 
 # ---- Nemotron-4 340B on H100 (NVIDIA 2024; NVIDIA DGX Cloud benchmarking recipe) --------------
