@@ -231,7 +231,10 @@ def llama3_405b(dp: int, published: float, cp: int = 1) -> Run:
     # Order [TP, CP, PP, DP] (§3.3.2), which Megatron's own order check refuses with cp > 1. FSDP
     # "shards the optimizer states and gradients" and keeps the weights after the forward (§3.3.2):
     # ZeRO-2, sharded gradients reduce-scattered in every micro-batch's backward, overlapped.
-    spec |= layout(8, 16, n, tokens // s, v=8, order="tp-cp-pp-dp", dp_mode="zero2", overlap_grad_reduce=None,
+    # Sequence parallelism: not named in the paper, but without it the activations of 8K tokens
+    # without checkpointing need 228 GB per GPU (traceforge memory); Meta's torchtitan shards
+    # the norms' sequence under TP the same way.
+    spec |= layout(8, 16, n, tokens // s, v=8, sp=True, order="tp-cp-pp-dp", dp_mode="zero2", overlap_grad_reduce=None,
                    overlap_param_gather=None,
                    account_for_embedding_in_pipeline_split=None, account_for_loss_in_pipeline_split=None)
     if cp > 1:
