@@ -393,3 +393,31 @@ def test_the_budget_note_says_exact_when_no_unreplayed_bound_is_below_the_best()
     assert "exact" in _distance(100.0, 100.0) and "exact" in _distance(100.0, 120.0)
     below = _distance(110.0, 100.0)
     assert "within 10.0 %" in below and "no layout is faster than 100" in below and "exact" not in below
+
+
+def test_merge_ties_by_hand():
+    from traceforge.cli.plan import merge_ties
+
+    rows = [["a", "x", "1"], ["a", "y", "1"], ["a", "z", "1"],  # one cell differs, the same one: one row
+            ["b", "x", "1"], ["b", "x", "2"],  # another run, another cell
+            ["c", "x", "1"], ["c", "y", "2"],  # two cells differ: two rows
+            ["d", "x", "1"], ["d", "y", "1"], ["d", "x", "2"]]  # the third differs in another cell than the run
+    assert merge_ties(rows) == [(1, 3, ["a", "x/y/z", "1"]), (4, 5, ["b", "x", "1/2"]), (6, 6, ["c", "x", "1"]),
+                                (7, 7, ["c", "y", "2"]), (8, 9, ["d", "x/y", "1"]), (10, 10, ["d", "x", "2"])]
+    assert merge_ties([]) == []
+
+
+def test_candidates_that_tie_on_every_figure_are_one_row_and_json_keeps_each():
+    # One stage and one micro-batch per step (dp 8 of a global batch of 8): 1F1B and GPipe run the
+    # same passes, so the two candidates tie on every figure and print as one row "1-2".
+    query = ("plan", "-p", "demo", "--gpus", 8, "--global-batch", 8, "--tp", 1, "--cp", 1, "--pp", 1,
+             "--dp-mode", "zero3", "--recompute", "none", "-k", 2)
+    doc = json.loads(invoke(*query, "--json").stdout)
+    assert [c["schedule"] for c in doc["candidates"]] == ["1f1b", "gpipe"]
+    assert doc["candidates"][0]["step_ms"] == doc["candidates"][1]["step_ms"]
+    table = invoke(*query)
+    assert table.exit_code == 0, table.stderr
+    header, *rows = _table_rows(table.stdout)
+    assert len(rows) == 1
+    assert rows[0][header.index("#")] == "1-2" and rows[0][header.index("schedule")] == "1f1b/gpipe"
+    assert "listed once" in table.stdout

@@ -262,15 +262,22 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
             "free GB"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("schedule", "recompute", "dp mode") else "right", no_wrap=True)
-    for i, r in enumerate(ranked, 1):
+    cells = []
+    for r in ranked:
         mode = r["dp_mode"] + (f":{r['shard_size']}" if r["shard_size"] else "")
         free = "-" if r["headroom_bytes"] is None else f"{r['headroom_bytes'] / 1e9:.1f}"
-        table.add_row(str(i), *(str(r[k]) for k in ("tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches")),
+        cells.append([*(str(r[k]) for k in ("tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches")),
                       r["schedule"], r["recompute"], mode, _ms(r["step_ms"]), _si(r["tokens_per_s"]),
                       f"{r['tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}", _ms(r["compute_ms"]),
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
-                      f"{r['peak_bytes'] / 1e9:.1f}", free)
+                      f"{r['peak_bytes'] / 1e9:.1f}", free])
+    merged = merge_ties(cells)
+    for first, last, row in merged:
+        table.add_row(str(first) if first == last else f"{first}-{last}", *row)
     print_whole(table)
+    if len(merged) < len(cells):
+        out.print("a/b: consecutive candidates that differ only in that value and tie on every figure shown, listed "
+                  "once (e.g. zero1 and dist-opt move the same bytes; --json lists each)", markup=False, soft_wrap=True)
     groups = "; ".join(f"{d}: {GROUP_NAMES[d]}" for d in dims if d in GROUP_NAMES)
     out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
               "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
@@ -289,6 +296,27 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()
+
+
+def merge_ties(rows: list[list[str]]) -> list[tuple[int, int, list[str]]]:
+    """(first rank, last rank, cells) per printed row: a run of consecutive rows that differ from
+    the run's first in one and the same cell only is one row, that cell's values joined by '/'."""
+    merged: list[tuple[int, int, list[str]]] = []
+    column: int | None = None  # the cell the current run differs in
+    for rank, row in enumerate(rows, 1):
+        if merged:
+            first, _, head = merged[-1]
+            base = rows[first - 1]
+            diff = [i for i, (a, b) in enumerate(zip(base, row, strict=True)) if a != b]
+            if len(diff) == 1 and column in (None, diff[0]):
+                column = diff[0]
+                values = head[column].split("/")
+                head[column] = "/".join(values + [row[column]] if row[column] not in values else values)
+                merged[-1] = (first, rank, head)
+                continue
+        column = None
+        merged.append((rank, rank, list(row)))
+    return merged
 
 
 def _distance(best_ms: float, floor_ms: float) -> str:
