@@ -31,6 +31,11 @@ SCHEDULES = [
      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
     ["--schedule", "interleaved-zb", "--virtual-stages", "2", "--pp", "4", "--layers", "6", "--dp", "1",
      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+    # in a V, stage 0 holds both: the embedding's chunk and the loss's, no layer
+    ["--schedule", "zbv", "--pp", "4", "--layers", "6", "--dp", "1", "--num-microbatches", "8",
+     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+    ["--schedule", "dualpipev", "--pp", "4", "--layers", "6", "--dp", "1", "--num-microbatches", "8",
+     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
     ["--recompute", "selective", "--attention", "unfused", "--sequence-parallel"],
     ["--recompute", "full", "--steps", "2"],
 ]

@@ -151,6 +151,10 @@ FLOOR_CASES = [
     {"pp": 2, "recompute": "full"}, {"pp": 2, "recompute": "selective"}, {"pp": 1, "tp": 2, "cp": 2},
     {"pp": 2, "cp": 4, "dp_mode": "zero3"}, {"pp": 2, "fp8": "hybrid", "tp": 2},
     {"pp": 2, "experts": 4, "ep": 4, "top_k": 2, "tp": 1},
+] + [  # one slot per chunk: the embedding's and the loss's chunks hold no layer (in a V, stage 0 none at all)
+    {"pp": 4, "layers": 6, "schedule": s, **extra, "account_for_embedding_in_pipeline_split": True,
+     "account_for_loss_in_pipeline_split": True}
+    for s, extra in (("interleaved", {"virtual_stages": 2}), ("interleaved-zb", {"virtual_stages": 2}), ("zbv", {}))
 ]
 
 
