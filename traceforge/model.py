@@ -308,26 +308,52 @@ class Param:
 def layer_param_list(spec: Spec, layer: int) -> list[Param]:
     """A layer's parameters per TP rank in the order Megatron registers them (the TE layer spec:
     each LayerNorm fused into the linear after it; an MoE layer's pre-MLP norm on its own):
-    linear_proj, linear_qkv (norm first), then the MLP's linear_fc1 (norm first) and linear_fc2,
-    or the norm, router and the local experts' fc1 and fc2. (Megatron-LM core/transformer/
-    {transformer_layer,attention,mlp}.py; TransformerEngine registers a LayerNormLinear's norm
-    weight and bias before its weight and bias.) Sums to layer_params(...).per_rank(t)."""
-    h, t, f, gpt = spec.hidden, spec.tp, spec.ffn_hidden, spec.arch == "gpt"
-    kv_dim = spec.kv_heads * (h // spec.heads)
-    qkv_out = h + 2 * kv_dim
+    the attention (attention_param_list), then the MLP's linear_fc1 (norm first) and
+    linear_fc2, or the norm, the router, the local experts' fc1 and fc2 and the shared experts'
+    fc1 and fc2 (moe_layer.py builds router, experts, shared_experts in that order). (Megatron-LM
+    core/transformer/{transformer_layer,attention,mlp}.py; TransformerEngine registers a
+    LayerNormLinear's norm weight and bias before its weight and bias.) Sums to
+    layer_params(...).per_rank(t), and its experts' to layer_params(...).expert / t
+    (tests/test_model_params.py)."""
+    h, t, gpt = spec.hidden, spec.tp, spec.arch == "gpt"
     norm = [Param("norm_weight", h)] + ([Param("norm_bias", h)] if gpt else [])
-    out = [Param("proj_weight", h * h // t)] + ([Param("proj_bias", h)] if gpt else [])
-    out += norm + [Param("qkv_weight", h * qkv_out // t)] + ([Param("qkv_bias", qkv_out // t)] if gpt else [])
-    fc1 = h * f // t if gpt else 2 * h * f // t  # Llama's gate and up projections in one weight
+    out = attention_param_list(spec, norm)
+
+    def fc1(prefix: str, f: int, expert: bool = False) -> list[Param]:
+        weight = h * f // t if gpt else 2 * h * f // t  # Llama's gate and up projections in one weight
+        return [Param(f"{prefix}fc1_weight", weight, expert)] + ([Param(f"{prefix}fc1_bias", f // t, expert)] if gpt else [])
+
     if is_moe_layer(spec, layer):
+        f, local = spec.moe_ffn_hidden, spec.experts // spec.ep
         out += norm + [Param("router_weight", spec.experts * h)]
-        for e in range(spec.experts // spec.ep):
-            out += [Param(f"expert{e}_fc1_weight", fc1, expert=True)]
-            out += [Param(f"expert{e}_fc1_bias", f // t, expert=True)] if gpt else []
-        out += [Param(f"expert{e}_fc2_weight", f * h // t, expert=True) for e in range(spec.experts // spec.ep)]
+        for e in range(local):
+            out += fc1(f"expert{e}_", f, expert=True)
+        out += [Param(f"expert{e}_fc2_weight", f * h // t, expert=True) for e in range(local)]
+        if spec.shared_experts:  # one TP-split MLP of shared_experts x moe_ffn_hidden (SharedExpertMLP)
+            shared = spec.shared_experts * f
+            out += fc1("shared_", shared) + [Param("shared_fc2_weight", shared * h // t)]
         return out + ([Param("fc2_bias", h)] if gpt else [])  # one replicated output bias, as layer_params counts
-    out += norm + [Param("fc1_weight", fc1)] + ([Param("fc1_bias", f // t)] if gpt else [])
+    f = spec.ffn_hidden
+    out += norm + fc1("", f)
     return out + [Param("fc2_weight", f * h // t)] + ([Param("fc2_bias", h)] if gpt else [])
+
+
+def attention_param_list(spec: Spec, norm: list[Param]) -> list[Param]:
+    """The attention block's parameters per TP rank, its input norm included, in registration
+    order: linear_proj, then linear_qkv with the norm fused before it; MLA (multi_latent_attention.py):
+    the input norm on its own, linear_proj, the query's down projection and its norm with the up
+    projection (or one linear_q_proj), the key/value down projection, its norm with the up
+    projection. Down projections and their norms are whole on every TP rank."""
+    h, t, gpt = spec.hidden, spec.tp, spec.arch == "gpt"
+    q, k, v = qkv_channels(spec)
+    if spec.mla:
+        ql, kl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
+        query = ([Param("q_down_weight", h * ql), Param("q_norm_weight", ql), Param("q_up_weight", ql * q // t)]
+                 if ql else [Param("q_weight", h * q // t)])
+        return [*norm, Param("proj_weight", v * h // t), *query, Param("kv_down_weight", h * (kl + rope)),
+                Param("kv_norm_weight", kl), Param("kv_up_weight", kl * (k - spec.heads * rope + v) // t)]
+    out = [Param("proj_weight", q * h // t)] + ([Param("proj_bias", h)] if gpt else [])
+    return out + norm + [Param("qkv_weight", h * (q + k + v) // t)] + ([Param("qkv_bias", (q + k + v) // t)] if gpt else [])
 
 
 def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:

@@ -102,7 +102,8 @@ class Buffer:
         for unit, param in params:
             counts[unit] = counts.get(unit, 0) + param.elements
         total = sum(counts.values())
-        if size and total // size > MAX_BUCKETS:
+        # Megatron's default size is never refused: a large chunk gets its many buckets.
+        if size and spec.bucket_mb is not None and total // size > MAX_BUCKETS:
             raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
                             f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
         dist_opt = spec.dp_mode == "dist-opt"
