@@ -27,7 +27,11 @@ Run = tuple[str, int, int | None, float, float]  # (phase, micro-batch, chunk or
 def _runs(spec: Spec, stage: int, names: Sequence[str], compute: Sequence[bool],
           start: Sequence[float | None], finish: Sequence[float | None]) -> list[Run]:
     """Consecutive compute nodes of one phase, micro-batch and chunk, with their time span."""
-    chunk_of = {layer: c.index for c in model_chunks(spec, stage) for layer in c.layers}
+    chunks = model_chunks(spec, stage)
+    chunk_of = {layer: c.index for c in chunks for layer in c.layers}
+    # The embedding's and the LM head's nodes name no layer: their chunk is the model's first / last
+    # (a chunk may hold nothing else, and its runs must not merge with a neighbouring chunk's).
+    ends = {"embed": next((c.index for c in chunks if c.first), None), "head": next((c.index for c in chunks if c.last), None)}
     runs: list[list] = []
     for i, name in enumerate(names):
         s, f = start[i], finish[i]
@@ -38,7 +42,7 @@ def _runs(spec: Spec, stage: int, names: Sequence[str], compute: Sequence[bool],
             continue
         phase, mb = parts[0], int(parts[1][2:])
         layer = next((int(p[1:]) for p in parts[2:] if p[:1] == "L" and p[1:].isdigit()), None)
-        chunk = chunk_of.get(layer) if layer is not None else None
+        chunk = chunk_of.get(layer) if layer is not None else ends.get(parts[-1].split("_")[0]) if len(parts) > 2 else None
         last = runs[-1] if runs else None
         if last and last[0] == phase and last[1] == mb and (chunk is None or last[2] is None or last[2] == chunk):
             last[2] = last[2] if last[2] is not None else chunk
