@@ -29,9 +29,9 @@ SPACES = {
 def _brute_candidates(space):
     """Every value of every searched axis, by hand: tp x cp x pp x dp = GPUS, and every combination
     of the space's micro-batches, schedules with their chunk counts, recompute and dp-modes, with
-    pp > 1 both layer splits. The plan's documented conventions are applied as flags: Megatron's
-    rank order, sequence parallelism when tp > 1, the gradient reduction overlapped for ddp and the
-    sharded optimizers, and their parameter gather too."""
+    pp > 1 both layer splits (once where they place the same layers). The plan's documented
+    conventions are applied as flags: Megatron's rank order, sequence parallelism when tp > 1, the
+    gradient reduction overlapped for ddp and the sharded optimizers, and their parameter gather too."""
     for tp, cp, pp in itertools.product((1, 2), repeat=3):
         if GPUS % (tp * cp * pp):
             continue
@@ -43,6 +43,8 @@ def _brute_candidates(space):
                      "--dp-mode", mode, "--sequence-parallel" if tp > 1 else "--no-sequence-parallel",
                      "--overlap-grad-reduce" if mode != "zero3" else "--no-overlap-grad-reduce",
                      "--overlap-param-gather" if mode in SHARDED_OPTIMIZERS else "--no-overlap-param-gather"]
+            if split and schedule in ("1f1b", "gpipe", "zb-h1") and vp == 1:
+                continue  # (4 + 2) / 2 = 3 slots a stage leave 2 layers on each, as the even split: one candidate
             if split:
                 flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
             yield (tp, cp, pp, GPUS // (tp * cp * pp), mb, schedule, vp, recompute, mode, split), flags

@@ -137,15 +137,26 @@ def virtual_stage_layer_counts(spec: Spec) -> list[int]:
             return _first_last(spec.layers, n, first, last)
         per_stage = _first_last(spec.layers, p, first, last)
         return [per_stage[vs % p] // v for vs in range(n)]
-    emb, loss = spec.account_for_embedding_in_pipeline_split, spec.account_for_loss_in_pipeline_split
+    counts = split_counts(spec.layers, p, n, spec.account_for_embedding_in_pipeline_split,
+                          spec.account_for_loss_in_pipeline_split)
+    assert counts is not None  # the spec's validator refused a split without whole chunks
+    return counts
+
+
+def split_counts(layers: int, p: int, n: int, emb: bool = False, loss: bool = False) -> list[int] | None:
+    """Layers of each of n virtual stages over p stages: the embedding (loss) as one layer of the
+    first (last) virtual stage, then (L + emb + loss) / n each; otherwise even, with one chunk per
+    stage any shortfall from the outer stages. None when the chunks would not be whole."""
     if emb or loss:
-        counts = [(spec.layers + emb + loss) // n] * n
+        if (layers + emb + loss) % n:
+            return None
+        counts = [(layers + emb + loss) // n] * n
         counts[0] -= emb
         counts[-1] -= loss
         return counts
     if n == p:
-        return _even_with_outer_shortfall(spec.layers, p)
-    return [spec.layers // n] * n
+        return _even_with_outer_shortfall(layers, p)
+    return None if layers % n else [layers // n] * n
 
 
 @functools.lru_cache(maxsize=8)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from traceforge.model import split_counts
 from traceforge.spec import SHARDED_OPTIMIZER_MODES, Spec
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
@@ -34,6 +35,7 @@ OVERLAPPED_GRAD_MODES = ("ddp", *SHARDED_OPTIMIZER_MODES)
 AXES = ("tp", "cp", "pp", "dp", "ep", "layer_split", "micro_batch", "schedule", "virtual_stages",
         "recompute", "dp_mode", "shard_size")
 SPLIT_ACCOUNTING = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+OTHER_SPLITS = ("layers_per_stage", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 
 
 def divisors(n: int) -> list[int]:
@@ -97,8 +99,14 @@ def _layouts(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any])
 
 
 def _splits(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
-    fixed_split = any(fixed.get(k) is not None for k in SPLIT_ACCOUNTING)  # a split flag given fixes the axis
-    return [{}] + ([dict(SPLIT_ACCOUNTING)] if partial["pp"] > 1 and not fixed_split else [])
+    if partial["pp"] == 1 or any(fixed.get(k) is not None for k in (*SPLIT_ACCOUNTING, *OTHER_SPLITS)):
+        return [{}]  # a split flag given fixes the axis (the validator judges it)
+    p, schedule = partial["pp"], partial["schedule"]
+    n = 2 * p if schedule in ("zbv", "dualpipev") else p * partial["virtual_stages"]
+    even, accounted = split_counts(model.layers, p, n), split_counts(model.layers, p, n, True, True)
+    # The same layers on every chunk either way (e.g. 1F1B with 126 layers on 16 stages): one
+    # candidate, not two that differ only in their flags.
+    return [{}] + ([dict(SPLIT_ACCOUNTING)] if accounted is None or accounted != even else [])
 
 
 def _micro_batches(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
