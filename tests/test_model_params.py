@@ -81,3 +81,20 @@ def test_megatrons_default_bucket_size_is_never_refused_a_given_one_is():
     tiny = build_spec("deepseek-v3", None, {**flags, "bucket_mb": 152.0})  # 4e7 fp32 elements
     with pytest.raises(SpecError, match="bucket_mb"):
         chunk_buffers(tiny, chunk)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"pp": 1, "dp": 8}, {"pp": 4, "dp": 2}, {"pp": 4, "dp": 2, "schedule": "zbv"},
+    {"pp": 4, "dp": 2, "schedule": "dualpipev", "num_microbatches": 8},
+    {"pp": 4, "dp": 2, "schedule": "zbv", "tied_embeddings": False},
+], ids=["pp1", "1f1b", "zbv", "dualpipev", "zbv-untied"])
+def test_the_gradient_buffers_hold_each_parameter_of_a_stage_once(overrides):
+    """What a stage's buckets reduce is what it holds: stage_params' dense count on every stage.
+    A tied word embedding is one parameter where the embedding and the LM head share a stage
+    (one stage, or a V's stage 0), so it is bucketed once there; elsewhere each holder has a copy."""
+    from traceforge.model import chunk_param_list, model_chunks, stage_params
+
+    spec = build_spec("demo", None, {"tp": 1, "layers": 8, "order": "megatron", **overrides})
+    for stage in range(spec.pp):
+        listed = sum(p.elements for c in model_chunks(spec, stage) for _, p in chunk_param_list(spec, c))
+        assert listed == stage_params(spec, stage).total, (stage, overrides)

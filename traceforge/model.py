@@ -371,7 +371,11 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
     """(unit, parameter) of one model chunk per TP rank, in registration order: the embedding
     (word, then learned positions), the layers, the final norm, the output layer (Megatron-LM
     core/models/gpt/gpt_model.py). Units are what ZeRO-3 gathers: embed, L<i>, head."""
-    h, shared = spec.hidden, spec.tied_embeddings and spec.pp > 1
+    # A V schedule (or one stage) holds the embedding and the LM head on stage 0: a tied word
+    # embedding is then one parameter there, as in stage_params, with no other stage to share it.
+    emb_stage, head_stage = embedding_stages(spec)
+    together = emb_stage == head_stage
+    h, shared = spec.hidden, spec.tied_embeddings and not together
     word = padded_vocab(spec) * h // spec.tp
     out: list[tuple[str, Param]] = []
     if chunk.first:
@@ -384,6 +388,6 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
         out.append(("head", Param("final_norm_weight", h)))
         if spec.arch == "gpt":
             out.append(("head", Param("final_norm_bias", h)))
-        if not (spec.tied_embeddings and spec.pp == 1):  # tied with p == 1: the embedding serves
+        if not (spec.tied_embeddings and together):  # tied on the embedding's own stage: the embedding serves
             out.append(("head", Param("output_layer", word, shared_embedding=shared)))
     return out
