@@ -31,6 +31,9 @@ SCHEDULES = [
      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
     ["--schedule", "interleaved-zb", "--virtual-stages", "2", "--pp", "4", "--layers", "6", "--dp", "1",
      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+    # 2 layers + embedding + loss on 4 stages: the first stage holds only the embedding, the last only the loss
+    ["--pp", "4", "--layers", "2", "--dp", "1", "--num-microbatches", "4",
+     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
     # in a V, stage 0 holds both: the embedding's chunk and the loss's, no layer
     ["--schedule", "zbv", "--pp", "4", "--layers", "6", "--dp", "1", "--num-microbatches", "8",
      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],

@@ -397,6 +397,9 @@ def test_llama3_405b_interleaves_with_embedding_and_loss_accounted():
      "give only one"),
     (dict(pp=4, layers=10, layers_per_stage=[1, 4, 4, 1], decoder_first_pipeline_num_layers=1), "give only one"),
     (dict(pp=4, layers=9, account_for_embedding_in_pipeline_split=True), "divisible"),
+    (dict(pp=4, layers=1, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+     "at least pp"),  # 1 + 2 slots for 4 stages
+    (dict(pp=4, layers=2), "every pipeline stage needs a layer"),
     (dict(pp=4, layers=8, num_microbatches=4, schedule="zbv", virtual_stages=3), "exactly 2"),
     (dict(pp=4, layers=8, num_microbatches=6, schedule="dualpipev"), "2\\*pp"),
     (dict(pp=4, layers=12, num_microbatches=8, schedule="zbv"), "divisible by pp\\*virtual_stages"),

@@ -637,8 +637,12 @@ def _parallel(r: _Raw, v: dict) -> dict:
         raise SpecError(f"kv_heads ({kv_heads}) must be divisible by tp ({tp}), as Megatron requires: choose tp from {_divisors(kv_heads)}")
     if v["ffn_hidden"] % tp:
         raise SpecError(f"ffn_hidden ({v['ffn_hidden']}) must be divisible by tp ({tp})")
-    if v["layers"] < pp:
-        raise SpecError(f"layers ({v['layers']}) must be at least pp ({pp}): every pipeline stage needs a layer; lower --pp")
+    # The embedding and the loss, accounted as layers, may each fill a stage (Megatron builds one
+    # with no transformer layer); otherwise every stage needs a layer.
+    accounted = bool(r.get("account_for_embedding_in_pipeline_split")) + bool(r.get("account_for_loss_in_pipeline_split"))
+    if v["layers"] + accounted < pp:
+        raise SpecError(f"layers ({v['layers']}) must be at least pp ({pp}){' minus the embedding/loss accounted' if accounted else ''}: "
+                        "every pipeline stage needs a layer; lower --pp")
     if cp > 1 and v["seq_len"] % (2 * cp):
         raise SpecError(f"seq_len ({v['seq_len']}) must be divisible by 2*cp ({2 * cp}): context parallelism splits it into 2*cp chunks")
     order = complete_order(normalize_order(r.need("order")), cp, ep)
