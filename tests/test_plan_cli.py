@@ -402,9 +402,11 @@ def test_merge_ties_by_hand():
             ["b", "x", "1"], ["b", "x", "2"],  # another run, another cell
             ["c", "x", "1"], ["c", "y", "2"],  # two cells differ: two rows
             ["d", "x", "1"], ["d", "y", "1"], ["d", "x", "2"]]  # the third differs in another cell than the run
-    assert merge_ties(rows) == [(1, 3, ["a", "x/y/z", "1"]), (4, 5, ["b", "x", "1/2"]), (6, 6, ["c", "x", "1"]),
-                                (7, 7, ["c", "y", "2"]), (8, 9, ["d", "x/y", "1"]), (10, 10, ["d", "x", "2"])]
-    assert merge_ties([]) == []
+    assert merge_ties(rows, range(3)) == [(1, 3, ["a", "x/y/z", "1"]), (4, 5, ["b", "x", "1/2"]), (6, 6, ["c", "x", "1"]),
+                                          (7, 7, ["c", "y", "2"]), (8, 9, ["d", "x/y", "1"]), (10, 10, ["d", "x", "2"])]
+    # only the given columns may differ (the table's layout cells, never a figure)
+    assert merge_ties(rows[3:5], (0, 1)) == [(1, 1, ["b", "x", "1"]), (2, 2, ["b", "x", "2"])]
+    assert merge_ties([], range(3)) == []
 
 
 def test_candidates_that_tie_on_every_figure_are_one_row_and_json_keeps_each():

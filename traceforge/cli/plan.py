@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -271,12 +272,12 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
                       f"{r['tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}", _ms(r["compute_ms"]),
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
                       f"{r['peak_bytes'] / 1e9:.1f}", free])
-    merged = merge_ties(cells)
+    merged = merge_ties(cells, range(11))  # a layout cell (tp .. dp mode) may differ, never a figure
     for first, last, row in merged:
         table.add_row(str(first) if first == last else f"{first}-{last}", *row)
     print_whole(table)
     if len(merged) < len(cells):
-        out.print("a/b: consecutive candidates that differ only in that value and tie on every figure shown, listed "
+        out.print("a/b: consecutive candidates that differ only in that layout value and tie on every figure shown, listed "
                   "once (e.g. zero1 and dist-opt move the same bytes; --json lists each)", markup=False, soft_wrap=True)
     groups = "; ".join(f"{d}: {GROUP_NAMES[d]}" for d in dims if d in GROUP_NAMES)
     out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
@@ -298,9 +299,11 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     sys.stdout.flush()
 
 
-def merge_ties(rows: list[list[str]]) -> list[tuple[int, int, list[str]]]:
+def merge_ties(rows: list[list[str]], columns: Iterable[int]) -> list[tuple[int, int, list[str]]]:
     """(first rank, last rank, cells) per printed row: a run of consecutive rows that differ from
-    the run's first in one and the same cell only is one row, that cell's values joined by '/'."""
+    the run's first in one and the same cell only, one of `columns`, is one row, that cell's
+    values joined by '/'."""
+    allowed = set(columns)
     merged: list[tuple[int, int, list[str]]] = []
     column: int | None = None  # the cell the current run differs in
     for rank, row in enumerate(rows, 1):
@@ -308,7 +311,7 @@ def merge_ties(rows: list[list[str]]) -> list[tuple[int, int, list[str]]]:
             first, _, head = merged[-1]
             base = rows[first - 1]
             diff = [i for i, (a, b) in enumerate(zip(base, row, strict=True)) if a != b]
-            if len(diff) == 1 and column in (None, diff[0]):
+            if len(diff) == 1 and diff[0] in allowed and column in (None, diff[0]):
                 column = diff[0]
                 values = head[column].split("/")
                 head[column] = "/".join(values + [row[column]] if row[column] not in values else values)
