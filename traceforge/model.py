@@ -54,10 +54,12 @@ def qkv_channels(spec: Spec) -> tuple[int, int, int]:
 
 
 def mla_latent_channels(spec: Spec) -> int:
-    """MLA's compressed per-token latent: query latent (if compressed), KV latent and the shared
-    rope key. With sequence parallelism this is what the TP group gathers (Megatron's
-    multi_latent_attention.py gathers the compressed q and kv, not the hidden state)."""
-    return spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
+    """What MLA's column-parallel up projections take per token: the query latent (or, with the
+    query not compressed, the hidden state itself, which linear_q_proj takes), the KV latent and
+    the shared rope key. With sequence parallelism this is what the TP group gathers (Megatron's
+    multi_latent_attention.py _qkv_down_projection gathers the compressed q and kv, and
+    q_compressed = hidden_states without a q_lora_rank)."""
+    return (spec.q_lora_rank or spec.hidden) + spec.kv_lora_rank + spec.qk_rope_head_dim
 
 
 def attention_params(spec: Spec) -> tuple[int, int]:

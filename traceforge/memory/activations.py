@@ -14,9 +14,10 @@ own size, so that the formula's successors follow from the spec:
 - FlashAttention keeps no s^2 scores, only its fp32 log-sum-exp per head; unfused attention
   keeps the softmax output (and gpt's dropout mask and output), dropped by selective recompute;
 - full recompute keeps only each layer's input and rebuilds one layer during its backward;
-- MoE: the router's fp32 probabilities, and per token copy on this rank (top_k copies, times
-  the routing imbalance of the busiest EP rank) the permuted input, the expert's inner
-  tensors and its output (which the probabilities' gradient needs); shared experts as an MLP;
+- MoE: the router's fp32 probabilities, and per token copy (top_k copies, times the routing
+  imbalance of the busiest EP rank) the permuted input, gathered whole on every TP rank, and the
+  TP rank's share of the expert's inner tensors and its output (which the probabilities'
+  gradient needs); shared experts as an MLP;
 - CP: every tensor holds the rank's s/cp tokens;
 - the first chunk keeps the int64 token ids (and gpt's embedding dropout mask); the last the
   final norm's input and output and the fp32 logits the cross-entropy keeps (V/t per token).
@@ -96,11 +97,15 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
     widest = 2 * spec.ffn_hidden if not gpt else spec.ffn_hidden
     if moe:
         ffn = spec.moe_ffn_hidden
-        copies = spec.top_k * imbalance / t  # token copies per local token on this GPU
+        received = spec.top_k * imbalance  # token copies per local token the TP group's experts get
+        copies = received / t  # this GPU's share once the experts' output is reduce-scattered
         stored += FP32 * spec.experts / rep  # router probabilities
-        stored += copies * e * (2 * h + f_inner * ffn)  # permuted input, inner tensors, output
+        # The dispatcher all-gathers the received copies over TP (token_dispatcher.py,
+        # gather_from_sequence_parallel_region) and TE's expert linears keep that whole input;
+        # the inner tensors are TP-split, the output reduce-scattered back.
+        stored += e * (received * h + copies * (f_inner * ffn + h))
         stored += e * f_inner * spec.shared_experts * ffn / t
-        widest = max(int(copies * (2 * h + 2 * ffn)), 2 * spec.shared_experts * ffn // t)
+        widest = max(int(received * h + copies * (h + 2 * ffn)), 2 * spec.shared_experts * ffn // t)
         dispatch = copies * e * h * 2  # AllToAll send and receive buffers
     else:
         stored += e * f_inner * spec.ffn_hidden / t

@@ -30,10 +30,17 @@ TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
 
 
 
-def kv_shard_bytes(spec: Spec) -> int:
-    """One of K or V on one rank: b*(s/cp)*(kv_dim/t)*e (with MLA, the up-projected keys)."""
-    _, k_dim, _ = qkv_channels(spec)
-    return local_tokens(spec) * k_dim // spec.tp * spec.act_bytes
+def shard_bytes(spec: Spec, channels: int) -> int:
+    """One attention tensor of `channels` (all heads) on one rank: b*(s/cp)*(channels/t)*e."""
+    return local_tokens(spec) * channels // spec.tp * spec.act_bytes
+
+
+def attention_shards(spec: Spec) -> tuple[int, int, int, int]:
+    """Bytes of Q, K, V and the attention output on one rank, each with its own channels (GQA:
+    K and V of the kv heads; MLA: keys with the rope part, values and output of v_head_dim)."""
+    q, k, v = qkv_channels(spec)
+    out = v if spec.mla else q
+    return shard_bytes(spec, q), shard_bytes(spec, k), shard_bytes(spec, v), shard_bytes(spec, out)
 
 
 class RingAttention:
@@ -91,11 +98,12 @@ class RingAttention:
 
 class GatheredAttention:
     def __init__(self, spec: Spec):
-        self.cp, self.kv = spec.cp, kv_shard_bytes(spec)
+        self.cp = spec.cp
+        _, self.k, self.v, _ = attention_shards(spec)
 
     def _gather(self, b: ProgramBuilder) -> None:
-        b.collective("k", Coll.ALL_GATHER, self.kv, "cp")
-        b.collective("v", Coll.ALL_GATHER, self.kv, "cp")
+        b.collective("k", Coll.ALL_GATHER, self.k, "cp")
+        b.collective("v", Coll.ALL_GATHER, self.v, "cp")
 
     def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
         self._gather(b)
@@ -104,25 +112,25 @@ class GatheredAttention:
     def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
         self._gather(b)
         b.compute("attn_core_bwd", core_bwd)
-        b.collective("dk", Coll.REDUCE_SCATTER, self.cp * self.kv, "cp")
-        b.collective("dv", Coll.REDUCE_SCATTER, self.cp * self.kv, "cp")
+        b.collective("dk", Coll.REDUCE_SCATTER, self.cp * self.k, "cp")
+        b.collective("dv", Coll.REDUCE_SCATTER, self.cp * self.v, "cp")
 
 
 class UlyssesAttention:
     def __init__(self, spec: Spec):
-        self.kv = kv_shard_bytes(spec)
-        self.q = local_tokens(spec) * spec.hidden // spec.tp * spec.act_bytes
+        # TE's AttnFuncWithCPAndQKVOA2A moves Q, K, V and the output as [s/cp, heads/t, d] each
+        self.q, self.k, self.v, self.out = attention_shards(spec)
 
     def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
-        for what, size in (("q", self.q), ("k", self.kv), ("v", self.kv)):
+        for what, size in (("q", self.q), ("k", self.k), ("v", self.v)):
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
         b.compute("attn_core", core)
-        b.collective("out", Coll.ALL_TO_ALL, self.q, "cp")
+        b.collective("out", Coll.ALL_TO_ALL, self.out, "cp")
 
     def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
-        b.collective("dout", Coll.ALL_TO_ALL, self.q, "cp")
+        b.collective("dout", Coll.ALL_TO_ALL, self.out, "cp")
         b.compute("attn_core_bwd", core_bwd)
-        for what, size in (("dq", self.q), ("dk", self.kv), ("dv", self.kv)):
+        for what, size in (("dq", self.q), ("dk", self.k), ("dv", self.v)):
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
 
 

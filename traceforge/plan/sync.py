@@ -87,15 +87,19 @@ class SyncCollectives:
         if not self.on:
             return
         group = stats_group(self.spec)
-        # (name suffix, statistics group) per chained optimizer: dense first, then experts.
-        optimizers = [("", group)]
+        # (name suffix, statistics group, Megatron's process group) per chained optimizer: dense
+        # first, then experts, whose tp-ep-pp group with ep 1 has mp's ranks (the trace has no
+        # expert grid then) but is a process group of its own, so the norm is not shared.
+        optimizers = [("", group, group)]
         if has_expert_optimizer(self.spec):
-            optimizers.append(("_experts", "world" if group == "world" else "tpepp"))
+            expert = "world" if group == "world" else "tpepp"
+            optimizers.append(("_experts", "mp" if expert == "tpepp" and self.spec.ep == 1 else expert, expert))
         if self.spec.dtype == "fp16":
-            for suffix, stats in optimizers:
+            for suffix, stats, _ in optimizers:
                 self.b.collective(f"found_inf{suffix}", Coll.ALL_REDUCE, FP32, stats)
-        shared = len({stats for _, stats in optimizers}) == 1
-        for suffix, stats in optimizers[:1] if shared else optimizers:
+        # ChainedOptimizer.get_grad_norm: one norm when every optimizer shares the process group
+        shared = len({process_group for _, _, process_group in optimizers}) == 1
+        for suffix, stats, _ in optimizers[:1] if shared else optimizers:
             self.b.collective(f"grad_norm{suffix}", Coll.ALL_REDUCE, FP32, stats)
 
     def after_optimizer(self) -> None:

@@ -42,10 +42,13 @@ class Estimate:
 def model_flops_per_step(spec: Spec) -> float:
     """Model FLOPs of one step, as publications count them (recomputation not included):
     6 x active parameters per token for the weights, and causal attention's score and value
-    products, 3 x s x (query + value channels) per layer and token (forward and backward)."""
+    products, 3 x s x (query + output channels) per layer and token (forward and backward):
+    every query head has its own value product, shared key/value heads or not (Megatron-LM
+    training.py num_floating_point_operations counts query_projection_size for both)."""
     q_dim, _, v_dim = qkv_channels(spec)
+    out_dim = v_dim if spec.mla else q_dim  # heads x v_head_dim, or heads x head_dim
     tokens = spec.global_batch * spec.seq_len
-    return tokens * (6.0 * active_params(spec) + 3.0 * spec.layers * spec.seq_len * (q_dim + v_dim))
+    return tokens * (6.0 * active_params(spec) + 3.0 * spec.layers * spec.seq_len * (q_dim + out_dim))
 
 
 # What a RankProgram reads of every op, each column fetched by a C-level map of attrgetter over
