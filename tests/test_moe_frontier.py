@@ -136,8 +136,21 @@ def test_flat_dispatch_without_routing_groups(make_set):
         assert a2a and {n.dim for n in a2a} == {"ep"}
 
 
+@pytest.mark.parametrize("groups, ep", [(8, 4), (4, 1)])
+def test_routing_groups_that_are_not_blocks_of_ep_ranks_dispatch_flat(make_set, groups, ep):
+    """G expert groups that do not divide ep (ep 4 with 8 groups of one expert, or no expert
+    parallelism) are not nodes of EP ranks: Megatron still limits the routing, with its one flat
+    AllToAll over the EP group (none at ep 1), and no two-step groups are built."""
+    _, out, _ = make_set("demo", **{**FRONTIER, "moe_router_num_groups": groups, "moe_router_group_topk": 2,
+                                     "ep": ep})
+    ts = load_set(out)
+    assert not {n.dim for nodes in ts.nodes.values() for n in nodes} & {"epx", "epn"}
+    a2a = [n for nodes in ts.nodes.values() for n in nodes if n.type == COLL and n.ctype == A2A]
+    assert {n.dim for n in a2a} == ({"ep"} if ep > 1 else set())
+
+
 @pytest.mark.parametrize("bad, match", [
-    (dict(FRONTIER, moe_router_num_groups=3), "must divide ep"),
+    (dict(FRONTIER, moe_router_num_groups=3), "must divide experts"),
     (dict(FRONTIER, moe_router_group_topk=3), "at most moe_router_num_groups"),
     (dict(FRONTIER, moe_first_dense_layers=4), "leaves no MoE layer"),
     (dict(FRONTIER, kv_lora_rank=None), "multi-head latent attention"),

@@ -92,7 +92,7 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: Spec) -> Layout:
         return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
-                   spec.shard_size if spec.dp_mode == "hsdp" else None, spec.moe_router_num_groups)
+                   spec.shard_size if spec.dp_mode == "hsdp" else None, spec.routing_groups)
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:

@@ -283,9 +283,18 @@ class Spec:
         return self.kv_lora_rank > 0
 
     @property
+    def routing_groups(self) -> int:
+        """EP routing groups (nodes) the dispatch crosses in two steps: the router's expert groups
+        when each is a block of whole EP ranks, else 1 (Megatron limits the routing to M groups
+        at any ep, with its one flat AllToAll; DeepSeek's node-limited two-step dispatch needs
+        the groups to be the ranks' nodes)."""
+        groups = self.moe_router_num_groups
+        return groups if groups > 1 and self.ep % groups == 0 else 1
+
+    @property
     def node_limited(self) -> bool:
         """Expert dispatch across routing groups (nodes) first, then inside them."""
-        return self.moe_router_num_groups > 1
+        return self.routing_groups > 1
 
     @property
     def order_dims(self) -> tuple[str, ...]:
@@ -738,8 +747,8 @@ def _experts(r: _Raw, v: dict) -> dict:
         if fine["moe_first_dense_layers"] >= v["layers"]:
             raise SpecError(f"moe_first_dense_layers ({fine['moe_first_dense_layers']}) leaves no MoE layer of {v['layers']}: lower it")
         groups, group_topk = fine["moe_router_num_groups"], fine["moe_router_group_topk"]
-        if v["ep"] % groups or experts % groups:
-            raise SpecError(f"moe_router_num_groups ({groups}) must divide ep ({v['ep']}) and experts ({experts}): each group is ep/groups ranks (a node)")
+        if experts % groups:
+            raise SpecError(f"moe_router_num_groups ({groups}) must divide experts ({experts}): each group is experts/groups experts")
         if group_topk > groups:
             raise SpecError(f"moe_router_group_topk ({group_topk}) must be at most moe_router_num_groups ({groups})")
         if experts % v["ep"]:

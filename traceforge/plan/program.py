@@ -33,8 +33,8 @@ Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emi
 def layer_group_sizes(spec: Spec) -> dict[str, int]:
     """Members of the groups a layer's own ops use (TP, CP, EP): what the planner's bound
     records a layer with, without reading the pipeline or the data-parallel size."""
-    return {"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "tpep": spec.tp * spec.ep, "epx": spec.moe_router_num_groups,
-            "epn": spec.ep // spec.moe_router_num_groups}
+    return {"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "tpep": spec.tp * spec.ep, "epx": spec.routing_groups,
+            "epn": spec.ep // spec.routing_groups}
 
 
 def group_sizes(spec: Spec) -> dict[str, int]:
