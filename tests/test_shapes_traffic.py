@@ -95,3 +95,19 @@ def test_model_flops_count_every_query_heads_value_product():
     tokens = spec.global_batch * spec.seq_len
     expected = tokens * (6 * active_params(spec) + 3 * spec.layers * spec.seq_len * (q + q))
     assert model_flops_per_step(spec) == expected
+
+
+def test_an_moe_layer_normalizes_its_mlp_input_as_a_dense_layer_does(make_set):
+    # Megatron's TransformerLayer runs pre_mlp_layernorm (and the residual add) before the MLP,
+    # dense or MoE; the MoE layer's router node carries that norm's work beside the router GEMM.
+    from traceforge.plan.compute import CostModel
+
+    spec, out, _ = make_set("demo", experts=4, top_k=2, ep=2, tp=1, pp=1, dp=2, world_size=2, order="megatron",
+                            global_batch=2, micro_batch=1)
+    cost = CostModel(spec)
+    assert cost.norm.bytes > 0
+    nodes = load_set(out).nodes[0]
+    (router,) = [n for n in nodes if n.name == "fwd/mb0/L0/router"]
+    (router_bwd,) = [n for n in nodes if n.name == "bwd/mb0/L0/router_bwd"]
+    assert router.get("tensor_size") == cost.norm.bytes + cost.router.bytes
+    assert router_bwd.get("tensor_size") == cost.norm_bwd.bytes + cost.router_bwd.bytes
