@@ -111,3 +111,14 @@ def test_an_moe_layer_normalizes_its_mlp_input_as_a_dense_layer_does(make_set):
     (router_bwd,) = [n for n in nodes if n.name == "bwd/mb0/L0/router_bwd"]
     assert router.get("tensor_size") == cost.norm.bytes + cost.router.bytes
     assert router_bwd.get("tensor_size") == cost.norm_bwd.bytes + cost.router_bwd.bytes
+
+
+def test_mla_latents_are_held_on_the_sequence_shard_under_sp():
+    # Megatron's _qkv_down_projection computes the q and kv latents on the rank's [s/TP] tokens
+    # under sequence parallelism and norms them there; the column-parallel up projections gather
+    # them and keep the shard. So a latent channel more costs its latent and norm input over t.
+    spec = {"tp": 2, "sequence_parallel": True, "ep": 32, "order": "megatron"}
+    small = build_spec("deepseek-v3", None, {**spec, "kv_lora_rank": 512})
+    large = build_spec("deepseek-v3", None, {**spec, "kv_lora_rank": 576})
+    delta = _per_token_layer(large, False, 1.0)[0] - _per_token_layer(small, False, 1.0)[0]
+    assert delta == 2 * 64 * BF16 / 2

@@ -7,8 +7,8 @@ attention and MLP, two dropout masks) is replicated on every TP rank unless sequ
 parallelism shards it, and 24sbh + 5as^2b (Q, K, V, the projection input, the MLP's two
 inner tensors, the attention scores) is split by t. We count the same tensors, each in its
 own size, so that the formula's successors follow from the spec:
-- GQA: K and V have kv_heads*head_dim channels; MLA: the compressed latents (computed on the
-  whole sequence, never TP-split) plus the up-projected per-head Q, K, V;
+- GQA: K and V have kv_heads*head_dim channels; MLA: the compressed latents (on the rank's
+  sequence shard under SP, never split by heads) plus the up-projected per-head Q, K, V;
 - SwiGLU (llama): fc1 keeps 2f channels (gate and up) and fc2's input f; GELU (gpt): f and f;
 - dropout masks (1 byte each) only for gpt; Llama trains without dropout;
 - FlashAttention keeps no s^2 scores, only its fp32 log-sum-exp per head; unfused attention
@@ -83,7 +83,9 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
     stored += e * h / rep  # attention input (norm output)
     if spec.mla:
         latent = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
-        stored += e * (latent + spec.q_lora_rank + spec.kv_lora_rank)  # latents and their norms' inputs, whole
+        # latents and their norms' inputs, on the rank's sequence shard under SP (Megatron's
+        # _qkv_down_projection keeps them [s/TP]; the up projections gather them, saving the shard)
+        stored += e * (latent + spec.q_lora_rank + spec.kv_lora_rank) / rep
     stored += e * (q + k + v + out) / t
     scores = 0.0
     if spec.attention == "flash":
