@@ -53,6 +53,12 @@ def qkv_channels(spec: Spec) -> tuple[int, int, int]:
     return spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.kv_heads * spec.head_dim
 
 
+def attention_output_channels(spec: Spec) -> int:
+    """Channels of attention's output, into the output projection: every query head's values
+    (under GQA the value channels of qkv_channels count only the shared KV heads')."""
+    return spec.heads * (spec.v_head_dim if spec.mla else spec.head_dim)
+
+
 def mla_latent_channels(spec: Spec) -> int:
     """What MLA's column-parallel up projections take per token: the query latent (or, with the
     query not compressed, the hidden state itself, which linear_q_proj takes), the KV latent and

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.model import Chunk, is_moe_layer, local_tokens, padded_vocab, qkv_channels
+from traceforge.model import Chunk, attention_output_channels, is_moe_layer, local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
 
@@ -78,7 +78,7 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
     rep = t if spec.sequence_parallel else 1  # what SP shards across the TP group
     gpt = spec.arch == "gpt"
     q, k, v = qkv_channels(spec)
-    out = spec.heads * spec.v_head_dim if spec.mla else q  # channels into the output projection
+    out = attention_output_channels(spec)  # channels into the output projection
     stored = 2 * e * h / rep  # the two norms' inputs
     stored += e * h / rep  # attention input (norm output)
     if spec.mla:

@@ -42,7 +42,7 @@ def _runs(spec: Spec, stage: int, names: Sequence[str], compute: Sequence[bool],
             continue
         phase, mb = parts[0], int(parts[1][2:])
         layer = next((int(p[1:]) for p in parts[2:] if p[:1] == "L" and p[1:].isdigit()), None)
-        chunk = chunk_of.get(layer) if layer is not None else ends.get(parts[-1].split("_")[0]) if len(parts) > 2 else None
+        chunk = chunk_of.get(layer) if layer is not None else ends.get(parts[-1].split("_")[0])
         last = runs[-1] if runs else None
         if last and last[0] == phase and last[1] == mb and (chunk is None or last[2] is None or last[2] == chunk):
             last[2] = last[2] if last[2] is not None else chunk

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.times import load_kernel_times
-from traceforge.model import local_tokens, padded_vocab, qkv_channels
+from traceforge.model import attention_output_channels, local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import DTYPE_BYTES, Spec
 
 CAUSAL_FRACTION = 0.5
@@ -149,8 +149,7 @@ class CostModel:
         T_sp = T // t if s.sequence_parallel else T
         h, f = s.hidden, s.ffn_hidden
         q_dim, k_dim, v_dim = qkv_channels(s)
-        # Attention's output: every query head's values (v_dim counts only the KV heads' under GQA).
-        out_dim = s.heads * (s.v_head_dim if s.mla else s.head_dim)
+        out_dim = attention_output_channels(s)
         gated = 2 if s.arch == "llama" else 1  # SwiGLU's gate and up projections
 
         if s.mla:

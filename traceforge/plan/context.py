@@ -18,7 +18,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 
 from __future__ import annotations
 
-from traceforge.model import local_tokens, qkv_channels
+from traceforge.model import attention_output_channels, local_tokens, qkv_channels
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec
@@ -39,7 +39,7 @@ def attention_shards(spec: Spec) -> tuple[int, int, int, int]:
     """Bytes of Q, K, V and the attention output on one rank, each with its own channels (GQA:
     K and V of the kv heads; MLA: keys with the rope part, values and output of v_head_dim)."""
     q, k, v = qkv_channels(spec)
-    out = v if spec.mla else q
+    out = attention_output_channels(spec)
     return shard_bytes(spec, q), shard_bytes(spec, k), shard_bytes(spec, v), shard_bytes(spec, out)
 
 
@@ -47,8 +47,8 @@ class RingAttention:
     def __init__(self, spec: Spec):
         self.spec = spec
         self.cp = spec.cp
-        _, k_dim, v_dim = qkv_channels(spec)
-        self.kv_bytes = local_tokens(spec) * (k_dim + v_dim) // spec.tp * spec.act_bytes
+        _, k, v, _ = attention_shards(spec)
+        self.kv_bytes = k + v
 
     def _tag(self, layer: int, ring_step: int, kind: int) -> int:
         """Unique per (src, dst) pair within the run: CP pairs never carry pipeline traffic."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from traceforge.layout import Layout
-from traceforge.model import active_params, qkv_channels
+from traceforge.model import active_params, attention_output_channels, qkv_channels
 from traceforge.plan.ops import NodeType, Program
 from traceforge.plan.program import build_program
 from traceforge.report.scan import RankProgram, RankScan
@@ -45,8 +45,7 @@ def model_flops_per_step(spec: Spec) -> float:
     products, 3 x s x (query + output channels) per layer and token (forward and backward):
     every query head has its own value product, shared key/value heads or not (Megatron-LM
     training.py num_floating_point_operations counts query_projection_size for both)."""
-    q_dim, _, v_dim = qkv_channels(spec)
-    out_dim = v_dim if spec.mla else q_dim  # heads x v_head_dim, or heads x head_dim
+    q_dim, out_dim = qkv_channels(spec)[0], attention_output_channels(spec)
     tokens = spec.global_batch * spec.seq_len
     return tokens * (6.0 * active_params(spec) + 3.0 * spec.layers * spec.seq_len * (q_dim + out_dim))
 

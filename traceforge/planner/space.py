@@ -101,8 +101,8 @@ def _layouts(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any])
 def _splits(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
     if partial["pp"] == 1 or any(fixed.get(k) is not None for k in (*SPLIT_ACCOUNTING, *OTHER_SPLITS)):
         return [{}]  # a split flag given fixes the axis (the validator judges it)
-    p, schedule = partial["pp"], partial["schedule"]
-    n = 2 * p if schedule in ("zbv", "dualpipev") else p * partial["virtual_stages"]
+    p = partial["pp"]
+    n = p * partial["virtual_stages"]  # the V schedules' two chunks a stage included (schedules())
     even, accounted = split_counts(model.layers, p, n), split_counts(model.layers, p, n, True, True)
     # The same layers on every chunk either way (e.g. 1F1B with 126 layers on 16 stages): one
     # candidate, not two that differ only in their flags.
