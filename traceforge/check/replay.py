@@ -4,11 +4,16 @@ Each rank runs its communication nodes (compute always finishes, so only communi
 ancestors matter; see check_rank). A node issues once its dependencies are done:
 - a collective completes when every member of its group has issued its matching collective
   (the k-th on that group on each member);
-- a Send is eager: it completes when issued; a Recv completes once a Send with the same
-  (src, dst, tag, size) has been issued (FIFO per key, as ASTRA-sim's analytical network).
-Model "astra-sim" adds ASTRA-sim's HardwareResource rule: one non-receive communication in
-flight per rank; whenever that slot frees, the rank issues its lowest-id ready one (the order
-of ASTRA-sim's issue loop). A set can be deadlock-free in general yet stall there.
+- point-to-point, "rendezvous" (the default): a Send and its Recv (same src, dst, tag, size;
+  FIFO per key) complete together, once both have been issued, as NCCL's and gloo's do: a
+  send the peer has not posted a receive for never finishes, so a rank that waits on it
+  before posting its own receives can hang a real run;
+- point-to-point, "eager": a Send completes when issued; a Recv completes once its Send has
+  been issued (ASTRA-sim's analytical network buffers a send without its receive).
+Model "astra-sim" (always eager) adds ASTRA-sim's HardwareResource rule: one non-receive
+communication in flight per rank; whenever that slot frees, the rank issues its lowest-id
+ready one (the order of ASTRA-sim's issue loop). A set can be deadlock-free in general yet
+stall there.
 
 If the replay stalls, every stuck rank is reported with the node it is stuck at and the ranks
 it waits for, and a wait-for cycle among ranks when there is one.
@@ -27,6 +32,8 @@ from traceforge.check.program import Program
 
 GENERAL, ASTRA = "general", "astra-sim"
 MODELS = (GENERAL, ASTRA)
+RENDEZVOUS, EAGER = "rendezvous", "eager"
+P2P_MODELS = (RENDEZVOUS, EAGER)
 SLOT_FREE = -1
 START = -1  # work item meaning "the rank's communication slot may have freed"
 
@@ -53,8 +60,10 @@ class Replay:
     proof that does not hold, the astra-sim model) runs the full per-rank replay, which is what
     words the findings."""
 
-    def __init__(self, cross: CrossRank, poisoned: set[tuple[int, int]], model: str = GENERAL, classes: bool = True):
+    def __init__(self, cross: CrossRank, poisoned: set[tuple[int, int]], model: str = GENERAL, classes: bool = True,
+                 p2p: str = RENDEZVOUS):
         self.cross, self.poisoned, self.astra = cross, poisoned, model == ASTRA
+        self.rendezvous = p2p == RENDEZVOUS and not self.astra
         self.ranks = sorted(cross.rank_class)
         self.findings: list[Finding] = []
         self.use_classes = classes and not self.astra and not poisoned
@@ -87,7 +96,7 @@ class Replay:
                 key = (*sym.target[(cls, role)], tag, size) if t == SEND else (cls, role, tag, size)
                 pid.append(keys.setdefault(key, len(keys)))
             units.append(_Unit(p, gmap, pid))
-        state = _engine(units, dict(enumerate(sym.instance_size)), set(), False)
+        state = _engine(units, dict(enumerate(sym.instance_size)), set(), False, self.rendezvous)
         return not state.warned and all(state.done[u] == len(unit.program) for u, unit in enumerate(units))
 
     def _run_ranks(self) -> list[Finding]:
@@ -98,14 +107,14 @@ class Replay:
         for r in self.ranks:
             units[r] = _Unit(cross.program(r), cross.bind_groups[r], cross.pid[r])
         group_size = {g: len(cross.members(g) or ()) for g in cross.seqs}
-        state = _engine(units, group_size, self.poisoned, self.astra)
+        state = _engine(units, group_size, self.poisoned, self.astra, self.rendezvous)
         for r, c in state.warned:
             u = units[r]
             assert u is not None
             self._order_warning(r, c, u.gmap[u.program.grole[c]], u.program.seq[c])
         stuck = [r for r in self.ranks if state.done[r] < len(cross.program(r))]
         if stuck:
-            self._report(stuck, state.arrivals, state.waiting, state.heap, state.slot)
+            self._report(stuck, state.arrivals, state.waiting, state.sending, state.heap, state.slot)
         return self.findings
 
     # -- reporting --------------------------------------------------------------------------
@@ -124,7 +133,7 @@ class Replay:
             "depends on timing; make each collective depend on the previous one on its group",
             WARNING, group=group))
 
-    def _report(self, stuck, arrivals, waiting, heap, slot) -> None:
+    def _report(self, stuck, arrivals, waiting, sending, heap, slot) -> None:
         cross = self.cross
         blocked: dict[int, list[tuple[int, int, list[tuple[int, str]]]]] = {}  # rank -> [(node id, c, waits)]
         for (g, k), members in arrivals.items():
@@ -143,6 +152,13 @@ class Replay:
                 why = ("never posts the matching Send" if not sends else
                        "has the matching Send but never issues it")
                 blocked.setdefault(r, []).append((cross.node_id(r, c), c, [(src, why)]))
+        for k, queue in sending.items():
+            dst = cross.p2p_keys[k][1]
+            recvs = cross.p2p_count[2 * k + 1]
+            for r, c in queue:
+                why = ("never posts the matching Recv" if not recvs else
+                       "has the matching Recv but never issues it (a send completes only once its receive is posted)")
+                blocked.setdefault(r, []).append((cross.node_id(r, c), c, [(dst, why)]))
         edges = {r: sorted({q for _, _, waits in items for q, _ in waits if q >= 0}) for r, items in blocked.items()}
         stuck_set = set(stuck)
         for r in stuck:
@@ -215,12 +231,14 @@ class _State:
     done: list[int]  # per unit: completed nodes
     arrivals: dict[tuple[int, int], list[tuple[int, int]]]  # (instance key, k) -> (unit, node) issued
     waiting: dict[int, list[tuple[int, int]]]  # transfer key -> Recvs waiting for a Send
+    sending: dict[int, list[tuple[int, int]]]  # rendezvous: transfer key -> Sends waiting for a Recv
     heap: list[list]  # astra-sim model: per unit, ready nodes waiting for the slot
     slot: list[int]
     warned: list[tuple[int, int]]  # (unit, node) of each order warning
 
 
-def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, int]], astra: bool) -> _State:
+def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, int]], astra: bool,
+            rendezvous: bool = False) -> _State:
     """Run every unit's communication nodes (see the module docstring); units[u] None: not run."""
     top = len(units)
     kind: list = [b""] * top
@@ -252,6 +270,7 @@ def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, in
     arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
     sent: dict[int, int] = {}
     waiting: dict[int, list[tuple[int, int]]] = {}
+    sending: dict[int, list[tuple[int, int]]] = {}
     warned_keys: set[tuple[int, int]] = set()
     warned: list[tuple[int, int]] = []
 
@@ -299,17 +318,25 @@ def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, in
                 for r2, c2 in members:
                     complete(r2, c2)
         elif t == SEND:
-            complete(r, c)
             k = pid[r][prow[r][c]]
             queue = waiting.get(k)
             if queue:
+                complete(r, c)
                 r2, c2 = queue.pop(0)
                 complete(r2, c2)
+            elif rendezvous:
+                sending.setdefault(k, []).append((r, c))
             else:
+                complete(r, c)
                 sent[k] = sent.get(k, 0) + 1
         else:
             k = pid[r][prow[r][c]]
-            if sent.get(k, 0):
+            senders = sending.get(k)
+            if senders:
+                r2, c2 = senders.pop(0)
+                complete(r2, c2)
+                complete(r, c)
+            elif sent.get(k, 0):
                 sent[k] -= 1
                 complete(r, c)
             else:
@@ -336,4 +363,5 @@ def _engine(units: list, group_size: dict[int, int], poisoned: set[tuple[int, in
                 if slot[r] == SLOT_FREE:  # a Send: done at once, the slot is free again
                     work.append((r, START))
         starting.clear()
-    return _State(done, arrivals, waiting, heap, slot, warned)
+    return _State(done, arrivals, {k: q for k, q in waiting.items() if q},
+                  {k: q for k, q in sending.items() if q}, heap, slot, warned)

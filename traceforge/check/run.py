@@ -26,7 +26,7 @@ from typing import Literal
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
-from traceforge.check.replay import GENERAL, MODELS, Replay
+from traceforge.check.replay import ASTRA, EAGER, GENERAL, MODELS, P2P_MODELS, RENDEZVOUS, Replay
 from traceforge.errors import TraceReadError, UserError
 from traceforge.parallel import cores, fan_out
 from traceforge.read.progress import Progress
@@ -46,6 +46,7 @@ class CheckResult:
     prefix: str
     world: int
     model: str
+    p2p: str = RENDEZVOUS  # how the replay completes a Send and its Recv
     ranks_read: int = 0
     nodes: int = 0
     groups: int = 0
@@ -77,6 +78,7 @@ class CheckResult:
     def to_dict(self) -> dict:
         return {
             "directory": self.directory, "prefix": self.prefix, "world_size": self.world, "model": self.model,
+            "p2p": self.p2p,
             "ok": self.ok, "exit_code": self.exit_code, "ranks_read": self.ranks_read, "nodes": self.nodes,
             "groups": self.groups, "errors": len(self.errors), "warnings": len(self.warnings),
             "seconds": round(self.seconds, 3), "notes": self.notes,
@@ -91,7 +93,7 @@ class CheckResult:
             f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)" if self.errors else
             f"clean but {len(self.warnings)} warning(s)")
         return (f"checked {self.ranks_read:,}/{self.world:,} ranks, {self.nodes:,} nodes, {self.groups:,} groups "
-                f"({self.model} model) in {self.seconds:.2f} s: {verdict}")
+                f"({self.model} model, {self.p2p} p2p) in {self.seconds:.2f} s: {verdict}")
 
     def table(self, max_rows: int = 40):
         """The findings as a rich Table (first max_rows, errors first)."""
@@ -125,17 +127,20 @@ def _escape(text: str) -> str:
 
 def check_trace_set(directory: Path | str, prefix: str | None = None,
                     comm_groups: Path | str | Mapping | None = None, ranks: int | None = None,
-                    model: str = GENERAL, jobs: int | None = None) -> CheckResult:
+                    model: str = GENERAL, jobs: int | None = None, p2p: str | None = None) -> CheckResult:
     """Check a trace set; set-level problems (no such directory, no trace files, an unreadable
-    group file, bad arguments) raise TraceReadError/UserError, everything else is a Finding."""
+    group file, bad arguments) raise TraceReadError/UserError, everything else is a Finding.
+    p2p: how a Send and its Recv complete in the deadlock replay (replay.py); default
+    rendezvous, eager in the astra-sim model (ASTRA-sim's own sends)."""
     started = time.perf_counter()
     if model not in MODELS:
         raise UserError(f"unknown model {model!r}: choose one of {', '.join(MODELS)}")
+    p2p = resolve_p2p(model, p2p)
     directory = Path(directory)
     prefix, files = find_rank_files(directory, prefix)
     groups, group_file = load_comm_groups(directory, comm_groups)
     world = _world_size(directory, prefix, files, ranks)
-    result = CheckResult(str(directory), prefix, world, model)
+    result = CheckResult(str(directory), prefix, world, model, p2p)
     findings = result.findings
     for first, last in _missing_runs(files, world):
         what = f"{prefix}.{first}.et is" if first == last else f"{prefix}.{first}.et to {prefix}.{last}.et ({last - first + 1:,} files) are"
@@ -172,7 +177,7 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
                             + " errors before any communication could stall; fix those first")
     else:
         clean = not any(f.severity == ERROR for f in findings)
-        replay = Replay(cross, poisoned, model, classes=clean)
+        replay = Replay(cross, poisoned, model, classes=clean, p2p=p2p)
         findings += replay.run()
         result.replay = (f"{len(cross.programs):,} classes for {len(cross.rank_class):,} ranks" if replay.path == "classes"
                          else f"every rank ({replay.path})")
@@ -180,6 +185,19 @@ def check_trace_set(directory: Path | str, prefix: str | None = None,
     _fill_names(findings, cross)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def resolve_p2p(model: str, p2p: str | None) -> str:
+    """The replay's point-to-point semantics: rendezvous unless asked, eager under the
+    astra-sim model (ASTRA-sim completes a send without its receive)."""
+    if p2p is None:
+        return EAGER if model == ASTRA else RENDEZVOUS
+    if p2p not in P2P_MODELS:
+        raise UserError(f"unknown --p2p {p2p!r}: choose one of {', '.join(P2P_MODELS)}")
+    if model == ASTRA and p2p != EAGER:
+        raise UserError("--model astra-sim replays ASTRA-sim's eager sends: drop --p2p, or use --model general "
+                        f"with --p2p {p2p}")
+    return p2p
 
 
 def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:

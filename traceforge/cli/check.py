@@ -19,6 +19,7 @@ def check(
     comm_groups: Path | None = typer.Option(None, "--comm-groups", help="Communicator-group file, JSON mapping each group id to its ranks (default: DIR/comm_group.json when present)."),
     ranks: int | None = typer.Option(None, "--ranks", help="Expected number of ranks (default: manifest.json's world size, else the highest rank file + 1)."),
     model: str = typer.Option("general", "--model", help="Deadlock replay model: general, or astra-sim (one non-receive communication in flight per rank, as ASTRA-sim issues)."),
+    p2p: str | None = typer.Option(None, "--p2p", help="How the deadlock replay completes a Send and its Recv: rendezvous (default: once both ends are issued, as NCCL and gloo do), or eager (a Send completes when issued; always so under --model astra-sim)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
     max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
     jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
@@ -42,9 +43,10 @@ def check(
         answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)
     if expand is not None:
-        result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs)
+        result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs, p2p)
     else:
-        result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs)
+        result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs,
+                                 p2p=p2p)
     if as_json:
         print(result.to_json())
     else:
@@ -57,7 +59,7 @@ def check(
 
 
 def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | None, algorithm: str, model: str,
-                    jobs: int | None):
+                    jobs: int | None, p2p: str | None):
     """Expand into a scratch Chakra set of compute, Send and Recv nodes, and check that."""
     import tempfile
 
@@ -70,7 +72,7 @@ def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | Non
         raise UserError("--expand reads DIR/comm_group.json; drop --comm-groups")
     with tempfile.TemporaryDirectory(prefix="traceforge-expand-") as scratch:
         write_chakra(directory, Path(scratch), algorithm, prefix)
-        result = check_trace_set(scratch, model=model, jobs=jobs)
+        result = check_trace_set(scratch, model=model, jobs=jobs, p2p=p2p)
     result.notes.insert(0, f"checked the point-to-point expansion of {directory} ({algorithm}); node names end in "
                            "#step for a collective's steps")
     return result
