@@ -310,10 +310,12 @@ def consistency_problems(ts: DecodedSet) -> list[str]:
     return problems + collective_problems(ts) + p2p_problems(ts)
 
 
-def unfinished(ts: DecodedSet) -> list[tuple[int, int]]:
-    """Run the set as ASTRA-sim would match it: a node issues when its deps are done; sends are
-    eager; a recv completes once its send issued; the k-th collective on a group completes when
-    every member issued its k-th one there. Return the (rank, node) pairs that never finish."""
+def unfinished(ts: DecodedSet, rendezvous: bool = True) -> list[tuple[int, int]]:
+    """Run the set: a node issues when its deps are done; a send and its recv complete together
+    once both issued (rendezvous, as NCCL and gloo), or, eager (as ASTRA-sim matches them), a send
+    completes when issued and its recv once the send issued; the k-th collective on a group
+    completes when every member issued its k-th one there. Return the (rank, node) pairs that
+    never finish."""
     dependents: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     waiting: dict[tuple[int, int], int] = {}
     ready: list[tuple[int, int]] = []
@@ -330,6 +332,7 @@ def unfinished(ts: DecodedSet) -> list[tuple[int, int]]:
     done: set[tuple[int, int]] = set()
     sent: set[tuple] = set()
     parked_recvs: dict[tuple, tuple[int, int]] = {}
+    parked_sends: dict[tuple, tuple[int, int]] = {}
     coll_index: dict[tuple[int, int], int] = defaultdict(int)  # (rank, group) -> next index
     arrivals: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (group, k) -> nodes
 
@@ -346,13 +349,20 @@ def unfinished(ts: DecodedSet) -> list[tuple[int, int]]:
         n = by_key[key]
         if n.type == SEND:
             p2p = (n.get("comm_src"), n.get("comm_dst"), n.get("comm_tag"), n.size)
-            sent.add(p2p)
-            finish(key)
             if p2p in parked_recvs:
+                finish(key)
                 finish(parked_recvs.pop(p2p))
+            elif rendezvous:
+                parked_sends[p2p] = key
+            else:
+                sent.add(p2p)
+                finish(key)
         elif n.type == RECV:
             p2p = (n.get("comm_src"), n.get("comm_dst"), n.get("comm_tag"), n.size)
-            if p2p in sent:
+            if p2p in parked_sends:
+                finish(parked_sends.pop(p2p))
+                finish(key)
+            elif p2p in sent:
                 finish(key)
             else:
                 parked_recvs[p2p] = key

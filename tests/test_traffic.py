@@ -684,13 +684,27 @@ def test_dependencies_follow_the_streams(sets, name):
         anc = ancestors(nodes)
         sends = {n.id for n in nodes if n.type == SEND}
         comps = [n for n in nodes if n.type == COMP]
-        # A PP send blocks, as Megatron's p2p without --overlap-p2p-comm (p2p_communication.py
-        # waits for its requests): the next compute waits for it; the recvs posted with it do not.
+        # A PP send blocks under Megatron's schedules without --overlap-p2p-comm
+        # (p2p_communication.py waits for its requests): the next compute waits for it; the recvs
+        # posted with it do not. torch's GPipe waits for its forward sends before the first
+        # backward, the others when the step ends.
+        torch_schedule = name == "gpipe"
+        first_backward = min(c.id for c in comps if c.phase == "bwd")
         for s in sends:
             following = [c for c in comps if c.id > s]
             if following:
-                assert depends_on(anc, following[0].id, s), (rank, s)
-        assert not any(set(n.deps) & sends for n in nodes if n.type == RECV), rank
+                if not torch_schedule:
+                    assert depends_on(anc, following[0].id, s), (rank, s)
+                    continue
+                passes = [c for c in following if c.phase != "step"]
+                if passes:
+                    waited = passes[0].id == first_backward and s < first_backward
+                    assert depends_on(anc, passes[0].id, s) == waited, (rank, s)
+                optimizer = next(c for c in following if c.name.endswith("optimizer"))
+                assert depends_on(anc, optimizer.id, s), (rank, s)
+        recv_after_send = [n for n in nodes if n.type == RECV and set(n.deps) & sends]
+        # GPipe: only the first backward's receive, posted once the forward sends are done.
+        assert all(torch_schedule and n.phase == "bwd" and n.id < first_backward for n in recv_after_send), rank
         # Compute is one chain.
         for a, b in zip(comps, comps[1:], strict=False):
             assert depends_on(anc, b.id, a.id), (rank, a.name, b.name)

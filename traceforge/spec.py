@@ -137,7 +137,8 @@ FIELDS: tuple[Field, ...] = (
           "Count the LM head and loss as one layer of the last stage when splitting layers (Megatron).",
           bool_flags=("--account-for-loss-in-pipeline-split", "--no-account-for-loss-in-pipeline-split")),
     Field("overlap_p2p_comm", bool, "Pipeline sends run alongside the next compute (default: the compute after a send waits for it, "
-          "as Megatron without --overlap-p2p-comm).", bool_flags=("--overlap-p2p-comm", "--no-overlap-p2p-comm")),
+          "as Megatron without --overlap-p2p-comm; torch's schedules, gpipe, zb-h1, interleaved-zb, zbv and dualpipev, "
+          "never wait on a send before the step's end).", bool_flags=("--overlap-p2p-comm", "--no-overlap-p2p-comm")),
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
           ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),

@@ -15,7 +15,9 @@ Dependencies follow the GPU's streams, not a total order:
 - a Send follows the cursor; a blocking one (Megatron's pipeline p2p without
   --overlap-p2p-comm, which waits for its requests before computing on) gates the next op, an
   eager one nothing. A Recv follows the cursor and gates the next blocking op, which consumes
-  its data.
+  its data. Sends and receives posted between two blocking ops form one batch (a
+  batch_isend_irecv): none of them waits for another, so a peer's matching op can always be
+  posted (a real send completes only once its receive is posted).
 Every new op also waits for what is gated; a blocking op (compute, blocking collective)
 absorbs the gated ops, so later ops wait for them through it.
 
@@ -264,17 +266,27 @@ class ProgramBuilder:
         self._async.clear()
 
     def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", blocking: bool = False) -> int:
-        """blocking: the next op waits for the transfer to complete."""
-        op_id = self._add(f"send_{name}", NodeType.SEND, self._follows(), dim, comm_size=size, peer=peer, tag=tag)
+        """blocking: the next op waits for the transfer to complete; the sends posted with it
+        (one batch) do not."""
+        deps = self._cursor + tuple(self._pending) if self._pending else self._cursor
+        op_id = self._add(f"send_{name}", NodeType.SEND, deps, dim, comm_size=size, peer=peer, tag=tag)
         if blocking:
             self._sends.append(op_id)
         return op_id
 
-    def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True) -> int:
-        """gate=False: the caller gates a later op on it (e.g. ring attention's next block)."""
+    def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True,
+             batched: bool = False) -> int:
+        """gate=False: the caller gates a later op on it (e.g. ring attention's next block).
+        batched: posted in one batch with the receives still pending (a pipeline step's
+        batch_isend_irecv), so it waits for none of them, only for what the sends of its batch
+        wait for."""
         # Posted together with the sends before it (one batch_isend_irecv), not after them.
-        op_id = self._add(f"recv_{name}", NodeType.RECV, self._cursor + tuple(self._pending), dim,
-                          comm_size=size, peer=peer, tag=tag)
+        pending = self._pending
+        if batched and pending:
+            ops = self.program.ops
+            pending = [op for op in pending if ops[op].type != NodeType.RECV]
+        deps = self._cursor + tuple(pending)
+        op_id = self._add(f"recv_{name}", NodeType.RECV, deps, dim, comm_size=size, peer=peer, tag=tag)
         if gate:
             self._pending.append(op_id)
         return op_id

@@ -10,7 +10,9 @@ index on this stage, 0 unless the stage holds several. Kinds:
 - "F&" a forward computed together with the backward that follows it (Megatron's interleaved
   steady state and DualPipeV's overlapped F&B chunk): the forward's send goes out with the
   backward's, after both computed, instead of holding the backward up.
-The program posts each pass's Recv just before it and its Send just after it.
+The program posts each pass's Recv just before it and its Send just after it; how the Sends
+and Recvs between two computes batch, and what waits for them, is docs/pipeline-schedules.md's
+"Sends and receives as the frameworks post them".
 
 Placement: a stage's chunk c is virtual stage ``virtual_stage(spec, stage, c)`` of the model's
 p*v: c*p + stage when interleaved ("loop"), stage and 2p-1-stage for the V-shaped schedules
@@ -26,6 +28,10 @@ from traceforge.spec import Spec
 
 Pass = tuple[str, int, int]  # (kind, chunk, micro-batch)
 V_SHAPED = ("zbv", "dualpipev")
+# Megatron's schedules (schedules.py): without --overlap-p2p-comm each step's sends and the next
+# step's receives go out as one batch that the next compute waits for. The others are
+# torch.distributed.pipelining's, whose runtime never waits on a send before the step's end.
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
 
 
 def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[Pass]:

@@ -21,7 +21,7 @@ from traceforge.plan.embedding import (
 )
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuilder
-from traceforge.plan.pipeline import p2p_tag, placement, schedule, virtual_stage
+from traceforge.plan.pipeline import MEGATRON_SCHEDULES, p2p_tag, placement, schedule, virtual_stage
 from traceforge.plan.routing import BALANCED
 from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel, fp8_amax_reduction
@@ -74,6 +74,11 @@ class StagePlanner:
         self.sync = SyncCollectives(b, spec, stage)
         # (chunk, micro-batch) -> unit -> weight-gradient GEMMs an I pass left for its W pass
         self._wgrads: dict[tuple[int, int], dict[str, list]] = {}
+        # Megatron without --overlap-p2p-comm: a pass's sends and the next pass's receives are
+        # one batch the next compute waits for (p2p_communication._communicate, wait_on_reqs).
+        # torch.distributed.pipelining waits on its sends only when the step ends.
+        self.batched_p2p = spec.schedule in MEGATRON_SCHEDULES and not spec.overlap_p2p_comm
+        self.sends_wait_for_step_end = spec.schedule not in MEGATRON_SCHEDULES
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
     def forward_units(self, chunk: Chunk) -> list[Unit]:
@@ -204,6 +209,8 @@ class StagePlanner:
         while k < len(passes):
             kind, c, mb = passes[k]
             chunk = self.chunks[c]
+            if self.spec.schedule == "gpipe" and kind == "B" and passes[k - 1][0] == "F":
+                self.b.wait_async()  # ScheduleGPipe waits for its forward sends before the backwards
             if kind == "W":
                 since = len(ops)
                 self.weight_pass(chunk, mb)
@@ -221,11 +228,17 @@ class StagePlanner:
                 back = self.chunks[c2]
                 self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 self._recv(chunk, mb, backward=False)
+                if self.batched_p2p:  # both inputs arrive in the batch before the pair (Megatron's
+                    # send_forward_backward_recv_forward_backward), so the forward waits for both
+                    self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
+                    self._recv(back, mb2, backward=True)
+                    self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 since = len(ops)
                 self.forward_compute(chunk, mb)
                 self._carry_activations("F", c, since)
                 self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
-                self._recv(back, mb2, backward=True)
+                if not self.batched_p2p:
+                    self._recv(back, mb2, backward=True)
                 since = len(ops)
                 done = self.backward_compute(back, mb2, input_only=False)
                 self._carry_activations("B", c2, since)
@@ -270,9 +283,11 @@ class StagePlanner:
         tag = p2p_tag(self.spec, self.b.ctx.step, sender_chunk, mb, backward)
         what = "grad" if backward else "act"
         if send:
-            self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=not self.spec.overlap_p2p_comm)
+            op = self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=self.batched_p2p)
+            if self.sends_wait_for_step_end:  # torch's runtime waits for every send after the last pass
+                self.b.defer(op)
         else:
-            self.b.recv(what, role, p2p_bytes(self.spec), tag)
+            self.b.recv(what, role, p2p_bytes(self.spec), tag, batched=True)
 
     def _recv(self, chunk: Chunk, mb: int, backward: bool) -> None:
         self._transfer(chunk, mb, backward, send=False)
