@@ -210,11 +210,21 @@ def published_row(run: Published, jobs: int, within: float, memory_gb: int | Non
     twins = [r for r in result.candidates if same_layout(r) == same_layout(own)]
     if twins and abs(twins[0].estimate.step_us - own.estimate.step_us) > 1e-9 * own.estimate.step_us:
         raise SystemExit(f"bench_plan: {run.name}: the published layout's step differs between the searches")
-    among = "yes" if in_space(run, own) else "no"
+    among = ("yes" if in_space(run, own) else "no") + memory_note(own.memory, own_result.gpu_memory_bytes)
+    best_tight = " (tight)" if best["verdict"] == "tight" else ""
     print(f"| {name} | {layout(own_row)} ({run.searched}) | {own.estimate.step_us / 1e6:.3f} | {among} | "
-          f"{rank} of {result.feasible:,} | {own_row['step_ms'] / best['step_ms']:.3f} | {layout(best)} | "
+          f"{rank} of {result.feasible:,} | {own_row['step_ms'] / best['step_ms']:.3f} | {layout(best)}{best_tight} | "
           f"{best['step_ms'] / 1e3:.3f} | {time.perf_counter() - started:.0f} |", flush=True)
     return None
+
+
+def memory_note(band: Any, memory: int) -> str:
+    """A tight layout says so: it fits without the allocator's reserve, not with it."""
+    if band.verdict != "tight":
+        return ""
+    floor = band.peak - (band.reserved - band.allocated)
+    return (f", tight: {floor / 1e9:.1f} of {memory / 1e9:.1f} GB without the allocator's reserve, "
+            f"{band.peak / 1e9:.1f} with it")
 
 
 def layout_of(run: Published) -> str:

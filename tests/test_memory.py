@@ -8,7 +8,7 @@ import pytest
 from traceforge.memory import memory_report
 from traceforge.memory.activations import PassBytes, chunk_activations, layer_activations
 from traceforge.memory.gpus import GPU_MEMORY_MIB, gpu_memory_bytes
-from traceforge.memory.report import CUDA_CONTEXT_BYTES, FRAGMENTATION, NCCL_BYTES_PER_COMMUNICATOR
+from traceforge.memory.report import ALLOCATOR_RESERVE, CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR
 from traceforge.memory.states import stage_states
 from traceforge.memory.walk import peak
 from traceforge.model import model_chunks, padded_vocab
@@ -125,16 +125,52 @@ def test_report_adds_up_and_names_the_gpu():
     spec = small()
     report = memory_report(spec)
     assert report.gpu == "h100" and report.gpu_memory_bytes == GPU_MEMORY_MIB["h100"] * 2**20
+    nccl = NCCL_BYTES_PER_COMMUNICATOR * 4  # tp, dp and the pipeline's two neighbours
     for s in report.stages:
-        assert s.peak == s.weights + s.gradients + s.optimizer + s.activations + s.buffers + s.overhead
-        assert s.overhead == CUDA_CONTEXT_BYTES + int(FRAGMENTATION * (s.activations + s.buffers))
-        assert s.buffers >= NCCL_BYTES_PER_COMMUNICATOR * 3  # tp, dp and the pipeline's neighbours
-    assert report.peak_bytes == max(s.peak for s in report.stages) and report.fits
+        assert s.allocated == s.weights + s.gradients + s.optimizer + s.activations + s.buffers
+        reserve = int(ALLOCATOR_RESERVE * (s.activations + s.buffers))
+        assert s.reserved == s.allocated + reserve
+        assert s.overhead == CUDA_CONTEXT_BYTES + nccl + reserve
+        assert s.peak == s.allocated + s.overhead
+    assert report.peak_bytes == max(s.peak for s in report.stages) and report.fits and report.verdict == "fits"
     tight = memory_report(spec, gpu_memory_bytes=report.peak_bytes - 1)
     assert not tight.fits and sum(not s.fits for s in tight.stages) >= 1
-    assert set(report.to_json()) == {"gpu", "gpu_memory_bytes", "peak_bytes", "fits", "stages"}
+    assert set(report.to_json()) == {"gpu", "gpu_memory_bytes", "peak_bytes", "fits", "allocated_bytes", "reserved_bytes",
+                                     "verdict", "stages"}
     assert set(report.to_json()["stages"][0]) == {"stage", "weights", "gradients", "optimizer", "activations",
-                                                 "buffers", "overhead", "peak", "fits"}
+                                                 "buffers", "overhead", "peak", "fits", "allocated_bytes",
+                                                 "reserved_bytes", "verdict"}
+
+
+def test_three_verdicts_against_hand_arithmetic():
+    """One stage, no NCCL (tp = pp = dp = 1), the context given as 1.5 GB and a 10 % reserve:
+    peak = allocated + 1.5e9 + 10 % of (activations + buffers). At exactly the peak it fits; a
+    byte less and down to allocated + context it is tight; a byte below that it does not fit."""
+    spec = small(tp=1, pp=1, dp=1, global_batch=2)
+    s = memory_report(spec, 10**15).stages[0]
+    allocated = s.weights + s.gradients + s.optimizer + s.activations + s.buffers
+    reserve = (s.activations + s.buffers) // 10
+    peak = allocated + 1_500_000_000 + reserve
+    for memory, verdict in ((peak, "fits"), (peak - 1, "tight"), (allocated + 1_500_000_000, "tight"),
+                            (allocated + 1_500_000_000 - 1, "does not fit")):
+        report = memory_report(spec, memory, overhead_bytes=1_500_000_000, reserve=0.1)
+        (stage,) = report.stages
+        assert (stage.allocated, stage.reserved, stage.peak) == (allocated, allocated + reserve, peak)
+        assert stage.verdict == report.verdict == verdict, memory
+        assert report.fits == (verdict == "fits")  # fits keeps its meaning: peak <= the GPU's memory
+        doc = report.to_json()
+        assert (doc["allocated_bytes"], doc["reserved_bytes"], doc["verdict"]) == (allocated, allocated + reserve, verdict)
+
+
+def test_the_overall_verdict_is_the_worst_stage():
+    spec = small()
+    stages = memory_report(spec, 10**15).stages
+    # a GPU between the fullest stage's floor and peak: that stage is tight, the report too
+    worst = max(stages, key=lambda s: s.peak)
+    floor = worst.peak - (worst.reserved - worst.allocated)
+    report = memory_report(spec, floor)
+    assert report.verdict == "tight" and "tight" in {s.verdict for s in report.stages}
+    assert memory_report(spec, floor - 1).verdict == "does not fit"
 
 
 def test_custom_gpu_needs_its_memory():
@@ -190,7 +226,7 @@ def test_communicators_counted_per_group():
 
 
 def test_suggested_fixes_fit_under_the_overhead_the_user_gave():
-    """The refusal's fixes are checked with the same overhead (--overhead-gb) as the refusal."""
+    """The refusal's fixes are checked with the same context (--context-gb) as the refusal."""
     import dataclasses
 
     from traceforge.memory.feasibility import _candidates, fixes
@@ -219,13 +255,15 @@ def test_suggested_fixes_fit_under_the_overhead_the_user_gave():
          order="megatron"),
 ])
 def test_the_planners_peak_equals_the_report(flags):
-    """plan sizes candidates with peak_and_fits (no per-stage report): the same peak and verdict
-    as memory_report, at a GPU memory just above and just below that peak, any overhead."""
-    from traceforge.memory.report import peak_and_fits
+    """plan sizes candidates with memory_band (no per-stage report): the same peak, band and
+    verdict as memory_report, at a GPU memory at, just below and far below that peak, any
+    context and reserve."""
+    from traceforge.memory.report import memory_band
 
     spec = build_spec("demo", None, {"global_batch": 16, **flags})
-    for overhead in (None, 0, 3 * 2**30):
-        top = memory_report(spec, 10**15, overhead_bytes=overhead).peak_bytes
-        for memory in (top, top - 1, None):
-            report = memory_report(spec, memory, overhead_bytes=overhead)
-            assert peak_and_fits(spec, memory, overhead_bytes=overhead) == (report.peak_bytes, report.fits)
+    for overhead, reserve in ((None, None), (0, 0.0), (3 * 2**30, 0.3)):
+        top = memory_report(spec, 10**15, overhead_bytes=overhead, reserve=reserve).peak_bytes
+        for memory in (top, top - 1, top // 2, None):
+            report = memory_report(spec, memory, overhead_bytes=overhead, reserve=reserve)
+            assert memory_band(spec, memory, overhead_bytes=overhead, reserve=reserve) == (
+                report.peak_bytes, report.allocated_bytes, report.reserved_bytes, report.verdict)

@@ -21,9 +21,11 @@ def test_json_is_exactly_the_contract():
     done = invoke("memory", "-p", "llama3-8b", "--json")
     assert done.exit_code == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert list(doc) == ["gpu", "gpu_memory_bytes", "peak_bytes", "fits", "stages"]
+    assert list(doc) == ["gpu", "gpu_memory_bytes", "peak_bytes", "fits", "allocated_bytes", "reserved_bytes", "verdict",
+                         "stages"]
     assert [list(s) for s in doc["stages"]] == [["stage", "weights", "gradients", "optimizer", "activations", "buffers",
-                                                 "overhead", "peak", "fits"]] * 2
+                                                 "overhead", "peak", "fits", "allocated_bytes", "reserved_bytes",
+                                                 "verdict"]] * 2
     spec = build_spec("llama3-8b")
     assert doc == memory_report(spec).to_json()
     assert doc["peak_bytes"] == max(s["peak"] for s in doc["stages"])
@@ -40,7 +42,9 @@ def test_table_names_every_stage_and_the_verdict():
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e300"])
 def test_hostile_gpu_memory_is_one_line(value):
     one_line_error(invoke("memory", "--gpu-memory-gb", value), "gpu-memory-gb")
-    one_line_error(invoke("memory", "--overhead-gb", value if value != "0" else "-0.5"), "overhead-gb")
+    one_line_error(invoke("memory", "--overhead-gb", value if value != "0" else "-0.5"), "context-gb")
+    one_line_error(invoke("memory", "--context-gb", value if value != "0" else "-0.5"), "context-gb")
+    one_line_error(invoke("memory", "--allocator-reserve-pct", value if value != "0" else "101"), "allocator-reserve-pct")
 
 
 def test_non_number_is_one_line_from_the_real_command():
@@ -65,6 +69,22 @@ def test_absurd_tp1_70b_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one_line_error(invoke("generate", "-p", "llama3-70b", "--tp", "1", "--pp", "1", "--dp", "128", "-o", "out"), "stage 0", "h100")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_writes_a_tight_spec_with_a_warning_and_refuses_one_that_does_not_fit(tmp_path, monkeypatch):
+    """Between allocated + context and the peak: written, warned; below: refused, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    s = memory_report(build_spec("demo"), 10**15).worst
+    floor = s.peak - (s.reserved - s.allocated)
+    between = (floor + s.peak) / 2 / 1e9
+    done = invoke("generate", "--gpu-memory-gb", f"{between:.6f}", "-o", "tight")
+    assert done.exit_code == 0, done.stderr
+    assert "memory is tight" in done.stderr and Path("tight/manifest.json").exists()
+    refused = invoke("generate", "--gpu-memory-gb", f"{(floor - 10**6) / 1e9:.6f}", "-o", "no")
+    assert refused.exit_code == 2 and "without the allocator's reserve" in refused.stderr
+    assert not Path("no").exists()
+    table = invoke("memory", "--gpu-memory-gb", f"{between:.6f}")
+    assert ": tight;" in table.stdout and "GiB" in table.stdout
 
 
 def test_allow_oom_writes_and_says_so(tmp_path, monkeypatch):

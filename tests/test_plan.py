@@ -124,9 +124,26 @@ def test_feasible_fit_memory_and_bound_never_exceeds_replay():
     assert result.legal > result.feasible  # some did not fit
     for r in result.candidates:
         report = memory_report(r.spec, memory)
-        assert report.fits and report.peak_bytes == r.peak_bytes <= memory
+        assert report.fits and report.peak_bytes == r.peak_bytes <= memory and r.memory.verdict == "fits"
         assert r.bound_us <= r.estimate.step_us + 1e-6
         assert step_lower_bound(r.spec, link) == r.bound_us
+
+
+def test_the_planner_keeps_tight_candidates_and_flags_them():
+    """With a large allocator reserve some candidates fit only without it: kept, marked tight;
+    those that do not fit even without it are dropped, as before."""
+    memory = int(1.4e9)
+    fixed = {"schedule": "1f1b", "recompute": "none", "dp_mode": "ddp"}
+    plain = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, LinkModel(), memory,
+                   top=10, every=True, reserve=0.0)
+    heavy = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, LinkModel(), memory,
+                   top=10, every=True, reserve=0.5)
+    assert heavy.feasible == plain.feasible  # the reserve never removes a candidate
+    verdicts = {r.memory.verdict for r in heavy.candidates}
+    assert verdicts == {"fits", "tight"}
+    for r in heavy.candidates:
+        report = memory_report(r.spec, memory, reserve=0.5)
+        assert report.verdict == r.memory.verdict and (r.peak_bytes <= memory) == (report.verdict == "fits")
 
 
 def test_bound_below_replay_on_other_schedules():

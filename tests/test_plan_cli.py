@@ -239,7 +239,8 @@ def test_json_document_keys_exactly_the_issues():
     assert list(doc) == ["gpus", "considered", "legal", "feasible", "seconds", "candidates"]
     assert [list(c) for c in doc["candidates"]] == [["tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                                                      "num_microbatches", "schedule", "recompute", "dp_mode",
-                                                     "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "flags"]] * 2
+                                                     "step_ms", "tflops_per_gpu", "mfu", "peak_bytes",
+                                                     "allocated_bytes", "reserved_bytes", "verdict", "flags"]] * 2
     assert doc["considered"] >= doc["legal"] >= doc["feasible"] >= 2 and doc["gpus"] == 8
 
 

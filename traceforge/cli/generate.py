@@ -94,7 +94,7 @@ def generate(**kwargs: Any) -> None:
     from traceforge.parallel import resolve_jobs
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim",
-                "allow_oom", "gpu_memory_gb", "overhead_gb")
+                "allow_oom", "gpu_memory_gb", "overhead_gb", "allocator_reserve_pct")
     run = {k: kwargs.pop(k) for k in run_keys}
     cluster_opts = {k: kwargs.pop(k) for k in (*FIELD, *OPTIONS_HELP)}
     config = load_config_file(run["config"]) if run["config"] else None
@@ -172,15 +172,18 @@ def _feasible(spec: Any, run: dict) -> Any:
     """The memory report, after refusing a spec that does not fit the GPU (unless --allow-oom);
     None for a custom GPU whose memory was not given."""
     from traceforge.cli.memory import report_for
-    from traceforge.memory.feasibility import check_fits, refusal
+    from traceforge.memory.feasibility import check_fits, refusal, tight_note
+    from traceforge.memory.report import DOES_NOT_FIT, TIGHT
 
     if spec.gpu == "custom" and run["gpu_memory_gb"] is None:
         err.print("note: memory not checked: give --gpu-memory-gb for a custom GPU", markup=False)
         return None
-    report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"])
+    report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"], run["allocator_reserve_pct"])
     check_fits(spec, report, run["allow_oom"])
-    if not report.fits:
+    if report.verdict == DOES_NOT_FIT:
         err.print(f"note: writing anyway (--allow-oom): {refusal(spec, report)}", markup=False, soft_wrap=True)
+    elif report.verdict == TIGHT:
+        err.print(f"warning: {tight_note(report)}", markup=False, soft_wrap=True)
     return report
 
 

@@ -16,54 +16,74 @@ from rich.table import Table
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.cli.generate import spec_parameters
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
-from traceforge.memory.gpus import overhead_bytes
+from traceforge.memory.gpus import overhead_bytes, reserve_fraction
+from traceforge.memory.report import DOES_NOT_FIT
 from traceforge.spec import build_spec, load_config_file
 
 GB = 1e9
 
 
+CONTEXT_HELP = ("CUDA context and library workspaces per GPU in GB, outside PyTorch's allocator (default 1 GiB; "
+                "--overhead-gb is its former name; see docs/memory.md).")
+RESERVE_HELP = ("Memory PyTorch's caching allocator holds beyond what it hands out, as a percentage of activations "
+                "and buffers (default 5; an allowance, not a measurement: a layout that fits only without it is "
+                "'tight'; see docs/memory.md).")
+
+
 def memory_options() -> list[inspect.Parameter]:
-    """--gpu-memory-gb and --overhead-gb: shared by memory and generate."""
-    def opt(name: str, flag: str, help_text: str) -> inspect.Parameter:
+    """--gpu-memory-gb, --context-gb and --allocator-reserve-pct: shared by memory and generate."""
+    def opt(name: str, flags: tuple[str, ...], help_text: str) -> inspect.Parameter:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=float | None,
-                                 default=typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Memory"))
+                                 default=typer.Option(None, *flags, help=help_text, show_default=False, rich_help_panel="Memory"))
 
     return [
-        opt("gpu_memory_gb", "--gpu-memory-gb", "GPU memory in GB (10^9 bytes); required with --gpu custom (default: the GPU's total as nvidia-smi reports it, e.g. h100 81,559 MiB)."),
-        opt("overhead_gb", "--overhead-gb", "CUDA context and library workspaces per GPU in GB (default 1 GiB; see docs/memory.md)."),
+        opt("gpu_memory_gb", ("--gpu-memory-gb",), "GPU memory in GB (10^9 bytes); required with --gpu custom (default: the GPU's total as nvidia-smi reports it, e.g. h100 81,559 MiB = 85.5 GB)."),
+        opt("overhead_gb", ("--context-gb", "--overhead-gb"), CONTEXT_HELP),
+        opt("allocator_reserve_pct", ("--allocator-reserve-pct",), RESERVE_HELP),
     ]
 
 
-def report_for(spec: Any, gpu_memory_gb: float | None, overhead_gb: float | None) -> MemoryReport:
+def report_for(spec: Any, gpu_memory_gb: float | None, overhead_gb: float | None,
+               reserve_pct: float | None = None) -> MemoryReport:
     """The memory report under the memory flags, each checked (one line on bad input)."""
     memory = gpu_memory_bytes(spec.gpu, gpu_memory_gb)
-    return memory_report(spec, memory, overhead_bytes=overhead_bytes(overhead_gb))
+    return memory_report(spec, memory, overhead_bytes=overhead_bytes(overhead_gb), reserve=reserve_fraction(reserve_pct))
 
 
 def memory(**kwargs: Any) -> None:
     """Memory per GPU of each pipeline stage (weights, gradients, optimizer, activations at the schedule's peak, buffers, overhead) against the GPU's memory."""
     preset, config, as_json = kwargs.pop("preset"), kwargs.pop("config"), kwargs.pop("as_json")
-    memory_gb, overhead_gb = kwargs.pop("gpu_memory_gb"), kwargs.pop("overhead_gb")
+    memory_gb, overhead_gb, reserve_pct = kwargs.pop("gpu_memory_gb"), kwargs.pop("overhead_gb"), kwargs.pop("allocator_reserve_pct")
     spec = build_spec(preset, load_config_file(config) if config else None, kwargs)
-    report = report_for(spec, memory_gb, overhead_gb)
+    report = report_for(spec, memory_gb, overhead_gb, reserve_pct)
     answer_to_stdout("the memory table")
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2) + "\n")
         return
     out.print(memory_table(report, spec.preset))
+    out.print(verdict_line(report), markup=False, soft_wrap=True)
+
+
+def verdict_line(report: MemoryReport) -> str:
+    """The band of the fullest stage and the verdict, in GB (10^9 bytes)."""
     worst = report.worst
-    verdict = "fits" if report.fits else "does NOT fit"
-    out.print(f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {report.gpu_memory_bytes / GB:,.1f} GB: "
-              f"{verdict}", markup=False, soft_wrap=True)
+    floor = worst.peak - (worst.reserved - worst.allocated)
+    verdict = "does NOT fit" if report.verdict == DOES_NOT_FIT else report.verdict
+    return (f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {report.gpu_memory_bytes / GB:,.1f} GB "
+            f"({report.gpu_memory_bytes / 2**30:,.1f} GiB): {verdict}; allocated {worst.allocated / GB:,.1f} GB "
+            f"(torch.cuda.max_memory_allocated), {floor / GB:,.1f} GB with the CUDA context and NCCL, "
+            f"{worst.peak / GB:,.1f} GB with the allocator's reserve (GB = 10^9 bytes)")
 
 
 def memory_table(report: MemoryReport, name: str) -> Table:
     table = Table(title=f"memory per GPU (GB): {name} on {report.gpu}, {report.gpu_memory_bytes / GB:,.1f} GB")
-    columns = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "overhead", "peak", "fits", "peak when")
+    columns = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "allocated", "overhead", "peak",
+               "fits", "peak when")
     for col in columns:
         table.add_column(col, justify="left" if col == "peak when" else "right", overflow="fold")
     for s in report.stages:
-        table.add_row(str(s.stage), *(f"{getattr(s, k) / GB:,.2f}" for k in columns[1:8]), "yes" if s.fits else "NO", s.peak_when)
+        fits = {"fits": "yes", "tight": "tight"}.get(s.verdict, "NO")
+        table.add_row(str(s.stage), *(f"{getattr(s, k) / GB:,.2f}" for k in columns[1:9]), fits, s.peak_when)
     return table
 
 
@@ -74,7 +94,7 @@ def _options() -> list[inspect.Parameter]:
     return [
         opt("preset", str | None, typer.Option(None, "--preset", "-p", help="Start from a named spec (see 'traceforge presets'); default demo.")),
         opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON) with keys named like the flags in snake_case.")),
-        opt("as_json", bool, typer.Option(False, "--json", help="Print JSON: gpu, gpu_memory_bytes, peak_bytes, fits, stages.")),
+        opt("as_json", bool, typer.Option(False, "--json", help="Print JSON: gpu, gpu_memory_bytes, peak_bytes, fits, allocated_bytes, reserved_bytes, verdict, stages.")),
     ]
 
 

@@ -38,7 +38,8 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("config", Path | None, typer.Option(None, "--config", "-c", help="Spec file (YAML, TOML or JSON).")),
         opt("gpus", str | None, typer.Option(None, "--gpus", metavar="N[,N...]", help="GPUs to lay the model out on (with --sweep: a comma-separated list, e.g. 4096,8192,16384).")),
         opt("gpu_memory_gb", float | None, typer.Option(None, "--gpu-memory-gb", metavar="GB", help="GPU memory in GB = 10^9 bytes that a candidate must fit in (default: the --gpu's).")),
-        opt("overhead_gb", float | None, typer.Option(None, "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; see docs/memory.md).")),
+        opt("overhead_gb", float | None, typer.Option(None, "--context-gb", "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; --overhead-gb is its former name; see docs/memory.md).")),
+        opt("allocator_reserve_pct", float | None, typer.Option(None, "--allocator-reserve-pct", metavar="PCT", help="The caching allocator's reserve as 'traceforge memory' takes it (default 5 % of activations and buffers); a candidate that fits only without it is kept, marked tight.")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
         opt("top", int, typer.Option(10, "--top", "-k", metavar="K", help="Candidates to rank and print (the best K).")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
@@ -196,6 +197,7 @@ def plan(**kwargs: Any) -> None:
     query = planner_run.Query(
         preset=opts["preset"], config=config, config_path=str(opts["config"]) if opts["config"] else None,
         spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"], overhead_gb=opts["overhead_gb"],
+        allocator_reserve_pct=opts["allocator_reserve_pct"],
         tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
         budget_s=opts["budget"] or None)
     if swept:
@@ -271,7 +273,7 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
                       r["schedule"], r["recompute"], mode, _ms(r["step_ms"]), _si(r["tokens_per_s"]),
                       f"{r['tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}", _ms(r["compute_ms"]),
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
-                      f"{r['peak_bytes'] / 1e9:.1f}", free])
+                      f"{r['peak_bytes'] / 1e9:.1f}" + ("!" if r["verdict"] == "tight" else ""), free])
     merged = merge_ties(cells, range(11))  # a layout cell (tp .. dp mode) may differ, never a figure
     for first, last, row in merged:
         table.add_row(str(first) if first == last else f"{first}-{last}", *row)
@@ -283,7 +285,9 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
               "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
               "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "
-              "and waiting for peers; GB = 10^9 bytes", markup=False, soft_wrap=True)
+              "and waiting for peers; GB = 10^9 bytes" + ("; peak GB ending in !: tight, it fits without the "
+              "allocator's reserve but not with it (docs/memory.md)" if any(r["verdict"] == "tight" for r in ranked) else ""),
+              markup=False, soft_wrap=True)
     out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
               f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
     if counts.get("too_big"):

@@ -1,12 +1,13 @@
-"""Feasibility before writing: refuse a spec whose peak does not fit the GPU, naming the
-worst stage, its peak, the GPU's memory and the cheapest fixes that would make it fit."""
+"""Feasibility before writing: refuse a spec that does not fit the GPU even without the
+allocator's reserve, naming the worst stage, its peak, the GPU's memory and the cheapest fixes
+that would make it fit; warn about one that is only tight (fits without the reserve)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from traceforge.errors import SpecError
-from traceforge.memory.report import MemoryReport, memory_report
+from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, StageMemory, memory_report
 from traceforge.spec import Spec
 
 GB = 1e9
@@ -39,7 +40,8 @@ def fixes(spec: Spec, report: MemoryReport) -> list[str]:
     def fits(*changes: dict) -> bool:
         merged = {k: v for change in changes for k, v in change.items()}
         changed = dataclasses.replace(spec, **merged)
-        return memory_report(changed, report.gpu_memory_bytes, overhead_bytes=report.overhead_bytes).fits
+        return memory_report(changed, report.gpu_memory_bytes, overhead_bytes=report.overhead_bytes,
+                             reserve=report.reserve).fits
 
     single = [flag for flag, change in candidates if fits(change)]
     if single:
@@ -51,18 +53,33 @@ def fixes(spec: Spec, report: MemoryReport) -> list[str]:
     return []
 
 
+def _reserve(stage: StageMemory) -> int:
+    return stage.reserved - stage.allocated
+
+
 def refusal(spec: Spec, report: MemoryReport) -> str:
     worst = report.worst
     found = fixes(spec, report)
     advice = f"it fits with {' or '.join(found)}, or a larger --pp or --cp" if found else "raise --tp, --pp or --cp"
-    return (f"stage {worst.stage} needs {worst.peak / GB:,.1f} GB per GPU at its peak ({worst.peak_when}), more than the "
+    return (f"stage {worst.stage} needs {worst.peak / GB:,.1f} GB per GPU at its peak ({worst.peak_when}; "
+            f"{(worst.peak - _reserve(worst)) / GB:,.1f} GB without the allocator's reserve), more than the "
             f"{report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB: {advice} "
             f"(see 'traceforge memory'; --allow-oom writes it anyway)")
 
 
+def tight_note(report: MemoryReport) -> str:
+    """The warning for a tight spec: what fits and what does not."""
+    worst = max((s for s in report.stages if s.verdict != FITS), key=lambda s: s.peak)
+    return (f"memory is tight: stage {worst.stage} needs {(worst.peak - _reserve(worst)) / GB:,.1f} GB per GPU "
+            f"without the allocator's reserve, {worst.peak / GB:,.1f} GB with it ({_reserve(worst) / GB:,.1f} GB, "
+            f"an allowance, not a measurement), of the {report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB; "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve small (see 'traceforge memory')")
+
+
 def check_fits(spec: Spec, report: MemoryReport, allow_oom: bool) -> None:
-    """Raise a one-line SpecError unless the spec fits (or --allow-oom, short of the absurd)."""
-    if report.fits:
+    """Raise a one-line SpecError when the spec does not fit even without the allocator's
+    reserve (unless --allow-oom, short of the absurd); a tight spec passes (the caller warns)."""
+    if report.verdict != DOES_NOT_FIT:
         return
     worst = report.worst
     if worst.peak > ABSURD_MEMORY_FACTOR * report.gpu_memory_bytes:

@@ -3,8 +3,8 @@
 Datasheets round: an "80 GB" H100 SXM holds 81,559 MiB (85.5e9 bytes) by nvidia-smi, which
 is the figure PyTorch's allocator can reach (less what the CUDA context takes, which the
 memory model counts as overhead). We use the driver's totals, in MiB as nvidia-smi prints
-them; a custom GPU's memory is given with --gpu-memory-gb in GB (10^9 bytes, the project's
-unit).
+them (MiB = 2^20 bytes: nvidia-smi's 81,559 MiB are 79.6 GiB, 85.5 GB); a custom GPU's memory
+is given with --gpu-memory-gb in GB (10^9 bytes, the project's unit for every figure it prints).
 """
 
 from __future__ import annotations
@@ -33,9 +33,18 @@ def gpu_memory_bytes(gpu: str, memory_gb: float | None = None) -> int:
 
 
 def overhead_bytes(overhead_gb: float | None) -> int | None:
-    """--overhead-gb in bytes, checked (None: the memory model's stated default)."""
+    """--context-gb in bytes, checked (None: the memory model's stated default)."""
     if overhead_gb is None:
         return None
     if not 0 <= overhead_gb <= 1000:  # also refuses nan
-        raise SpecError(f"--overhead-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
+        raise SpecError(f"--context-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
     return int(overhead_gb * GB)
+
+
+def reserve_fraction(reserve_pct: float | None) -> float | None:
+    """--allocator-reserve-pct as a fraction, checked (None: the memory model's stated default)."""
+    if reserve_pct is None:
+        return None
+    if not 0 <= reserve_pct <= 100:  # also refuses nan
+        raise SpecError(f"--allocator-reserve-pct must be a percentage from 0 to 100, got {reserve_pct:g}")
+    return reserve_pct / 100

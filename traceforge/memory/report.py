@@ -1,21 +1,28 @@
-"""memory_report: what each pipeline stage's GPUs hold at their peak, against the GPU's memory.
+"""memory_report: what each pipeline stage's GPUs hold at their peak, against the GPU's memory,
+as a band rather than one figure.
 
-peak = weights + gradients + optimizer (states.py) + the activation peak over the stage's
-schedule (activations.py, walk.py) + buffers + overhead, where
-- buffers: ZeRO's gathered units and gradient buckets, the pipeline's two receive buffers,
-  and NCCL's buffers per communicator the rank belongs to;
-- overhead: the CUDA context with the cuBLAS/cuDNN/TE workspaces (a stated constant), plus
-  the caching allocator's fragmentation as a fraction of what churns (activations and
-  buffers; model states are allocated once, contiguously).
-Both constants are stated here and overridable (memory_report's overhead_bytes, the CLI's
---overhead-gb). All ranks of a stage hold the same in this model, so a stage's figures are
-those of its most-loaded rank.
+allocated = weights + gradients + optimizer (states.py) + the activation peak over the stage's
+            schedule (activations.py, walk.py) + buffers (ZeRO's gathered units and gradient
+            buckets, the pipeline's two receive buffers): the tensors PyTorch's caching
+            allocator hands out, what torch.cuda.max_memory_allocated reports;
+reserved  = allocated + the allocator's reserve (memory it holds but has not handed out), a
+            stated fraction of what churns (activations and buffers; model states are
+            allocated once): what torch.cuda.max_memory_reserved would report;
+peak      = reserved + what lives outside the allocator: the CUDA context with the library
+            workspaces (a stated constant) and NCCL's buffers per communicator;
+overhead  = peak - allocated (context, NCCL and reserve).
+The verdict: "fits" when the peak does; "tight" when allocated plus the context and NCCL fit
+but not the reserve (the model's measured part fits, its unmeasured allowance does not); else
+"does not fit". The context and the reserve are stated here and overridable (memory_report's
+overhead_bytes and reserve, the CLI's --context-gb and --allocator-reserve-pct). All ranks of a
+stage hold the same in this model, so a stage's figures are those of its most-loaded rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from traceforge.memory.activations import chunk_activations
 from traceforge.memory.gpus import gpu_memory_bytes
@@ -30,11 +37,28 @@ MIB, GIB = 2**20, 2**30
 # and TransformerEngine's (32 MiB cuBLAS workspace per stream): one rounded, stated figure.
 CUDA_CONTEXT_BYTES = 1 * GIB
 # PyTorch's caching allocator reserves more than it hands out when tensors of many sizes come
-# and go; Megatron's own estimator adds 5 % to activations for it.
-FRAGMENTATION = 0.05
+# and go (rounding, split blocks it cannot return). No published figure holds for every
+# layout: GMLake (Guo et al., ASPLOS 2024) measures it from a few % to a third of the reserved
+# memory in LLM training. A stated allowance, not a measurement: a layout that fits only
+# without it is "tight", not refused (docs/memory.md).
+ALLOCATOR_RESERVE = 0.05
 # NCCL: NCCL_BUFFSIZE (4 MiB) per channel and direction for the Simple protocol, plus LL and
-# LL128 buffers; with 8 ring channels about 64 MiB per communicator a rank uses.
+# LL128 buffers; with 8 ring channels about 64 MiB per communicator a rank uses. NCCL
+# allocates them itself, outside PyTorch's allocator.
 NCCL_BYTES_PER_COMMUNICATOR = 64 * MIB
+FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
+VERDICTS = (FITS, TIGHT, DOES_NOT_FIT)  # best first
+
+
+def verdict(peak: int, reserve: int, memory: int) -> str:
+    """fits: the peak fits; tight: all but the allocator's reserve fits; else does not fit."""
+    if peak <= memory:
+        return FITS
+    return TIGHT if peak - reserve <= memory else DOES_NOT_FIT
+
+
+def worst_verdict(verdicts: Iterable[str]) -> str:
+    return max(verdicts, key=VERDICTS.index, default=FITS)
 
 
 @dataclass(frozen=True)
@@ -46,15 +70,19 @@ class StageMemory:
     gradients: int
     optimizer: int
     activations: int  # held at the peak moment, that pass's transient tensors included
-    buffers: int
-    overhead: int
+    buffers: int  # handed out by PyTorch's allocator (ZeRO's, the pipeline's receive buffers)
+    overhead: int  # outside what the allocator hands out: context, NCCL, the allocator's reserve
     peak: int
-    fits: bool
+    fits: bool  # peak <= the GPU's memory
     peak_when: str
+    allocated: int = 0  # weights .. buffers: what torch.cuda.max_memory_allocated would report
+    reserved: int = 0  # allocated + the allocator's reserve: torch.cuda.max_memory_reserved
+    verdict: str = FITS
 
-    def to_json(self) -> dict[str, int | bool]:
+    def to_json(self) -> dict[str, int | bool | str]:
         keys = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "overhead", "peak", "fits")
-        return {k: getattr(self, k) for k in keys}
+        return {**{k: getattr(self, k) for k in keys}, "allocated_bytes": self.allocated,
+                "reserved_bytes": self.reserved, "verdict": self.verdict}
 
 
 @dataclass(frozen=True)
@@ -64,15 +92,30 @@ class MemoryReport:
     peak_bytes: int
     fits: bool
     stages: list[StageMemory] = field(default_factory=list)
-    overhead_bytes: int | None = None  # what memory_report was given (None: the stated default)
+    overhead_bytes: int | None = None  # the context memory_report was given (None: the stated default)
+    reserve: float | None = None  # the allocator's reserve it was given (None: the stated default)
 
     @property
     def worst(self) -> StageMemory:
         return max(self.stages, key=lambda s: s.peak)
 
+    @property
+    def allocated_bytes(self) -> int:
+        return max(s.allocated for s in self.stages)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return max(s.reserved for s in self.stages)
+
+    @property
+    def verdict(self) -> str:
+        """The worst stage's: the step runs only if every stage does."""
+        return worst_verdict(s.verdict for s in self.stages)
+
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "gpu_memory_bytes": self.gpu_memory_bytes, "peak_bytes": self.peak_bytes,
-                "fits": self.fits, "stages": [s.to_json() for s in self.stages]}
+                "fits": self.fits, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+                "verdict": self.verdict, "stages": [s.to_json() for s in self.stages]}
 
 
 def communicators(spec: Spec) -> int:
@@ -111,39 +154,61 @@ def _stage_parts(spec: Spec, stage: int) -> tuple[int, int, int, int, int, str]:
 
 
 def _fixed_buffers(spec: Spec) -> int:
-    """The pipeline's receive buffers (an activation and a gradient in flight) and NCCL's."""
-    receive = 2 * p2p_bytes(spec) if spec.pp > 1 else 0
-    return receive + NCCL_BYTES_PER_COMMUNICATOR * communicators(spec)
+    """The pipeline's receive buffers: an activation and a gradient in flight."""
+    return 2 * p2p_bytes(spec) if spec.pp > 1 else 0
 
 
-def _stages(spec: Spec, overhead_bytes: int | None) -> Iterator[tuple[StageStates, int, str, int, int, int]]:
-    """Per stage: (states, activations, when, buffers, overhead, total), the one sum both the
-    report and the planner's peak_and_fits make."""
-    context = CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes
+def nccl_bytes(spec: Spec) -> int:
+    """NCCL's own buffers, for every communicator the rank uses (outside PyTorch's allocator)."""
+    return NCCL_BYTES_PER_COMMUNICATOR * communicators(spec)
+
+
+def _stages(spec: Spec, overhead_bytes: int | None, reserve: float | None
+            ) -> Iterator[tuple[StageStates, int, str, int, int, int, int]]:
+    """Per stage: (states, activations, when, buffers, allocated, reserve bytes, peak), the one
+    sum both the report and the planner's peak_and_verdict make."""
+    outside = (CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes) + nccl_bytes(spec)
+    fraction = ALLOCATOR_RESERVE if reserve is None else reserve
     fixed = _fixed_buffers(spec)
     for states, (activations, when) in zip(stages_states(spec), stages_activation_peaks(spec), strict=True):
         buffers = states.dp_buffers + fixed
-        overhead = context + int(FRAGMENTATION * (activations + buffers))
-        total = states.weights + states.gradients + states.optimizer + activations + buffers + overhead
-        yield states, activations, when, buffers, overhead, total
+        allocated = states.weights + states.gradients + states.optimizer + activations + buffers
+        held = int(fraction * (activations + buffers))
+        yield states, activations, when, buffers, allocated, held, allocated + held + outside
 
 
-def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> MemoryReport:
-    """Each stage's peak per GPU against the GPU's memory (the spec's GPU unless given)."""
+def memory_report(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None,
+                  reserve: float | None = None) -> MemoryReport:
+    """Each stage's peak per GPU against the GPU's memory (the spec's GPU unless given);
+    overhead_bytes: the CUDA context, reserve: the allocator's, as a fraction (None: stated)."""
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
-    stages = [StageMemory(stage, states.weights, states.gradients, states.optimizer, activations, buffers, overhead,
-                          total, total <= memory, when)
-              for stage, (states, activations, when, buffers, overhead, total) in enumerate(_stages(spec, overhead_bytes))]
+    stages = [StageMemory(stage, states.weights, states.gradients, states.optimizer, activations, buffers,
+                          peak - allocated, peak, peak <= memory, when, allocated, allocated + held,
+                          verdict(peak, held, memory))
+              for stage, (states, activations, when, buffers, allocated, held, peak)
+              in enumerate(_stages(spec, overhead_bytes, reserve))]
     top = max(s.peak for s in stages)
-    return MemoryReport(spec.gpu, memory, top, top <= memory, stages, overhead_bytes)
+    return MemoryReport(spec.gpu, memory, top, top <= memory, stages, overhead_bytes, reserve)
 
 
-def peak_and_fits(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None) -> tuple[int, bool]:
-    """(memory_report(...).peak_bytes, .fits) without building the per-stage report: the
-    planner sizes hundreds of thousands of candidates and reads only these."""
+class Band(NamedTuple):
+    """A spec's memory in one row, each figure its fullest stage's: what the planner keeps."""
+
+    peak: int
+    allocated: int
+    reserved: int
+    verdict: str
+
+
+def memory_band(spec: Spec, gpu_memory_bytes: int | None = None, *, overhead_bytes: int | None = None,
+                reserve: float | None = None) -> Band:
+    """memory_report(...)'s peak_bytes, allocated_bytes, reserved_bytes and verdict without
+    building the per-stage report: the planner sizes hundreds of thousands of candidates."""
     memory = gpu_memory_bytes if gpu_memory_bytes is not None else _gpu_memory(spec.gpu)
-    top = max(stage[-1] for stage in _stages(spec, overhead_bytes))
-    return top, top <= memory
+    sized = [(s[-1], s[-3], s[-2]) for s in _stages(spec, overhead_bytes, reserve)]
+    return Band(max(peak for peak, _, _ in sized), max(allocated for _, allocated, _ in sized),
+                max(allocated + held for _, allocated, held in sized),
+                worst_verdict(verdict(peak, held, memory) for peak, _, held in sized))
 
 
 def _gpu_memory(gpu: str) -> int:

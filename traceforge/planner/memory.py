@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from traceforge.spec import Spec
 
+if TYPE_CHECKING:
+    from traceforge.memory.report import Band
 
-def peak_bytes(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | None = None) -> tuple[int, bool]:
-    """(peak bytes on the fullest GPU, whether it fits) from `traceforge memory`'s model
-    (overhead_bytes: its --overhead-gb, None for the stated default)."""
-    from traceforge.memory.report import peak_and_fits
 
-    return peak_and_fits(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes)
+def memory_band(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | None = None,
+                reserve: float | None = None) -> Band:
+    """(peak, allocated, reserved, verdict) on the fullest GPU from `traceforge memory`'s model
+    (overhead_bytes: its --context-gb, reserve: its --allocator-reserve-pct as a fraction; None
+    for the stated defaults). The planner keeps "fits" and "tight", drops "does not fit"."""
+    from traceforge.memory.report import memory_band as band
 
+    return band(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes, reserve=reserve)

@@ -12,7 +12,8 @@ from traceforge.spec import FIELD_BY_NAME
 
 # The --json candidate keys, exactly as the issue fixes them.
 JSON_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute",
-             "dp_mode", "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "flags")
+             "dp_mode", "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "allocated_bytes", "reserved_bytes", "verdict",
+             "flags")
 JSON_TOP = ("gpus", "considered", "legal", "feasible", "seconds", "candidates")
 
 
@@ -48,6 +49,7 @@ def row(base: Base, r: Ranked, gpu_memory: int, run_flags: str = "") -> dict[str
         "micro_batch": s.micro_batch, "num_microbatches": s.num_microbatches, "schedule": s.schedule,
         "recompute": s.recompute, "dp_mode": s.dp_mode, "step_ms": round(r.step_ms, 3),
         "tflops_per_gpu": round(r.tflops_per_gpu, 2), "mfu": round(r.mfu, 4), "peak_bytes": r.peak_bytes,
+        "allocated_bytes": r.memory.allocated, "reserved_bytes": r.memory.reserved, "verdict": r.memory.verdict,
         "flags": " ".join(filter(None, (generate_flags(base, r.values), run_flags))),
         # beyond the --json keys: the table's and plan.csv's columns, and what --write-top rebuilds
         "shard_size": s.shard_size, "layer_split": "embedding+loss" if s.account_for_embedding_in_pipeline_split else "even",

@@ -24,7 +24,8 @@ class Query:
     spec_flags: Mapping[str, Any]
     machine: Mapping[str, Any] = field(default_factory=dict)
     gpu_memory_gb: float | None = None
-    overhead_gb: float | None = None  # memory's --overhead-gb (None: its stated default)
+    overhead_gb: float | None = None  # memory's --context-gb (None: its stated default)
+    allocator_reserve_pct: float | None = None  # memory's --allocator-reserve-pct (None: its stated default)
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
@@ -48,7 +49,9 @@ class Query:
         """The result's rows; their generate flags carry --gpu-memory-gb when it was given, or
         generate's memory gate would refuse a candidate plan sized against more memory."""
         extra = " ".join(f"--{flag} {value!r}" for flag, value in (("gpu-memory-gb", self.gpu_memory_gb),
-                                                                     ("overhead-gb", self.overhead_gb)) if value is not None)
+                                                                     ("context-gb", self.overhead_gb),
+                                                                     ("allocator-reserve-pct", self.allocator_reserve_pct))
+                         if value is not None)
         return rows(self.base(), result, extra)
 
     def to_json(self, gpus: int) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def _whole(raw: Mapping[str, Any], name: str, flag: str) -> int:
 def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None,
                until_us: float | None = None) -> PlanResult:
     from traceforge.cluster import Cluster
-    from traceforge.memory.gpus import gpu_memory_bytes, overhead_bytes
+    from traceforge.memory.gpus import gpu_memory_bytes, overhead_bytes, reserve_fraction
     from traceforge.report.timing_replay import LinkModel
     from traceforge.spec import MAX_WORLD_SIZE
 
@@ -88,11 +91,14 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
-    overhead = overhead_bytes(query.overhead_gb)  # memory's own rule
+    try:  # memory's own rules
+        overhead, reserve = overhead_bytes(query.overhead_gb), reserve_fraction(query.allocator_reserve_pct)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
-                    overhead)
+                    overhead, reserve)
     if shard is None:
         if not result.considered:
             raise UserError(_why_none_considered(query, model))

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from traceforge.errors import SpecError, UserError
+from traceforge.memory.report import DOES_NOT_FIT, Band
 from traceforge.parallel import fan_out
 from traceforge.planner.bound import replay_nodes_floor, step_lower_bound
 from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
-from traceforge.planner.memory import peak_bytes
+from traceforge.planner.memory import memory_band
 from traceforge.planner.space import LEVELS, Model, _layouts, walk
 from traceforge.read.progress import Progress
 from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
@@ -45,9 +46,13 @@ class Ranked:
 
     values: dict[str, Any]  # the spec values the search chose
     spec: Spec
-    peak_bytes: int
+    memory: Band  # peak, allocated, reserved bytes and verdict ("fits" or "tight")
     bound_us: float
     estimate: Estimate
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak
 
     @property
     def step_ms(self) -> float:
@@ -91,7 +96,7 @@ class Candidate(NamedTuple):
     bound: float  # microseconds its replay cannot beat
     key: tuple  # sort_key(values)
     values: dict[str, Any]
-    peak: int  # bytes on its fullest GPU
+    memory: Band  # its fullest GPU's peak, allocated, reserved and verdict
     nodes: int  # fewest nodes its replay takes (bound.replay_nodes_floor): what a replay costs
 
 
@@ -110,6 +115,7 @@ class _Job:
     link: LinkModel
     gpu_memory: int | None
     overhead_bytes: int | None = None
+    reserve: float | None = None
 
 
 _job: _Job | None = None
@@ -141,15 +147,16 @@ def _filter_layout(layout: dict[str, Any]) -> _Share:
         if spec is None:
             continue
         share.legal += 1
-        peak, fits = peak_bytes(spec, _job.gpu_memory, _job.overhead_bytes)
-        if not fits:
+        memory = memory_band(spec, _job.gpu_memory, _job.overhead_bytes, _job.reserve)
+        if memory.verdict == DOES_NOT_FIT:  # "tight" stays, flagged: it fits all but the allocator's reserve
+            peak = memory.peak
             share.smallest_peak = peak if share.smallest_peak is None else min(share.smallest_peak, peak)
             continue
         bound, nodes = step_lower_bound(spec, _job.link), replay_nodes_floor(spec, _job.link)
         if nodes > REPLAY_NODE_LIMIT:
             share.too_big.append(bound)  # set aside before its programs are built (a minute or more each)
             continue
-        share.feasible.append(Candidate(bound, sort_key(values), values, peak, nodes))
+        share.feasible.append(Candidate(bound, sort_key(values), values, memory, nodes))
     return share
 
 
@@ -163,7 +170,7 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
            quiet: bool = False, until_us: float | None = None, budget_s: float | None = None,
-           overhead_bytes: int | None = None) -> PlanResult:
+           overhead_bytes: int | None = None, reserve: float | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
     rank of a layout of that step among all candidates is exact (the published-run check).
     budget_s: stop replaying once the search has run this many seconds, validating and sizing
@@ -172,7 +179,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     global _job
     started = time.perf_counter()
     builder = base.builder()
-    _job = _Job(builder, model, fixed, link, gpu_memory, overhead_bytes)
+    _job = _Job(builder, model, fixed, link, gpu_memory, overhead_bytes, reserve)
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
     progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
@@ -296,7 +303,7 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], l
         if est.stalled:
             raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
                             "please report this spec: " + ", ".join(f"{k}={v}" for k, v in item.values.items()))
-        ranked.append(Ranked(item.values, builder(item.values), item.peak, item.bound, est))
+        ranked.append(Ranked(item.values, builder(item.values), item.memory, item.bound, est))
         if len(best) < top:
             heapq.heappush(best, -est.step_us)
         elif -est.step_us > best[0]:

@@ -32,7 +32,7 @@ def shard_document(k: int, n: int, query: Mapping[str, Any], counts: Mapping[str
 # Every row field merge, the table, plan.csv and --write-top use, with its kind (files.Fields).
 _ROW_COUNTS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "num_microbatches")
 _ROW_TIMES = ("step_ms", "tflops_per_gpu", "mfu", "tokens_per_s", "compute_ms", "bubble_ms", "bound_ms")
-_ROW_TEXT = ("schedule", "recompute", "dp_mode", "flags", "layer_split")
+_ROW_TEXT = ("schedule", "recompute", "dp_mode", "flags", "layer_split", "verdict")
 
 
 def _check_rows(rows: list, path: Path) -> None:
@@ -42,7 +42,8 @@ def _check_rows(rows: list, path: Path) -> None:
         row = f.mapping(row, f"rows[{i}]")
         for key in _ROW_COUNTS:
             f.whole(row.get(key), f"rows[{i}].{key}", 1)
-        f.whole(row.get("peak_bytes"), f"rows[{i}].peak_bytes")
+        for key in ("peak_bytes", "allocated_bytes", "reserved_bytes"):
+            f.whole(row.get(key), f"rows[{i}].{key}")
         for key in _ROW_TIMES:
             f.number(row.get(key), f"rows[{i}].{key}", 0.0, 1e18)
         for key in _ROW_TEXT:

@@ -19,7 +19,7 @@ from traceforge.spec import Spec
 
 CSV_COLUMNS = ("rank", "tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute",
                "dp_mode", "shard_size", "layer_split", "step_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_ms",
-               "bubble_ms", "peak_bytes", "headroom_bytes", "flags")
+               "bubble_ms", "peak_bytes", "headroom_bytes", "allocated_bytes", "reserved_bytes", "verdict", "flags")
 SPEC_FILE = "spec.json"
 SWEEP_COLUMNS = ("GPUs", "step_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "tp", "cp", "pp", "dp",
                  "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute", "dp_mode", "flags")

@@ -108,7 +108,7 @@ def memory_lines(report) -> list[str]:
         return []
     worst = m.worst
     by_stage = " ".join(f"{s.peak / 1e9:.1f}" for s in m.stages)
-    verdict = "fits" if m.fits else "does NOT fit"
+    verdict = {"fits": "fits", "tight": "tight (fits without the allocator's reserve)"}.get(m.verdict, "does NOT fit")
     return [f"Memory per GPU (the manifest's spec; 'traceforge memory' for the breakdown): peak {worst.peak / 1e9:,.1f} GB "
             f"on stage {worst.stage} ({worst.peak_when}) of the {m.gpu}'s {m.gpu_memory_bytes / 1e9:,.1f} GB: {verdict}; "
             f"by stage {by_stage} GB"]
