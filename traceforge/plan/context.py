@@ -25,7 +25,7 @@ from traceforge.spec import Spec
 
 CP_NEXT, CP_PREV = Peer.CP_NEXT, Peer.CP_PREV
 KV_FWD, BWD, KV_RECOMPUTE = range(3)
-TAG_KINDS = 4  # tag space per ring step (spec.py bounds tags with it)
+TAG_KINDS = 4  # tag space per ring step (spec/schedule.py bounds tags with it)
 
 
 
