@@ -98,6 +98,14 @@ def test_a_steps_sends_and_receives_post_as_one_batch(make_set, schedule, v, ove
             for op in ops:
                 waited = depends_on(anc, after, op.id)
                 assert waited == (op.type == RECV or blocking), (schedule, rank, op.name)
+            if schedule in MEGATRON_SCHEDULES and overlap:
+                # Unbatched, Megatron posts in parity order (_p2p_ops): even stages send first,
+                # odd ones receive first, so two neighbours' ops on one communicator pair up.
+                sends = [n.id for n in ops if n.type == SEND]
+                recvs = [n.id for n in ops if n.type == RECV]
+                if sends and recvs:
+                    first, then = (recvs, sends) if ts.stage(rank) % 2 else (sends, recvs)
+                    assert max(first) < min(then), (schedule, rank, [n.name for n in ops])
         if schedule == "interleaved" and blocking:
             # Megatron's send_forward_backward_recv_forward_backward: some batch receives both
             # the next forward's activation and the next backward's gradient.

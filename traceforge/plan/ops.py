@@ -265,14 +265,24 @@ class ProgramBuilder:
         self._cursor = self._cursor + tuple(self._async)
         self._async.clear()
 
-    def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", blocking: bool = False) -> int:
+    def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", blocking: bool = False,
+             batched: bool = False) -> int:
         """blocking: the next op waits for the transfer to complete; the sends posted with it
-        (one batch) do not."""
-        deps = self._cursor + tuple(self._pending) if self._pending else self._cursor
+        (one batch) do not. batched: posted in one batch with the receives still pending, so
+        it waits for none of them (as recv)."""
+        deps = self._cursor + tuple(self._unreceived(batched)) if self._pending else self._cursor
         op_id = self._add(f"send_{name}", NodeType.SEND, deps, dim, comm_size=size, peer=peer, tag=tag)
         if blocking:
             self._sends.append(op_id)
         return op_id
+
+    def _unreceived(self, batched: bool) -> list[int]:
+        """The gated ops a new point-to-point op waits for: all, or, posted in a batch, all but
+        the receives (a batch's ops wait for none of each other)."""
+        if not batched or not self._pending:
+            return self._pending
+        ops = self.program.ops
+        return [op for op in self._pending if ops[op].type != NodeType.RECV]
 
     def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True,
              batched: bool = False) -> int:
@@ -281,11 +291,7 @@ class ProgramBuilder:
         batch_isend_irecv), so it waits for none of them, only for what the sends of its batch
         wait for."""
         # Posted together with the sends before it (one batch_isend_irecv), not after them.
-        pending = self._pending
-        if batched and pending:
-            ops = self.program.ops
-            pending = [op for op in pending if ops[op].type != NodeType.RECV]
-        deps = self._cursor + tuple(pending)
+        deps = self._cursor + tuple(self._unreceived(batched))
         op_id = self._add(f"recv_{name}", NodeType.RECV, deps, dim, comm_size=size, peer=peer, tag=tag)
         if gate:
             self._pending.append(op_id)

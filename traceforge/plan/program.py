@@ -79,6 +79,12 @@ class StagePlanner:
         # torch.distributed.pipelining waits on its sends only when the step ends.
         self.batched_p2p = spec.schedule in MEGATRON_SCHEDULES and not spec.overlap_p2p_comm
         self.sends_wait_for_step_end = spec.schedule not in MEGATRON_SCHEDULES
+        # Megatron unbatched (--overlap-p2p-comm: p2p_communication._p2p_ops) posts in parity
+        # order: even stages send first, odd ones receive first, so two neighbours' ops on one
+        # communicator pair up. Odd stages therefore post the next pass's receive before this
+        # pass's sends (same dependencies, earlier in the file).
+        self.receive_first = spec.schedule in MEGATRON_SCHEDULES and spec.overlap_p2p_comm and stage % 2 == 1
+        self._preposted: set[tuple[int, int, bool]] = set()  # (chunk, micro-batch, backward) received early
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
     def forward_units(self, chunk: Chunk) -> list[Unit]:
@@ -221,6 +227,7 @@ class StagePlanner:
                 since = len(ops)
                 done = self.backward_compute(chunk, mb, input_only=kind == "I")
                 self._carry_activations(kind, c, since)
+                self._prepost(passes, k + 1)
                 self._send(chunk, mb, backward=True)
                 self.reduce_gradients(chunk, mb, done)
             elif kind == "F&" and k + 1 < len(passes) and passes[k + 1][0] == "B":
@@ -242,6 +249,7 @@ class StagePlanner:
                 since = len(ops)
                 done = self.backward_compute(back, mb2, input_only=False)
                 self._carry_activations("B", c2, since)
+                self._prepost(passes, k + 2)
                 self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
                 self._send(chunk, mb, backward=False)
                 self.b.ctx.phase, self.b.ctx.microbatch = "bwd", mb2
@@ -254,6 +262,7 @@ class StagePlanner:
                 since = len(ops)
                 self.forward_compute(chunk, mb)
                 self._carry_activations("F", c, since)
+                self._prepost(passes, k + 1)
                 self._send(chunk, mb, backward=False)
             k += 1
 
@@ -283,14 +292,31 @@ class StagePlanner:
         tag = p2p_tag(self.spec, self.b.ctx.step, sender_chunk, mb, backward)
         what = "grad" if backward else "act"
         if send:
-            op = self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=self.batched_p2p)
+            op = self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=self.batched_p2p, batched=True)
             if self.sends_wait_for_step_end:  # torch's runtime waits for every send after the last pass
                 self.b.defer(op)
         else:
             self.b.recv(what, role, p2p_bytes(self.spec), tag, batched=True)
 
     def _recv(self, chunk: Chunk, mb: int, backward: bool) -> None:
+        if (chunk.index, mb, backward) in self._preposted:
+            self._preposted.discard((chunk.index, mb, backward))
+            return
         self._transfer(chunk, mb, backward, send=False)
+
+    def _prepost(self, passes: list[tuple[str, int, int]], k: int) -> None:
+        """Receive-first parity: post pass k's input receive now, before the sends of the pass
+        just computed (it depends on the same compute either way)."""
+        if not self.receive_first or k >= len(passes) or passes[k][0] == "W":
+            return
+        kind, c, mb = passes[k]
+        backward = kind in ("B", "I")
+        ctx = self.b.ctx
+        saved = ctx.phase, ctx.microbatch
+        ctx.phase, ctx.microbatch = ("bwd" if backward else "fwd"), mb
+        self._transfer(self.chunks[c], mb, backward, send=False)
+        ctx.phase, ctx.microbatch = saved
+        self._preposted.add((c, mb, backward))
 
     def _send(self, chunk: Chunk, mb: int, backward: bool) -> None:
         self._transfer(chunk, mb, backward, send=True)
