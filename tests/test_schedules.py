@@ -264,7 +264,12 @@ def test_send_and_recv_counts_unchanged_by_blocking(make_set):
     a, b = load_set(blocking), load_set(eager)
     for rank in a.nodes:
         key = lambda nodes: [(n.type, n.name, n.size, n.get("comm_tag")) for n in nodes]  # noqa: E731
-        assert key(a.nodes[rank]) == key(b.nodes[rank])
+        # Unbatched, odd stages post a pass's receive before the previous pass's sends (Megatron's
+        # parity order): the same nodes, in another order there.
+        if a.stage(rank) % 2:
+            assert sorted(key(a.nodes[rank])) == sorted(key(b.nodes[rank]))
+        else:
+            assert key(a.nodes[rank]) == key(b.nodes[rank])
 
 
 # -- DP buckets behind pipeline sends ----------------------------------------------------------
