@@ -33,6 +33,7 @@ def main() -> int:
     passed: list[int] = [0]
     seen: dict[str, Counter] = {k: Counter() for k in ("schedule", "dp_mode", "tp/cp/pp/dp/ep", "moe", "split")}
     failures: list[str] = []
+    started = time.perf_counter()
 
     @seed(args.seed)
     @settings(max_examples=args.examples, deadline=None, database=None, print_blob=True,
@@ -52,8 +53,9 @@ def main() -> int:
             failures.append("; ".join(found[:3]))
         assert not found, found[:5]
         passed[0] += 1
+        if passed[0] % 250 == 0:  # a long run shows where it is
+            print(f"  ... {passed[0]:,} passed, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
-    started = time.perf_counter()
     try:
         run()
         error = None
