@@ -11,7 +11,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from traceforge.spec import Spec
+from traceforge.spec import V_SHAPED, Spec
 from traceforge.spec_cache import ignoring
 
 
@@ -135,7 +135,7 @@ def virtual_stage_layer_counts(spec: Spec) -> list[int]:
       of the first (last) virtual stage, then (L + 1 + 1) / (p*v) per virtual stage;
     - otherwise even, with one chunk per stage any shortfall from the outer stages."""
     p, v = spec.pp, spec.virtual_stages
-    v_shaped = spec.schedule in ("zbv", "dualpipev")
+    v_shaped = spec.schedule in V_SHAPED
     n = p * v
     first, last = spec.decoder_first_pipeline_num_layers, spec.decoder_last_pipeline_num_layers
     if spec.layers_per_stage:
@@ -200,14 +200,12 @@ NOT_READ_BY_STAGE_LAYOUT = ("micro_batch", "num_microbatches", "recompute", "dp"
 
 def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
     """The stage's chunks: chunk c is virtual stage c*p + stage when interleaved, stage and
-    2p-1-stage in a V (plan.pipeline.virtual_stage)."""
+    2p-1-stage in a V (virtual_stage)."""
     return list(_model_chunks(spec, stage))
 
 
 @ignoring(*NOT_READ_BY_STAGE_LAYOUT)
 def _model_chunks(spec: Spec, stage: int) -> tuple[Chunk, ...]:
-    from traceforge.plan.pipeline import virtual_stage
-
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
     chunks = []
@@ -217,10 +215,23 @@ def _model_chunks(spec: Spec, stage: int) -> tuple[Chunk, ...]:
     return tuple(chunks)
 
 
+def virtual_stage(spec: Spec, stage: int, chunk: int) -> int:
+    """The model-order index of a stage's chunk among the p*v virtual stages."""
+    if spec.schedule in V_SHAPED:
+        return stage if chunk == 0 else 2 * spec.pp - 1 - stage
+    return chunk * spec.pp + stage
+
+
+def placement(spec: Spec, vstage: int) -> tuple[int, int]:
+    """(stage, chunk) holding a virtual stage: the inverse of virtual_stage."""
+    p = spec.pp
+    if spec.schedule in V_SHAPED:
+        return (vstage, 0) if vstage < p else (2 * p - 1 - vstage, 1)
+    return vstage % p, vstage // p
+
+
 def embedding_stages(spec: Spec) -> tuple[int, int]:
     """(stage of the word embedding, stage of the LM head): 0 and p-1, both 0 in a V."""
-    from traceforge.plan.pipeline import placement
-
     return placement(spec, 0)[0], placement(spec, spec.pp * spec.virtual_stages - 1)[0]
 
 

@@ -21,6 +21,7 @@ from traceforge.layout import Layout
 from traceforge.model import model_chunks, padded_vocab, total_params
 from traceforge.output import atomic_output_dir
 from traceforge.parallel import fan_out
+from traceforge.plan.compute import kernel_time_report
 from traceforge.plan.ops import Peer, Program
 from traceforge.plan.program import build_program, program_variants, stage_program
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
@@ -200,8 +201,6 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
     if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
-        from traceforge.kernels.times import kernel_time_report
-
         doc["kernel_times"] = kernel_time_report(spec)
     return doc
 

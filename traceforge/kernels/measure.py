@@ -14,6 +14,7 @@ from typing import Any
 
 from traceforge.errors import UserError
 from traceforge.kernels.keys import SHAPES, KernelKey
+from traceforge.plan.compute import CostModel
 from traceforge.spec import Spec
 
 Timer = Callable[[KernelKey], float]
@@ -23,8 +24,6 @@ MEASURED_KINDS = ("gemm", "bmm", "attention_fwd", "attention_bwd", "layernorm", 
 
 def needed_kernels(spec: Spec) -> list[KernelKey]:
     """Every kernel the compute model prices for this spec, in first-use order."""
-    from traceforge.plan.compute import CostModel
-
     return [KernelKey(k.kind, tuple(k.shape), k.dtype) for k in CostModel(spec).kernels if k.kind in SHAPES]
 
 

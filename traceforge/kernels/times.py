@@ -90,18 +90,6 @@ def load_kernel_times(path: str) -> KernelTimes:
     return KernelTimes(path, sha, "table", parse_json(doc, str(where)))
 
 
-def kernel_time_report(spec: Any) -> dict[str, Any] | None:
-    """The manifest's ``kernel_times``: what the spec's kernels took from its --kernel-times file."""
-    if not spec.kernel_times:
-        return None
-    from traceforge.plan.compute import CostModel
-
-    model = CostModel(spec)
-    needed = [KernelKey(k.kind, tuple(k.shape), k.dtype) for k in model.kernels]
-    modelled = {KernelKey(k.kind, tuple(k.shape), k.dtype): us for k, us in model.model_micros.items()}
-    return load_kernel_times(spec.kernel_times).coverage(needed, modelled)
-
-
 def summary_lines(doc: dict[str, Any], shown: int = 4) -> list[str]:
     """generate's summary of a manifest's ``kernel_times``."""
     matched, modelled = doc["matched"], doc["modelled"]

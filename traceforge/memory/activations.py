@@ -34,6 +34,7 @@ import numpy as np
 
 from traceforge.model import Chunk, attention_output_channels, is_moe_layer, local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import Spec
+from traceforge.spec.routing import Routing
 from traceforge.spec_cache import ignoring
 
 FP32, INT64, MASK = 4, 8, 1
@@ -58,8 +59,6 @@ def routing_imbalance(spec: Spec) -> float:
     routing the planner draws for the first micro-batch (zipf), or the trace's worst entry."""
     if not spec.experts or spec.moe_routing == "balanced" or spec.ep == 1:
         return 1.0
-    from traceforge.plan.routing import Routing
-
     moe_layers = sum(is_moe_layer(spec, layer) for layer in range(spec.layers))
     copies = max(1, local_tokens(spec) * spec.top_k)
     routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, copies, spec.steps, spec.num_microbatches, moe_layers)

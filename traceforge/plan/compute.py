@@ -24,6 +24,7 @@ model's) and is listed in ``CostModel.kernels`` (what a spec runs). Kinds and sh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
 from traceforge.kernels.keys import KernelKey
@@ -354,3 +355,13 @@ class CostModel:
         if self.spec.dtype == "fp16":  # the grad scaler's unscale and inf/nan check first
             step = self.elementwise("unscale_grads", params) + step
         return step
+
+
+def kernel_time_report(spec: Spec) -> dict[str, Any] | None:
+    """The manifest's ``kernel_times``: what the spec's kernels took from its --kernel-times file."""
+    if not spec.kernel_times:
+        return None
+    model = CostModel(spec)
+    needed = [KernelKey(k.kind, tuple(k.shape), k.dtype) for k in model.kernels]
+    modelled = {KernelKey(k.kind, tuple(k.shape), k.dtype): us for k, us in model.model_micros.items()}
+    return load_kernel_times(spec.kernel_times).coverage(needed, modelled)

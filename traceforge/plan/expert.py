@@ -25,7 +25,7 @@ inside the node first (outputs summed per token), then across nodes. Probabiliti
 with their expert copies (T_local*k each way). Under balanced routing a flat AllToAll sends
 k*(G-1)/G of the copies across nodes; the two-step dispatch sends min(M, k)*(G-1)/G.
 
-Imbalanced routing (--moe-routing zipf:S or trace:FILE, plan/routing.py): each exchange moves
+Imbalanced routing (--moe-routing zipf:S or trace:FILE, spec/routing.py): each exchange moves
 C[src, dst] token copies, a different size per peer. Chakra's collective carries one size, so
 the AllToAll is written as the Send/Recv pairs it is: to every other EP rank with copies to
 take, a Send of its count, and a Recv of what that rank sends back (the local share stays
@@ -41,9 +41,9 @@ import numpy as np
 from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import Cost, CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
-from traceforge.plan.routing import Routing
 from traceforge.plan.tensor import TensorParallel
 from traceforge.spec import EP_TAG_KINDS, Spec, ep_tag_base
+from traceforge.spec.routing import Routing
 
 FP32 = 4
 INT64 = 8

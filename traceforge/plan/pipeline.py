@@ -14,7 +14,7 @@ The program posts each pass's Recv just before it and its Send just after it; ho
 and Recvs between two computes batch, and what waits for them, is docs/pipeline-schedules.md's
 "Sends and receives as the frameworks post them".
 
-Placement: a stage's chunk c is virtual stage ``virtual_stage(spec, stage, c)`` of the model's
+Placement: a stage's chunk c is virtual stage ``model.virtual_stage(spec, stage, c)`` of the model's
 p*v: c*p + stage when interleaved ("loop"), stage and 2p-1-stage for the V-shaped schedules
 (zbv, dualpipev), whose chunk 0 runs down the stages and chunk 1 back up, so the last stage's
 chunk 0 feeds its own chunk 1 without any transfer.
@@ -27,7 +27,6 @@ import functools
 from traceforge.spec import Spec
 
 Pass = tuple[str, int, int]  # (kind, chunk, micro-batch)
-V_SHAPED = ("zbv", "dualpipev")
 # Megatron's schedules (schedules.py): without --overlap-p2p-comm each step's sends and the next
 # step's receives go out as one batch that the next compute waits for. The others are
 # torch.distributed.pipelining's, whose runtime never waits on a send before the step's end.
@@ -251,21 +250,6 @@ def _build(name: str, stage: int, p: int, m: int, v: int) -> list[Pass]:
     if name == "dualpipev":
         return dualpipev(stage, p, m)
     return one_f_one_b(stage, p, m)
-
-
-def virtual_stage(spec: Spec, stage: int, chunk: int) -> int:
-    """The model-order index of a stage's chunk among the p*v virtual stages."""
-    if spec.schedule in V_SHAPED:
-        return stage if chunk == 0 else 2 * spec.pp - 1 - stage
-    return chunk * spec.pp + stage
-
-
-def placement(spec: Spec, vstage: int) -> tuple[int, int]:
-    """(stage, chunk) holding a virtual stage: the inverse of virtual_stage."""
-    p = spec.pp
-    if spec.schedule in V_SHAPED:
-        return (vstage, 0) if vstage < p else (2 * p - 1 - vstage, 1)
-    return vstage % p, vstage // p
 
 
 def p2p_tag(spec: Spec, step: int, sender_chunk: int, mb: int, backward: bool) -> int:

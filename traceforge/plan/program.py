@@ -9,7 +9,16 @@ from operator import attrgetter
 
 from traceforge.errors import SpecError
 from traceforge.memory.activations import chunk_activations
-from traceforge.model import Chunk, activation_bytes, embedding_stages, model_chunks, p2p_bytes, stage_params
+from traceforge.model import (
+    Chunk,
+    activation_bytes,
+    embedding_stages,
+    model_chunks,
+    p2p_bytes,
+    placement,
+    stage_params,
+    virtual_stage,
+)
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import DataParallel
 from traceforge.plan.embedding import (
@@ -21,11 +30,11 @@ from traceforge.plan.embedding import (
 )
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuilder
-from traceforge.plan.pipeline import MEGATRON_SCHEDULES, p2p_tag, placement, schedule, virtual_stage
-from traceforge.plan.routing import BALANCED
+from traceforge.plan.pipeline import MEGATRON_SCHEDULES, p2p_tag, schedule
 from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel, fp8_amax_reduction
 from traceforge.spec import Spec
+from traceforge.spec.routing import BALANCED
 
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
 

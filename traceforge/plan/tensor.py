@@ -31,15 +31,11 @@ from __future__ import annotations
 from traceforge.model import Chunk, activation_bytes, is_moe_layer
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
-from traceforge.spec import Spec
+from traceforge.spec import RING_KINDS, Spec
 
 TP_NEXT, TP_PREV = Peer.TP_NEXT, Peer.TP_PREV
 # GEMM chunks of TE's "pipeline" GEMM+ReduceScatter overlap (base.py: num_splits 4).
 PIPELINE_SPLITS = 4
-# Ring exchanges per layer and micro-batch, each with its own tags: the forward's qkv and fc1,
-# the backward's proj and fc2 output gradients, and the forward's again when recomputed.
-RING_KINDS = ("qkv", "fc1", "proj_grad", "fc2_grad", "qkv_recompute", "fc1_recompute")
-
 
 # FP8 delayed scaling: amaxes per TE GEMM, forward (input, weight, output) and backward (output
 # gradient, input gradient), fp32 each (TE's scaling_fwd / scaling_bwd meta).
@@ -60,11 +56,6 @@ def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) 
         gemms += 2 + (2 * (spec.experts // spec.ep) + 2 * (spec.shared_experts > 0) if moe else 2)
     b.ctx.layer = None
     b.collective("fp8_amax", Coll.ALL_REDUCE, gemms * AMAX_PER_GEMM[phase] * FP32, "amax")
-
-
-def overlap_tags(steps: int, m: int, layers: int, tp: int) -> int:
-    """The p2p tags the ring exchanges use (1 .. this); TP pairs carry no other p2p traffic."""
-    return steps * m * layers * len(RING_KINDS) * (tp - 1)
 
 
 class TensorParallel:

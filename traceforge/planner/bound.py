@@ -25,12 +25,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from traceforge.model import activation_bytes, is_moe_layer, model_chunks, virtual_stage_layers
+from traceforge.model import activation_bytes, is_moe_layer, model_chunks, placement, virtual_stage, virtual_stage_layers
 from traceforge.plan.compute import CostModel
 from traceforge.plan.embedding import embedding_backward, embedding_forward, head_backward, head_forward
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NodeType, Op, ProgramBuilder
-from traceforge.plan.pipeline import placement, virtual_stage
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
 from traceforge.planner.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceforge.layout import Layout
-from traceforge.model import model_chunks, stage_params
+from traceforge.model import model_chunks, placement, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
-from traceforge.plan.pipeline import placement
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec

@@ -25,8 +25,10 @@ from traceforge.spec.limits import (
     MAX_STRAGGLER_FACTOR,
     MAX_TAG,
     MAX_WORLD_SIZE,
+    RING_KINDS,
     ep_tag_base,
     estimated_nodes_per_rank,
+    overlap_tags,
 )
 from traceforge.spec.parallelism import (
     KNOWN_DIMS,
@@ -37,11 +39,12 @@ from traceforge.spec.parallelism import (
     normalize_order,
     requested_order,
 )
+from traceforge.spec.schedule import V_SHAPED
 
 __all__ = [
-    "DERIVED_DEFAULTS", "DP_MODE_ALIASES", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "KNOWN_DIMS",
-    "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MAX_WORLD_SIZE", "MEGATRON_ORDER", "ORDER_ALIASES",
-    "REQUIRED_DIMS", "SHARDED_OPTIMIZER_MODES", "Field", "Spec", "SpecError", "build_spec", "complete_order",
-    "ep_tag_base", "estimated_nodes_per_rank", "load_config_file", "moe_layer_count", "normalize_order",
-    "preset_values", "requested_order", "spec_builder",
+    "DERIVED_DEFAULTS", "DP_MODE_ALIASES", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
+    "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MAX_WORLD_SIZE", "MEGATRON_ORDER",
+    "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "SHARDED_OPTIMIZER_MODES", "Spec", "SpecError", "V_SHAPED",
+    "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
+    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder",
 ]

@@ -17,6 +17,7 @@ import traceforge.spec.machine as machine
 import traceforge.spec.parallelism as parallelism
 import traceforge.spec.schedule as schedule
 from traceforge.errors import SpecError
+from traceforge.presets import get_preset
 from traceforge.spec.fields import FIELD_BY_NAME, Spec
 from traceforge.spec.limits import MAX_STRAGGLER_FACTOR
 from traceforge.spec.raw import Raw
@@ -41,8 +42,6 @@ def spec_builder(
     build_spec(preset, config, {**overrides, **values}) would. ``reads``, when given, collects
     every key the validation looked up: a refusal that read none of some keys holds for every
     value of them (the planner skips such subtrees without trying each)."""
-    from traceforge.presets import get_preset
-
     config = dict(config or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     _check_keys("config file", config)
@@ -106,8 +105,6 @@ DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads", "max_position_e
 def preset_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
     """The spec values that came from its preset: the preset's keys not given explicitly and
     not derived from an explicit value."""
-    from traceforge.presets import get_preset
-
     given = {k for k, v in explicit.items() if v is not None}
     followed = {d for d, src in DERIVED_DEFAULTS.items() if src in given}
     doc = spec.to_dict()

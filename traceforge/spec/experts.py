@@ -8,6 +8,7 @@ from pathlib import Path
 from traceforge.errors import SpecError
 from traceforge.spec.limits import EP_TAG_KINDS, MAX_TAG, ep_tag_base
 from traceforge.spec.raw import Raw
+from traceforge.spec.routing import BALANCED, load_routing_trace, parse_routing
 
 
 def normalize(r: Raw, v: dict) -> dict:
@@ -48,8 +49,6 @@ def moe_layer_count(layers: int, first_dense: int, freq: int) -> int:
 
 
 def normalize_routing(r: Raw, v: dict) -> dict:
-    from traceforge.plan.routing import BALANCED, load_routing_trace, parse_routing
-
     text, seed = r.get("moe_routing", BALANCED), r.get("seed", 0)
     kind, arg = parse_routing(text)
     if kind == BALANCED:

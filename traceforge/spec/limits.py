@@ -37,3 +37,13 @@ def ep_tag_base(steps: int, m: int, layers: int, cp: int) -> int:
 
 
 EP_TAG_KINDS = 9  # dispatch, probabilities, combine; their recomputation; three backward
+
+
+# Ring exchanges per layer and micro-batch, each with its own tags: the forward's qkv and fc1,
+# the backward's proj and fc2 output gradients, and the forward's again when recomputed.
+RING_KINDS = ("qkv", "fc1", "proj_grad", "fc2_grad", "qkv_recompute", "fc1_recompute")
+
+
+def overlap_tags(steps: int, m: int, layers: int, tp: int) -> int:
+    """The p2p tags the ring exchanges use (1 .. this); TP pairs carry no other p2p traffic."""
+    return steps * m * layers * len(RING_KINDS) * (tp - 1)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from traceforge.errors import SpecError
-from traceforge.spec.limits import MAX_TAG
+from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS
+from traceforge.kernels.times import load_kernel_times
+from traceforge.spec.limits import MAX_TAG, overlap_tags
 from traceforge.spec.raw import Raw
 
 
@@ -22,8 +24,6 @@ def normalize_variation(r: Raw, v: dict) -> dict:
 
 
 def normalize_gpu(r: Raw, v: dict) -> dict:
-    from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, GPUS
-
     gpu = r.need("gpu")
     base = GPUS.get(gpu)
     tflops = r.get("gpu_tflops", base.peak_tflops[v["dtype"]] if base else None)
@@ -44,10 +44,6 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
 def normalize_engine(r: Raw, v: dict) -> dict:
     """Measured kernel times (read and checked now, recorded by absolute path so a manifest's spec
     rebuilds anywhere) and TransformerEngine's TP overlap and FP8 (plan/tensor.py)."""
-    from traceforge.hardware import FP8
-    from traceforge.kernels.times import load_kernel_times
-    from traceforge.plan.tensor import overlap_tags
-
     path = r.get("kernel_times")
     if path is not None:
         path = str(Path(path).expanduser().resolve())

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from traceforge.errors import SpecError
+from traceforge.presets import get_preset
 from traceforge.spec.limits import MAX_WORLD_SIZE
 from traceforge.spec.raw import Raw, divisors
 
@@ -104,8 +105,6 @@ def complete_order(order: str, cp: int, ep: int) -> str:
 
 def requested_order(preset: str | None, config: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> str:
     """The order string as given (flag > config file > preset), before missing dimensions are inserted."""
-    from traceforge.presets import get_preset
-
     config = dict(config or {})
     given = overrides.get("order") or config.get("order")
     if given is None:

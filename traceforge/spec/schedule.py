@@ -10,6 +10,10 @@ from traceforge.errors import SpecError
 from traceforge.spec.limits import MAX_NODES_PER_RANK, MAX_TAG, estimated_nodes_per_rank
 from traceforge.spec.raw import Raw
 
+# The schedules that place two model chunks per stage in a V: stage s holds virtual stages s and
+# 2p-1-s, so the first stage also holds the last.
+V_SHAPED = ("zbv", "dualpipev")
+
 
 def normalize(r: Raw, v: dict) -> dict:
     pp, m, layers = v["pp"], v["num_microbatches"], v["layers"]
@@ -37,14 +41,14 @@ def _most_layers_per_stage(split: Mapping[str, Any], layers: int, pp: int, sched
         return max(split["layers_per_stage"])
     first, last = split["decoder_first_pipeline_num_layers"], split["decoder_last_pipeline_num_layers"]
     even = -(-layers // pp) + 2  # the embedding/loss accounting moves at most one layer each
-    chunks = 2 if schedule in ("zbv", "dualpipev") else 1  # a V stage holds two virtual stages
+    chunks = 2 if schedule in V_SHAPED else 1  # a V stage holds two virtual stages
     return chunks * max(even, first or 0, last or 0)
 
 
 def _virtual_stages(r: Raw, schedule: str, pp: int, m: int) -> int:
     """Model chunks per stage, with the rules of the framework each schedule comes from."""
     vs = r.get("virtual_stages", 1)
-    if schedule in ("zbv", "dualpipev") and "virtual_stages" not in r.explicit:
+    if schedule in V_SHAPED and "virtual_stages" not in r.explicit:
         vs = 2  # the V's two chunks, whatever a preset says
     if schedule == "interleaved":
         if vs < 2:
@@ -58,7 +62,7 @@ def _virtual_stages(r: Raw, schedule: str, pp: int, m: int) -> int:
         if vs < 2:
             raise SpecError("schedule interleaved-zb needs --virtual-stages V with V >= 2 "
                             "(use zb-h1 for one chunk per stage)")
-    elif schedule in ("zbv", "dualpipev"):
+    elif schedule in V_SHAPED:
         if vs != 2:
             raise SpecError(f"schedule {schedule} places exactly 2 model chunks per stage (a V): "
                             "drop --virtual-stages")
@@ -83,7 +87,7 @@ def _layer_split(r: Raw, layers: int, pp: int, vs: int, schedule: str) -> dict:
     first, last = r.get("decoder_first_pipeline_num_layers"), r.get("decoder_last_pipeline_num_layers")
     emb = bool(r.get("account_for_embedding_in_pipeline_split"))
     loss = bool(r.get("account_for_loss_in_pipeline_split"))
-    v_shaped = schedule in ("zbv", "dualpipev")
+    v_shaped = schedule in V_SHAPED
     chosen = [name for name, on in (("layers_per_stage", per_stage is not None),
                                     ("decoder_first/last_pipeline_num_layers", first is not None or last is not None),
                                     ("account_for_embedding/loss_in_pipeline_split", emb or loss)) if on]
