@@ -14,6 +14,7 @@ from mutate import encode
 
 from traceforge import cluster as cluster_mod
 from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.cli import generate as generate_cli
 from traceforge.cli import report as report_cli
 from traceforge.cluster import FIELDS, Cluster
 from traceforge.emit import astra
@@ -48,7 +49,7 @@ def test_both_commands_parse_the_same_flags_to_the_same_cluster(tmp_path, monkey
         seen["report"] = cluster
         return real_machine(directory, cluster, given, astra_model, *mode)
 
-    monkeypatch.setattr(astra, "write_astra_bundle", record_write)
+    monkeypatch.setattr(generate_cli, "write_astra_bundle", record_write)  # where generate looks it up
     monkeypatch.setattr(report_cli, "machine_for", record_machine)
     out = tmp_path / "set"
     assert invoke("generate", "-p", "demo", "-q", "--astra-sim", "-o", out, *flags(MACHINE)).exit_code == 0

@@ -11,9 +11,10 @@ import pytest
 from cli_runner import invoke, one_line_error
 from test_timeline import COLL, COMP, RECV, SEND, node, write_set
 
-from traceforge.report import timing_replay
+from traceforge.report import replay as replay_module
 from traceforge.report.build import build_report
-from traceforge.report.timing_replay import LinkModel, replay
+from traceforge.report.replay import replay
+from traceforge.report.timing_replay import LinkModel
 
 # Scale-up 100 GB/s = 100,000 B/us, scale-out 1 GB/s = 1,000 B/us, 2 us latency on both.
 LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
@@ -127,7 +128,7 @@ def test_class_reduction_stays_exact_in_hardware_mode(make_set, monkeypatch):
     link = LinkModel(gpus_per_node=4)
     classes = replay(ts, link, mode="hardware")
     assert len(set(classes.color)) < ts.world
-    monkeypatch.setattr(timing_replay, "rank_classes", lambda ts, gpn: list(range(ts.world)))
+    monkeypatch.setattr(replay_module, "rank_classes", lambda ts, gpn: list(range(ts.world)))
     full = replay(ts, link, mode="hardware")
     assert full.makespan == pytest.approx(classes.makespan, rel=1e-12)
     for rank in range(ts.world):

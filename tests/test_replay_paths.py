@@ -22,9 +22,10 @@ from traceforge.plan.ops import Context, NodeType, ProgramBuilder, _sorted_uniqu
 from traceforge.plan.program import build_program
 from traceforge.planner.estimate import estimate, in_memory_trace_set
 from traceforge.report.rank_scan import RankProgram, RankScan
+from traceforge.report.replay import replay
 from traceforge.report.scan import COLL, COMP, RECV, SEND
 from traceforge.report.timeline import step_estimate
-from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, gc_paused, replay
+from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, gc_paused
 from traceforge.report.traceset import TraceSet
 from traceforge.spec import build_spec
 

@@ -35,9 +35,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from traceforge import schema as S
+from traceforge import wire
 from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.check.run import load_comm_groups
 from traceforge.errors import UserError
-from traceforge.read.reader import attrs, iter_nodes
+from traceforge.read.reader import attrs, find_rank_files, iter_nodes, manifest_world_size
 
 ALGORITHMS = ("ring", "recursive-doubling", "halving-doubling")
 TAG_LIMIT = 500_000_000  # ASTRA-sim's tags, and check's rule, stay below this
@@ -218,9 +221,6 @@ def _collective(label: str, name: str, rank: int, members: list[int], ctype: int
 
 def rank_files(directory: Path, prefix: str | None) -> tuple[str, dict[int, Path], GroupTable]:
     """The set's files, every rank 0..P-1 present, and its groups."""
-    from traceforge.check.run import load_comm_groups
-    from traceforge.read.reader import find_rank_files, manifest_world_size
-
     prefix, files = find_rank_files(Path(directory), prefix)
     world = manifest_world_size(Path(directory), prefix) or max(files) + 1
     missing = [r for r in range(world) if r not in files]
@@ -243,9 +243,6 @@ def resolved(rank: int, steps: list[Step]) -> dict[str, int]:
 
 def write_chakra(directory: Path, out: Path, algorithm: str = "ring", prefix: str | None = None) -> None:
     """The expansion as a Chakra set of compute, Send and Recv nodes (for `traceforge check`)."""
-    from traceforge import schema as S
-    from traceforge import wire
-
     prefix, files, table = rank_files(directory, prefix)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

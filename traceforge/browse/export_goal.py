@@ -23,6 +23,7 @@ from typing import TextIO
 from traceforge.browse.expand import ALGORITHMS, CALC, SEND, expand_rank, rank_files, resolved
 from traceforge.errors import UserError
 from traceforge.output import atomic_output_dir
+from traceforge.read.reader import find_rank_files
 
 TIME_UNITS = {"ns": 1_000, "ps": 1_000_000}  # per microsecond
 
@@ -74,6 +75,4 @@ def export_goal(directory: Path, out: Path, *, prefix: str | None = None, algori
 
 
 def _prefix(directory: Path) -> str:
-    from traceforge.read.reader import find_rank_files
-
     return find_rank_files(Path(directory))[0]

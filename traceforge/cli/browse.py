@@ -12,6 +12,8 @@ from rich.text import Text
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 # -- diff -----------------------------------------------------------------------------------
 
 

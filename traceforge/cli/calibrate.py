@@ -16,6 +16,8 @@ from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.measure import Timer
 from traceforge.spec import Spec, build_spec, load_config_file
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 MAX_REPEAT = 10_000
 
 

@@ -10,6 +10,8 @@ from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 
 @app.command("check")
 @user_errors

@@ -8,6 +8,8 @@ import typer
 
 from traceforge.cli import app, out, user_errors
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 
 @app.command("combine")
 @user_errors

@@ -16,30 +16,23 @@ import typer
 from rich.table import Table
 
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli.machine import machine_parameters
+from traceforge.cli.memory import memory_options, report_for
+from traceforge.cli.options import spec_parameters
+from traceforge.cluster import FIELD, Cluster
+from traceforge.emit.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
 from traceforge.errors import UserError
-from traceforge.output import check_prefix
-from traceforge.spec import FIELDS, build_spec, load_config_file, preset_values, requested_order
+from traceforge.kernels.times import summary_lines
+from traceforge.memory.report import DOES_NOT_FIT, TIGHT
+from traceforge.model import active_params, total_params
+from traceforge.output import check_output_dir, check_prefix
+from traceforge.parallel import resolve_jobs
+from traceforge.presets import PRESETS
+from traceforge.spec import build_spec, load_config_file, preset_values, requested_order
+
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
 # -- generate -------------------------------------------------------------------------------
-
-def spec_parameters() -> list[inspect.Parameter]:
-    """One option per spec.FIELDS entry (generate and memory take the same spec flags)."""
-    params = []
-    for f in FIELDS:
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.help + (f" [{'|'.join(f.choices)}]" if f.choices else "")
-        if f.kind is bool:
-            on, off = f.bool_flags or (flag, "--no-" + flag[2:])
-            option = typer.Option(None, f"{on}/{off}", help=help_text, show_default=False, rich_help_panel="Spec")
-        else:
-            option = typer.Option(None, flag, help=help_text, show_default=False, rich_help_panel="Spec",
-                                  metavar="RANK:FACTOR" if f.repeatable else None)
-        kind: Any = str if f.kind is list else f.kind  # lists arrive comma-separated
-        if f.repeatable:
-            kind = list[str]
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[kind]))
-    return params
-
 
 def _run_options() -> list[inspect.Parameter]:
     def opt(name: str, annotation: Any, option: Any) -> inspect.Parameter:
@@ -61,9 +54,6 @@ def _run_options() -> list[inspect.Parameter]:
 
 
 def _astra_options() -> list[inspect.Parameter]:
-    from traceforge.cli.machine import machine_parameters
-    from traceforge.emit.astra import OPTIONS_HELP
-
     params = [inspect.Parameter("astra_sim", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
         False, "--astra-sim", rich_help_panel="ASTRA-sim",
         help="Also write an ASTRA-sim bundle beside the traces: network, system and remote-memory configs and run_astra_sim.sh."))]
@@ -78,20 +68,8 @@ def _astra_options() -> list[inspect.Parameter]:
 
 def generate(**kwargs: Any) -> None:
     """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
-    from traceforge.cluster import FIELD, Cluster
-    from traceforge.emit.astra import (
-        BACKEND_INFO,
-        OPTIONS_HELP,
-        AstraOptions,
-        backend,
-        check_bundle,
-        check_messages,
-        write_astra_bundle,
-    )
     from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
     from traceforge.emit.writer import write_trace_set
-    from traceforge.output import check_output_dir
-    from traceforge.parallel import resolve_jobs
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim",
                 "allow_oom", "gpu_memory_gb", "overhead_gb", "allocator_reserve_pct")
@@ -149,6 +127,8 @@ def generate(**kwargs: Any) -> None:
     with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
         write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
     if run["report"]:
+        # Here, not at the top: importing report's module registers its command, and --help lists
+        # the commands in the order they register (generate's before report's).
         from traceforge.cli.report import print_report
 
         if cluster is not None:  # the report's machine is the bundle's
@@ -171,9 +151,7 @@ def generate(**kwargs: Any) -> None:
 def _feasible(spec: Any, run: dict) -> Any:
     """The memory report, after refusing a spec that does not fit the GPU (unless --allow-oom);
     None for a custom GPU whose memory was not given."""
-    from traceforge.cli.memory import report_for
     from traceforge.memory.feasibility import check_fits, refusal, tight_note
-    from traceforge.memory.report import DOES_NOT_FIT, TIGHT
 
     if spec.gpu == "custom" and run["gpu_memory_gb"] is None:
         err.print("note: memory not checked: give --gpu-memory-gb for a custom GPU", markup=False)
@@ -188,8 +166,6 @@ def _feasible(spec: Any, run: dict) -> Any:
 
 
 def _generate_parameters() -> list[inspect.Parameter]:
-    from traceforge.cli.memory import memory_options
-
     return _run_options() + memory_options() + _astra_options() + spec_parameters()
 
 
@@ -246,8 +222,6 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
         out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
                   markup=False, soft_wrap=True)
     if doc.get("kernel_times"):
-        from traceforge.kernels.times import summary_lines
-
         for line in summary_lines(doc["kernel_times"]):
             out.print(line, markup=False, soft_wrap=True)
 
@@ -279,9 +253,6 @@ def merge(
 @user_errors
 def presets() -> None:
     """List the built-in presets with their key numbers."""
-    from traceforge.model import active_params, total_params
-    from traceforge.presets import PRESETS
-
     answer_to_stdout("the presets")
     table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
     for col in ("preset", "arch", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp/cp/pp/dp/ep",

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from traceforge.cluster import FIELDS, Cluster, describe
+from traceforge.cluster import FIELD, FIELDS, Cluster, check_value, describe
+from traceforge.errors import UserError
 
 # report's flags before the shared cluster: old flag -> (new flag's field, factor to its unit, old unit).
 # Kept for one release as hidden aliases that print a note.
@@ -45,9 +46,6 @@ def deprecated_parameters() -> list[inspect.Parameter]:
 def apply_deprecated(options: dict[str, Any], note) -> dict[str, Any]:
     """Move values of the deprecated flags in options onto the new fields, with a note for each;
     giving an old flag and its new one together is refused in one line."""
-    from traceforge.cluster import FIELD, check_value
-    from traceforge.errors import UserError
-
     notes = []
     for old, (new, factor, unit) in DEPRECATED.items():
         value = options.pop(old, None)

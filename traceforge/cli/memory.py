@@ -1,6 +1,6 @@
 """`traceforge memory`: what each pipeline stage's GPUs hold at their peak, against the GPU.
 
-Takes the same spec flags as generate (built from spec.FIELDS by generate's spec_parameters)
+Takes the same spec flags as generate (built from spec.FIELDS by cli/options.py's spec_parameters)
 and writes nothing but the table, or --json."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from traceforge.cli import answer_to_stdout, app, out, user_errors
-from traceforge.cli.generate import spec_parameters
+from traceforge.cli.options import spec_parameters
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
 from traceforge.memory.gpus import overhead_bytes, reserve_fraction
 from traceforge.memory.report import DOES_NOT_FIT

@@ -17,8 +17,17 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from traceforge.cli import answer_to_stdout, app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli.machine import machine_parameters
+from traceforge.cli.options import spec_parameters
+from traceforge.cluster import FIELD, Cluster, check_value
+from traceforge.emit.astra import network_dimensions
 from traceforge.errors import UserError
+from traceforge.output import check_output_dir
+from traceforge.parallel import resolve_jobs
+from traceforge.spec import MAX_WORLD_SIZE, load_config_file
+
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
 # The axes plan varies (planner/space.py), and the ones it sets from them unless given.
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
@@ -58,9 +67,6 @@ def _plan_options() -> list[inspect.Parameter]:
 
 
 def _machine_options() -> list[inspect.Parameter]:
-    from traceforge.cli.machine import machine_parameters
-    from traceforge.cluster import FIELD
-
     params = machine_parameters("generate", panel="Machine")
     # --sweep takes a comma-separated list of one of them: read them all as text, and say so.
     for p in params:
@@ -70,8 +76,6 @@ def _machine_options() -> list[inspect.Parameter]:
 
 
 def _spec_options() -> list[inspect.Parameter]:
-    from traceforge.cli.generate import spec_parameters
-
     params = spec_parameters()
     for p in params:
         if p.name in NOT_WITH_PLAN:  # plan decides these; kept (hidden) to refuse them by name
@@ -96,9 +100,6 @@ def _parse_list(flag: str, text: str, kind: type) -> list[Any]:
 
 def _check_values(lists: dict[str, list[Any]]) -> None:
     """Refuse an impossible value of --gpus or of a machine flag, swept or not, naming it."""
-    from traceforge.cluster import FIELD, check_value
-    from traceforge.spec import MAX_WORLD_SIZE
-
     for name, values in lists.items():
         flag = "--gpus" if name == "gpus" else FIELD[name].flag
         if len(set(values)) != len(values):
@@ -119,10 +120,7 @@ def plan(**kwargs: Any) -> None:
     while searching. A spec flag fixes its axis (e.g. --tp 8 or --schedule 1f1b); the other axes
     are searched. Bad input, no legal layout or none that fits: one line on stderr, exit 2.
     """
-    from traceforge.cluster import FIELD, Cluster
-    from traceforge.parallel import resolve_jobs
     from traceforge.planner import run as planner_run
-    from traceforge.spec import load_config_file
 
     opts = {k: kwargs.pop(k) for k in [p.name for p in _plan_options()]}
     machine = {k: kwargs.pop(k) for k in FIELD}
@@ -131,7 +129,8 @@ def plan(**kwargs: Any) -> None:
     if opts["shard"] is None:  # a shard's answer is its file; every other run's is stdout
         answer_to_stdout("the plan")
     if opts["merge"] is not None:
-        planner_run.print_merged(opts["merge"], opts["as_json"])
+        title, gpus, counts, ranked = planner_run.merged(opts["merge"])
+        _print_plan(title, gpus, ranked, counts, opts["as_json"])
         return
     for name in NOT_WITH_PLAN:
         if name in spec_flags:
@@ -182,14 +181,12 @@ def plan(**kwargs: Any) -> None:
     if opts["astra_sim"] and opts["write_top"] is None:
         raise UserError("--astra-sim writes a bundle beside each set --write-top writes: add --write-top K -o DIR")
     if opts["astra_sim"] and not swept:  # the bundle's network, refused now rather than after the search
-        from traceforge.emit.astra import network_dimensions
 
         network_dimensions(lists["gpus"][0], Cluster.from_options(**base_cluster))
     if opts["out_dir"] is not None and not (swept or opts["write_top"] is not None or opts["shard"] is not None):
         raise UserError("-o DIR is where --write-top, --sweep or --shard write: add one of them, or drop -o "
                         "(the plan itself is printed)")
     if opts["out_dir"] is not None and opts["shard"] is None and (swept or opts["write_top"] is not None):
-        from traceforge.output import check_output_dir
         from traceforge.planner.write import is_plan_output
 
         # refuse an -o we may not write now, not after a long search
@@ -202,15 +199,51 @@ def plan(**kwargs: Any) -> None:
         budget_s=opts["budget"] or None)
     if swept:
         name = swept[0]
-        planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["as_json"],
-                          opts["out_dir"], opts["force"])
+        _print_sweep(*planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["out_dir"],
+                                        opts["force"]), opts["as_json"])
         return
     gpus = lists["gpus"][0]
     if opts["shard"] is not None:
-        planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
+        target, considered = planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
+        if not opts["quiet"]:
+            out.print(f"wrote {target}: {considered:,} layouts considered; run 'traceforge plan --merge {opts['out_dir']}' "
+                      "once every shard is done", markup=False)
         return
-    planner_run.plan_and_print(query, gpus, jobs, opts["quiet"], opts["as_json"], opts["write_top"], opts["out_dir"],
-                               opts["force"], opts["astra_sim"])
+    ranked, counts, written = planner_run.plan(query, gpus, jobs, opts["quiet"], opts["write_top"], opts["out_dir"],
+                                               opts["force"], opts["astra_sim"])
+    _print_plan(planner_run.title(query, gpus), gpus, ranked, counts, opts["as_json"])
+    if written and not (opts["as_json"] and opts["quiet"]):  # the table's own line; with --json a note on stderr
+        sets = min(opts["write_top"], len(ranked))  # write_top puts the sets first, then the files
+        fewer = f", all {sets} that fit," if sets < opts["write_top"] else ""
+        (err if opts["as_json"] else out).print(
+            f"wrote {opts['out_dir']}: {sets} trace set(s){fewer} each with its spec.json"
+            f"{' and ASTRA-sim bundle' if opts['astra_sim'] else ''}; {', '.join(written[sets:])}", markup=False, soft_wrap=True)
+
+
+def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool) -> None:
+    """A plan's answer: its JSON document, or the table."""
+    from traceforge.planner.rows import json_document
+
+    if as_json:
+        print_json(json_document(gpus, counts, ranked))
+        if counts.get("unreplayed"):  # the document's keys are fixed: say it on stderr, as the table says it
+            err.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still "
+                      "rank: the candidates may not be the exact top K; --budget 0 replays until they are",
+                      markup=False, soft_wrap=True)
+    else:
+        print_table(title, ranked, counts)
+
+
+def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]],
+                 as_json: bool) -> None:
+    """A sweep's answer: the best layout per value, as JSON or one table."""
+    from traceforge.planner.rows import json_document
+
+    if as_json:
+        print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
+    else:
+        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
+                          {v: c for v, _, _, c in best if c.get("unreplayed")})
 
 
 plan.__signature__ = inspect.Signature(_plan_options() + _machine_options() + _spec_options())  # type: ignore[attr-defined]

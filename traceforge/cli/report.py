@@ -18,6 +18,8 @@ from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 
 def print_report(directory: Path, prefix: str | None = None, gpus_per_node: int = 8, **options) -> None:
     """Build and print the report of a trace set (what `generate --report` calls); options go

@@ -10,6 +10,8 @@ import typer
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
 
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+
 MAX_STALLED_SHOWN = 16
 
 

@@ -24,6 +24,7 @@ from traceforge import __version__
 from traceforge.cluster import Cluster
 from traceforge.emit import astra_htsim, astra_ns3
 from traceforge.errors import UserError
+from traceforge.hardware import GPUS
 
 __all__ = ["AstraOptions", "Cluster", "write_astra_bundle"]
 
@@ -228,8 +229,6 @@ def system_config(dims: list[Dimension], spec: dict, trace: bool = False) -> dic
         doc["trace-enabled"] = 1
     tflops, hbm = spec.get("gpu_tflops"), spec.get("gpu_hbm_gbps")
     if tflops and hbm:
-        from traceforge.hardware import GPUS
-
         # The per-kernel model's GEMM and HBM fractions, unless a flat --gpu-efficiency overrides it.
         cal = getattr(GPUS.get(spec.get("gpu", "")), "calibration", None)
         flat = spec.get("gpu_efficiency")

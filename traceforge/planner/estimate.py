@@ -20,9 +20,10 @@ from traceforge.layout import Layout
 from traceforge.model import active_params, attention_output_channels, qkv_channels
 from traceforge.plan.ops import NodeType, Program
 from traceforge.plan.program import build_program
+from traceforge.report.replay import replay
 from traceforge.report.scan import RankProgram, RankScan
 from traceforge.report.timeline import _measure, _overlap, _union, class_split, critical_class
-from traceforge.report.timing_replay import HARDWARE, LinkModel, gc_paused, replay
+from traceforge.report.timing_replay import HARDWARE, LinkModel, gc_paused
 from traceforge.report.traceset import TraceSet
 from traceforge.spec import Spec
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from traceforge.memory.report import Band
+from traceforge.memory.report import memory_band as band
 from traceforge.spec import Spec
-
-if TYPE_CHECKING:
-    from traceforge.memory.report import Band
 
 
 def memory_band(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | None = None,
@@ -15,6 +12,4 @@ def memory_band(spec: Spec, gpu_memory_bytes: int | None, overhead_bytes: int | 
     """(peak, allocated, reserved, verdict) on the fullest GPU from `traceforge memory`'s model
     (overhead_bytes: its --context-gb, reserve: its --allocator-reserve-pct as a fraction; None
     for the stated defaults). The planner keeps "fits" and "tight", drops "does not fit"."""
-    from traceforge.memory.report import memory_band as band
-
     return band(spec, gpu_memory_bytes, overhead_bytes=overhead_bytes, reserve=reserve)

@@ -1,17 +1,31 @@
 """What `traceforge plan` does with a query: one search, a sweep of searches, a shard, or a merge,
-and how each answer is printed or written."""
+and the files each writes; the CLI (cli/plan.py) prints the answers."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traceforge.errors import UserError
+from traceforge.cluster import FIELD, Cluster
+from traceforge.emit.astra import AstraOptions, write_astra_bundle
+from traceforge.emit.shard import parse_shard
+from traceforge.emit.writer import write_trace_set
+from traceforge.errors import SpecError, UserError
+from traceforge.memory.gpus import gpu_memory_bytes, overhead_bytes, reserve_fraction
+from traceforge.output import atomic_output_dir, write_output_file
 from traceforge.planner.rows import json_document, rank_rows, rows
 from traceforge.planner.search import Base, PlanResult, check_feasible, search
-from traceforge.planner.space import Model
+from traceforge.planner.shard import SHARD_FILE, merge_shards, shard_document, shard_file_name
+from traceforge.planner.space import Model, count, walk
+from traceforge.planner.write import is_plan_output, sweep_csv, write_sweep_plot, write_top
+from traceforge.presets import get_preset
+from traceforge.report.timing_replay import LinkModel
+from traceforge.spec import MAX_WORLD_SIZE, Spec
 
 DEFAULT_BUDGET_S = 55.0  # plan --budget's default: with starting up, the replays in flight and the output, a plan ends within a minute
 
@@ -38,8 +52,6 @@ class Query:
 
     def raw(self) -> dict[str, Any]:
         """The merged preset < spec file < flags values (before any layout is chosen)."""
-        from traceforge.presets import get_preset
-
         config = dict(self.config or {})
         name = self.preset or config.pop("preset", None) or "demo"
         config.pop("preset", None)
@@ -71,11 +83,6 @@ def _whole(raw: Mapping[str, Any], name: str, flag: str) -> int:
 
 def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int, int] | None = None,
                until_us: float | None = None) -> PlanResult:
-    from traceforge.cluster import Cluster
-    from traceforge.memory.gpus import gpu_memory_bytes, overhead_bytes, reserve_fraction
-    from traceforge.report.timing_replay import LinkModel
-    from traceforge.spec import MAX_WORLD_SIZE
-
     if not 1 <= gpus <= MAX_WORLD_SIZE:
         raise UserError(f"--gpus {gpus:,}: give from 1 to {MAX_WORLD_SIZE:,} GPUs")
     raw = query.raw()
@@ -85,8 +92,6 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     model = Model(world=gpus, gpus_per_node=cluster.gpus_per_node, layers=_whole(raw, "layers", "--layers"),
                   heads=_whole(raw, "heads", "--heads"), experts=int(raw.get("experts") or 0),
                   global_batch=_whole(raw, "global_batch", "--global-batch"), tp_across_nodes=query.tp_across_nodes)
-    from traceforge.errors import SpecError
-
     try:
         memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
     except SpecError as exc:
@@ -134,8 +139,6 @@ _AXIS_RULES = {
 
 def _why_none_considered(query: Query, model: Model) -> str:
     """Which given value left no layout to consider: a fixed axis, or the global batch."""
-    from traceforge.planner.space import count
-
     fixed = dict(query.spec_flags)
     for name, rule in _AXIS_RULES.items():
         if fixed.get(name) is not None and count(model, {k: v for k, v in fixed.items() if k != name}, {}, 0):
@@ -150,12 +153,6 @@ def _why_none_considered(query: Query, model: Model) -> str:
 def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 20_000) -> str:
     """generate's most frequent refusal among the candidates (the first `budget` validations), with
     the layout of one it refused: what the user must change."""
-    import re
-    from collections import Counter
-
-    from traceforge.errors import SpecError
-    from traceforge.planner.space import walk
-
     builder = query.base().builder()
     rules: Counter[str] = Counter()
     example: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -193,17 +190,17 @@ def _counts(result: PlanResult) -> dict[str, Any]:
             "unreplayed": result.unreplayed, "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
 
 
-def _title(query: Query, gpus: int | None) -> str:
+def title(query: Query, gpus: int | None) -> str:
     """'plan: llama3-8b on 64 h100 GPUs' (without the count when a sweep varies it)."""
     name = query.preset or (query.config or {}).get("preset") or "demo"
     gpu = query.raw().get("gpu", "h100")
     return f"plan: {name} on {gpus:,} {gpu} GPUs" if gpus is not None else f"plan: {name} on {gpu} GPUs"
 
 
-def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: bool, write_top: int | None,
-                   out_dir: Path | None, force: bool, astra_sim: bool) -> None:
-    from traceforge.cli.plan import print_json, print_table
-
+def plan(query: Query, gpus: int, jobs: int, quiet: bool, write_top: int | None, out_dir: Path | None, force: bool,
+         astra_sim: bool) -> tuple[list[dict[str, Any]], dict[str, Any], list[str] | None]:
+    """Search and rank; with write_top, write the K best sets and the plan's files into out_dir.
+    (the ranked rows, the search's counts, the names written or None)."""
     result = run_search(query, gpus, jobs, quiet)
     ranked = rank_rows(query.rows(result), None if query.every else query.top)
     counts = _counts(result)
@@ -211,38 +208,12 @@ def plan_and_print(query: Query, gpus: int, jobs: int, quiet: bool, as_json: boo
     if write_top is not None:
         assert out_dir is not None
         written = _write(query, gpus, ranked, write_top, out_dir, force, astra_sim, jobs, counts)
-    if as_json:
-        print_json(json_document(gpus, counts, ranked))
-        if counts["unreplayed"]:  # the document's keys are fixed: say it on stderr, as the table says it
-            from traceforge.cli import err
-
-            err.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still "
-                      "rank: the candidates may not be the exact top K; --budget 0 replays until they are",
-                      markup=False, soft_wrap=True)
-    else:
-        print_table(_title(query, gpus), ranked, counts)
-    if written and not (as_json and quiet):  # the table's own line; with --json a note on stderr
-        from traceforge.cli import err, out
-
-        assert write_top is not None
-        sets = min(write_top, len(ranked))  # write_top puts the sets first, then the files
-        fewer = f", all {sets} that fit," if sets < write_top else ""
-        (err if as_json else out).print(f"wrote {out_dir}: {sets} trace set(s){fewer} each with its spec.json"
-                                        f"{' and ASTRA-sim bundle' if astra_sim else ''}; {', '.join(written[sets:])}",
-                                        markup=False, soft_wrap=True)
+    return ranked, counts, written
 
 
 def _write(query: Query, gpus: int, ranked: list[dict[str, Any]], k: int, out_dir: Path, force: bool,
            astra_sim: bool, jobs: int, counts: dict[str, Any]) -> list[str]:
     """The K best sets, plan.csv, plan.json and the plot, all-or-nothing; the names written."""
-    import json
-
-    from traceforge.cluster import Cluster
-    from traceforge.emit.writer import write_trace_set
-    from traceforge.output import atomic_output_dir
-    from traceforge.planner.write import is_plan_output, write_top
-    from traceforge.spec import Spec
-
     cluster = Cluster.from_options(**query.machine)
     builder = query.base().builder()
 
@@ -251,28 +222,24 @@ def _write(query: Query, gpus: int, ranked: list[dict[str, Any]], k: int, out_di
             for name, text in extra.items():
                 (directory / name).write_text(text)
             if astra_sim:
-                from traceforge.emit.astra import AstraOptions, write_astra_bundle
-
                 write_astra_bundle(directory, header, cluster, AstraOptions())
 
         write_trace_set(spec, path, jobs=jobs, finish=finish)
 
     inputs = [Path(query.config_path)] if query.config_path else []
     with atomic_output_dir(out_dir, force, inputs, replaces=is_plan_output) as tmp:
-        names = write_top(tmp, ranked, k, builder, write_set, _title(query, gpus))
+        names = write_top(tmp, ranked, k, builder, write_set, title(query, gpus))
         (tmp / "plan.json").write_text(json.dumps(json_document(gpus, counts, ranked), indent=2) + "\n")
     return [*names, "plan.json"]
 
 
 # -- sweep ----------------------------------------------------------------------------------
 
-def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quiet: bool, as_json: bool,
-          out_dir: Path | None, force: bool) -> None:
-    """Plan once per value of one machine flag (or --gpus); one table (or JSON) and, with -o DIR,
-    sweep.csv and one plot of the best layout per value. The values were checked before (cli)."""
-    from traceforge.cli.plan import print_json, print_sweep_table
-    from traceforge.cluster import FIELD
-
+def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quiet: bool,
+          out_dir: Path | None, force: bool) -> tuple[str, str, str, list[tuple[Any, int, dict[str, Any], dict[str, Any]]]]:
+    """Plan once per value of one machine flag (or --gpus); with -o DIR, sweep.csv and one plot of
+    the best layout per value. The values were checked before (cli). (title, flag, unit, and per
+    value: the value, the GPUs, the best row and the search's counts)."""
     flag = "--gpus" if name == "gpus" else FIELD[name].flag
     best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]] = []
     for value in values:
@@ -285,30 +252,19 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
             raise UserError(f"{flag} {value}: {exc}") from None
         top = rank_rows(q.rows(result), 1)[0]
         best.append((value, world, top, _counts(result)))
-    title = f"{_title(query, None if name == 'gpus' else gpus)}: best layout per {flag}"
+    heading = f"{title(query, None if name == 'gpus' else gpus)}: best layout per {flag}"
     unit = "" if name == "gpus" else FIELD[name].unit
     if out_dir is not None:
-        from traceforge.output import atomic_output_dir
-        from traceforge.planner.write import is_plan_output, sweep_csv, write_sweep_plot
-
         with atomic_output_dir(out_dir, force, replaces=is_plan_output) as tmp:
             (tmp / "sweep.csv").write_text(sweep_csv(flag, [(v, w, r) for v, w, r, _ in best]))
-            write_sweep_plot(tmp, f"{flag} {unit}".strip(), [(v, r) for v, _, r, _ in best], title)
-    if as_json:
-        print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
-    else:
-        print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
-                          {v: c for v, _, _, c in best if c.get("unreplayed")})
+            write_sweep_plot(tmp, f"{flag} {unit}".strip(), [(v, r) for v, _, r, _ in best], heading)
+    return heading, flag, unit, best
 
 
 # -- shard and merge ------------------------------------------------------------------------
 
-def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, quiet: bool) -> None:
-    from traceforge.cli import out
-    from traceforge.emit.shard import parse_shard
-    from traceforge.output import write_output_file
-    from traceforge.planner.shard import SHARD_FILE, shard_document, shard_file_name
-
+def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, quiet: bool) -> tuple[Path, int]:
+    """Search shard K/N of the layouts into its file in out_dir: (the file, the layouts considered)."""
     if out_dir is None:
         raise UserError("--shard K/N needs -o DIR: the folder every shard writes its file into")
     k, n = parse_shard(text)
@@ -318,15 +274,11 @@ def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, q
     counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big", "unreplayed", "floor_ms")}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
     target = write_output_file(out_dir / shard_file_name(k, n), text_doc, is_ours=lambda p: bool(SHARD_FILE.match(p.name)))
-    if not quiet:
-        out.print(f"wrote {target}: {result.considered:,} layouts considered; run 'traceforge plan --merge {out_dir}' "
-                  "once every shard is done", markup=False)
+    return target, result.considered
 
 
-def print_merged(directory: Path, as_json: bool) -> None:
-    from traceforge.cli.plan import print_json, print_table
-    from traceforge.planner.shard import merge_shards
-
+def merged(directory: Path) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
+    """The plan the shard files in a folder make together: (title, GPUs, counts, ranked rows)."""
     query, counts, all_rows = merge_shards(directory)
     keep = None if query.get("every") else int(query.get("top", 10))
     ranked = rank_rows(all_rows, keep)
@@ -334,10 +286,7 @@ def print_merged(directory: Path, as_json: bool) -> None:
     if not ranked:
         raise UserError(f"the shards in {directory} found no feasible layout ({counts['legal']:,} legal of "
                         f"{counts['considered']:,}): see 'traceforge plan' without --shard for the reason")
-    if as_json:
-        print_json(json_document(gpus, counts, ranked))
-    else:
-        config = query.get("config")
-        config = config if isinstance(config, dict) else {}
-        name = query.get("preset") or config.get("preset") or "demo"  # as the shards' own title
-        print_table(f"plan: {name} on {gpus:,} GPUs (merged shards)", ranked, counts)
+    config = query.get("config")
+    config = config if isinstance(config, dict) else {}
+    name = query.get("preset") or config.get("preset") or "demo"  # as the shards' own title
+    return f"plan: {name} on {gpus:,} GPUs (merged shards)", gpus, counts, ranked

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+from traceforge.output import is_traceforge_output
 from traceforge.planner.rows import family
 from traceforge.spec import Spec
 
@@ -27,8 +28,6 @@ SWEEP_COLUMNS = ("GPUs", "step_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "pe
 
 def is_plan_output(directory: Path) -> bool:
     """What --force may replace: a plan's --write-top or --sweep DIR, or any other output of ours."""
-    from traceforge.output import is_traceforge_output
-
     names = {p.name for p in directory.iterdir()}
     plot = bool(names & {"plan.png", "plan.svg", "sweep.png", "sweep.svg"})
     return plot and ({"plan.csv", "plan.json"} <= names or "sweep.csv" in names) or is_traceforge_output(directory)

@@ -6,6 +6,7 @@ file can be broken becomes a TraceReadError naming the file and byte offset.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from traceforge.errors import TraceReadError
 from traceforge.files import MAX_JSON_FILE_BYTES, Fields, read_json
 from traceforge.read.frame import frames, read_file
 from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
-from traceforge.spec import MAX_WORLD_SIZE
+from traceforge.spec import MAX_WORLD_SIZE, Spec
 
 
 @dataclass
@@ -146,10 +147,6 @@ _KIND_WORDS: dict[type | tuple[type, ...], str] = {int: "a whole number", str: "
 
 def _spec_kinds() -> dict[str, type | tuple[type, ...]]:
     """The JSON type of every plain spec field, from the Spec dataclass's annotations."""
-    import dataclasses
-
-    from traceforge.spec import Spec
-
     return {f.name: _SPEC_KINDS[str(f.type)] for f in dataclasses.fields(Spec) if str(f.type) in _SPEC_KINDS}
 
 

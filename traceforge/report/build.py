@@ -18,7 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from traceforge.emit.combine import job_of_rank
 from traceforge.errors import UserError
+from traceforge.layout import Layout
+from traceforge.memory.manifest import manifest_memory, manifest_spec
 from traceforge.output import atomic_output_dir
 from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.report.experts import ExpertGroup, expert_groups
@@ -32,18 +35,23 @@ from traceforge.report.matrix import (
     write_links_csv,
     write_matrix_csv,
 )
+from traceforge.report.render import render_report
+from traceforge.report.replay import replay
 from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
 from traceforge.report.timeline import (
     CLASSES,
     StepEstimate,
     chrome_trace,
+    memory_track,
     step_estimate,
     timeline_ranks,
     write_chrome_trace,
 )
-from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, MODES, LinkModel, ReplayResult, ReplayTooBig, replay
+from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, MODES, LinkModel, ReplayResult, ReplayTooBig
 from traceforge.report.traceset import TraceSet, load_trace_set
 from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
+from traceforge.simulate.result import trace_set_identity
+from traceforge.simulate.view import simulated_chrome_trace, simulated_view
 
 # The node matrix goes into report.json up to this many nodes (always into its CSV).
 JSON_NODE_MATRIX_LIMIT = 256
@@ -85,8 +93,6 @@ class Report:
     def job_traffic(self) -> list[dict]:
         """A combined set (traceforge combine): each job's wire bytes per step, by dimension and
         split into scale-up and scale-out. Empty for a single job."""
-        from traceforge.emit.combine import job_of_rank
-
         manifest = self.traces.manifest
         owner = job_of_rank(manifest)
         if not owner or manifest is None:
@@ -151,10 +157,6 @@ class Report:
     def _memory_track(self):
         """The timeline's memory counter per rank class, for sets whose manifest holds the spec
         (ours); None otherwise."""
-        from traceforge.layout import Layout
-        from traceforge.memory.manifest import manifest_spec
-        from traceforge.report.timeline import memory_track
-
         if self.replay is None or self.memory is None:
             return None
         spec = manifest_spec(self.traces.manifest)
@@ -202,9 +204,6 @@ class Report:
 
     def attach_simulation(self, sim) -> None:
         """Show a simulation of this set beside the estimate; refuse one of another set."""
-        from traceforge.simulate.result import trace_set_identity
-        from traceforge.simulate.view import simulated_view
-
         if not sim.trace_set:  # read from a bare log: tie it to this set, after checking the ranks
             sim.trace_set = trace_set_identity(self.traces.directory, self.world)
             beyond = [r for r in sim.ranks if r >= self.world]
@@ -229,8 +228,6 @@ class Report:
 
     # -- output --------------------------------------------------------------------------
     def render(self, console) -> None:
-        from traceforge.report.render import render_report
-
         render_report(self, console)
 
     def write(self, out_dir: Path, force: bool = False, inputs: Iterable[Path] = ()) -> list[str]:
@@ -263,8 +260,6 @@ class Report:
             write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
             self.write_timeline(tmp / "timeline.json")
             if self.simulation is not None:
-                from traceforge.simulate.view import simulated_chrome_trace
-
                 shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
                     else list(range(min(self.world, 32)))
                 sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, shown)
@@ -347,7 +342,6 @@ def build_report(
     seconds["traffic"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
                     notes=list(ts.notes), seconds=seconds)
-    from traceforge.memory.manifest import manifest_memory
 
     report.memory, why_not = manifest_memory(ts.manifest)
     if why_not:

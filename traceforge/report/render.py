@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from traceforge.report.traffic import DimTraffic
+from traceforge.simulate.view import _span
 
 TEST_ROWS_SHOWN = 16
 NODE_MATRIX_SHOWN = 8
@@ -176,8 +177,6 @@ def simulation_lines(report) -> list[str]:
 
 
 def _span_text(ranks: list[int]) -> str:
-    from traceforge.simulate.view import _span
-
     return _span(ranks)
 def job_table(report) -> Table | None:
     """A combined set: each job's wire bytes per step (all its ranks), by dimension."""

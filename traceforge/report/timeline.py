@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TextIO, cast
 
+from traceforge.memory.timeline import counter_events, memory_counter
 from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
 from traceforge.report.scan import COLL, COMP, RECV, SEND
 from traceforge.report.timing_replay import ReplayResult
@@ -216,8 +217,6 @@ def _class_events(result: ReplayResult, c: int) -> Iterator[dict]:
 def memory_track(result: ReplayResult, spec, stage_of_rank: Callable[[int], int]) -> Callable[[int], list[dict]]:
     """Class c's memory counter events (traceforge.memory.timeline), pid left open; none when
     its program does not match the spec's schedule."""
-    from traceforge.memory.timeline import counter_events, memory_counter
-
     def events(c: int) -> list[dict]:
         program = result.programs[c]
         steps = program.steps.tolist()
