@@ -61,7 +61,7 @@ PROPS = {
     "moe.yaml": "preset: demo\nexperts: 4\ntop_k: 2\nep: 2\norder: megatron\nsequence_parallel: true\n",
 }
 # Programs the docs show that traceforge does not ship; they are not run.
-EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical"}
+EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "lint-imports", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical"}
 PYTHON_EXTERNAL_MODULES = {"pytest", "grpc_tools.protoc", "venv"}
 # Commands that need what traceforge does not ship (a simulator binary; PyTorch and a GPU):
 # parsed, never run.
