@@ -6,7 +6,7 @@
 
 The set: gpt (demo widths) with 24 layers, tp 8, pp 4, 4,096 GPUs (dp 128), 16 micro-batches:
 ~1,050 nodes per rank (the planner decides; the table prints the real count), ~4.3 M nodes. Each check runs in a fresh child process, so its
-peak RSS is its own: the largest of the main process and its worker processes. The issue's
+peak RSS is its own: the largest of the main process and its worker processes. The
 target is under a minute on 2 cores, memory bounded by a few ranks' decoded nodes plus compact
 per-rank arrays over communication nodes and per-group sequences.
 """

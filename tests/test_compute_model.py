@@ -143,7 +143,7 @@ def test_gqa_projection_and_pv_use_every_query_head():
     assert cost.proj.flops == 2 * T * q * h // t  # the output projection maps all heads' values back
     assert cost.core.flops == 2 * T * s * (q + q) // t // 2  # QK^T and PV per query head, causal half
     attention = cost.qkv.flops + cost.core.flops + cost.proj.flops
-    assert attention / 1e9 == pytest.approx(831.1, abs=0.1)  # the issue's ~831 GFLOP (477 before)
+    assert attention / 1e9 == pytest.approx(831.1, abs=0.1)  # ~831 GFLOP (477 when attention was sized by the KV heads)
 
 
 def test_mla_value_product_and_projection_use_v_head_dim_times_heads():

@@ -1,5 +1,5 @@
 """Every command the docs show still runs as shown, every flag they name exists, every module
-path they name is there (issue 22, item 4: docs that cannot drift).
+path they name is there: docs that cannot drift.
 
 What counts as an example: the command lines of ```sh blocks and the `$ ` lines of ```console
 blocks in README.md, CONTRIBUTING.md, benchmarks/README.md and docs/*.md; `&&` splits a line
@@ -463,8 +463,32 @@ def test_module_paths_the_docs_name_exist(doc):
     assert not problems, "\n".join(problems)
 
 
+# A tracker reference, in any case: the word issue (or issues) followed by a number, with or without
+# a "#"; a bare "#" and a number; or a ticket named without its number (its possessive, or "as
+# the issue" asks, fixes, says or wants). Words like "issue order" are not references; a pull
+# request of another project cited as a source (Megatron-LM's PR and its number) is not ours.
+TRACKER_REFERENCE = re.compile(r"\bissues?\s*#?\s*\d+|(?<![&\w/])(?<!PR )#\d+\b"
+                               r"|\bthe issue(?:'s|\s+(?:asks|fixes|says|wants))\b", re.IGNORECASE)
+
+
+def tracker_references(text: str) -> list[str]:
+    return [m.group(0) for m in TRACKER_REFERENCE.finditer(text)]
+
+
+def test_the_tracker_guard_catches_every_spelling():
+    word, n = "issue", 22  # built here, so that this file holds no reference itself
+    for text in (f"see {word} {n}", f"({word.title()} {n}, item 4)", f"{word.upper()} {n}", f"{word}s 19 and 20",
+                 f"{word} #{n}", f"fixes #{n}", f"the {word}'s target", f"as the {word} fixes them"):
+        assert tracker_references(text), text
+    for text in (f"in {word} order", f"rep.{word}[c][1]", f"Megatron-LM PR #{n}", f"&#{n}79;", "docs/design.md#architecture"):
+        assert not tracker_references(text), text
+
+
 def test_no_reference_to_issues_outside_the_repo():
-    """Code and tests point at docs in this repository, never at issue numbers (CONTRIBUTING)."""
-    offenders = [str(p.relative_to(ROOT)) for p in [*(ROOT / "tests").glob("*.py"), *PACKAGE.rglob("*.py")]
-                 if p.name != Path(__file__).name and re.search(r"\bIssue \d+\b", p.read_text(encoding="utf-8"))]
+    """Code, tests, docs, scripts and benchmarks say what they mean and point at docs in this
+    repository, never at tracker numbers (CONTRIBUTING)."""
+    files = [*(ROOT / "tests").glob("*.py"), *PACKAGE.rglob("*.py"), *DOCS, *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), ROOT / "pyproject.toml"]
+    offenders = sorted({f"{p.relative_to(ROOT)}: {ref!r}" for p in files if "_proto" not in p.parts
+                        for ref in tracker_references(p.read_text(encoding="utf-8"))})
     assert not offenders, offenders

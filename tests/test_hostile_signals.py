@@ -1,6 +1,6 @@
 """Signals and dying workers: SIGHUP is handled like SIGTERM, a signal to the whole process group
 never hangs (workers share no lock with each other or the parent), a worker killed half-way is
-one line, and no worker outlives the run (issue 22; docs/output-contract.md, Signals)."""
+one line, and no worker outlives the run (docs/output-contract.md, Signals)."""
 
 from __future__ import annotations
 

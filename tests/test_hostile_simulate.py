@@ -1,6 +1,6 @@
 """`simulate` and `report --simulation` against hostile targets, simulators and files: the outputs
 obey the output contract, a simulator is bounded and killed with its whole process group, a
-simulator that lies is named, and every forged simulation.json is one line (issue 22)."""
+simulator that lies is named, and every forged simulation.json is one line."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every command that writes obeys one output rule (docs/output-contract.md): shards never
 replace another tool's files, never land in cwd or home, never mix two specs; combine writes
 only inside OUT and refuses sets it cannot renumber; export --force replaces its own export;
-a run refused early still cleans what a killed run left (issue 22)."""
+a run refused early still cleans what a killed run left."""
 
 from __future__ import annotations
 

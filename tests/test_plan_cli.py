@@ -379,7 +379,7 @@ def test_sweep_says_which_values_the_budget_cut_short():
 
 
 def test_json_says_on_stderr_when_the_budget_ran_out():
-    """--json's keys are the issue's: a spent --budget is a note on stderr, stdout stays the document."""
+    """--json's keys are fixed (docs/plan.md): a spent --budget is a note on stderr, stdout stays the document."""
     cut = invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", "1e-9")
     assert cut.exit_code == 0 and json.loads(cut.stdout)["candidates"]
     assert "--budget ran out" in cut.stderr

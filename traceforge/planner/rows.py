@@ -10,7 +10,7 @@ from typing import Any
 from traceforge.planner.search import Base, PlanResult, Ranked, sort_key
 from traceforge.spec import FIELD_BY_NAME
 
-# The --json candidate keys, exactly as the issue fixes them.
+# The --json candidate keys: fixed, for the scripts that read them (docs/plan.md lists them).
 JSON_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute",
              "dp_mode", "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "allocated_bytes", "reserved_bytes", "verdict",
              "flags")
