@@ -11,6 +11,7 @@ from rich.text import Text
 
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
+from traceforge.parallel import resolve_jobs
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -33,7 +34,6 @@ def diff(
     counts, per-dimension traffic, and the first differing node of each rank, both versions shown.
     """
     from traceforge.browse.diff import byte_differences, diff_sets, open_set
-    from traceforge.parallel import resolve_jobs
 
     if limit < 1:
         raise UserError(f"--limit must be at least 1, got {limit}")

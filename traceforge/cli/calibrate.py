@@ -14,6 +14,9 @@ from traceforge.cli.generate import spec_parameters
 from traceforge.errors import UserError
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.measure import Timer
+from traceforge.kernels.table import format_csv, format_json
+from traceforge.kernels.times import load_kernel_times
+from traceforge.output import check_output_file, write_output_file
 from traceforge.spec import Spec, build_spec, load_config_file
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
@@ -23,8 +26,6 @@ MAX_REPEAT = 10_000
 
 def _is_table(path: Path) -> bool:
     """A file calibrate wrote before (it may be replaced): a kernel-time table we can read."""
-    from traceforge.kernels.times import load_kernel_times
-
     try:
         return load_kernel_times.__wrapped__(str(path)).source == "table"
     except UserError:
@@ -33,8 +34,8 @@ def _is_table(path: Path) -> bool:
 
 def calibrate(**kwargs: Any) -> None:
     """Time the GEMM, attention and element-wise kernels a spec runs on this GPU with PyTorch; write the table --kernel-times reads."""
+    # Looked up when the command runs (start-up time; and tests swap torch_timer for a fake GPU).
     from traceforge.kernels.measure import needed_kernels, torch_timer
-    from traceforge.output import check_output_file
 
     preset, config, path = kwargs.pop("preset"), kwargs.pop("config"), kwargs.pop("out")
     warmup, repeat, quiet = kwargs.pop("warmup"), kwargs.pop("repeat"), kwargs.pop("quiet")
@@ -52,8 +53,6 @@ def calibrate(**kwargs: Any) -> None:
 def write_table(path: Path, spec: Spec, keys: list[KernelKey], timer: Timer, device: str, quiet: bool = False) -> None:
     """Measure ``keys`` with ``timer`` and write the table (the half tests drive with any timer)."""
     from traceforge.kernels.measure import measure
-    from traceforge.kernels.table import format_csv, format_json
-    from traceforge.output import write_output_file
 
     times, left = measure(keys, timer)
     if path.suffix.lower() == ".csv":

@@ -181,7 +181,6 @@ def plan(**kwargs: Any) -> None:
     if opts["astra_sim"] and opts["write_top"] is None:
         raise UserError("--astra-sim writes a bundle beside each set --write-top writes: add --write-top K -o DIR")
     if opts["astra_sim"] and not swept:  # the bundle's network, refused now rather than after the search
-
         network_dimensions(lists["gpus"][0], Cluster.from_options(**base_cluster))
     if opts["out_dir"] is not None and not (swept or opts["write_top"] is not None or opts["shard"] is not None):
         raise UserError("-o DIR is where --write-top, --sweep or --shard write: add one of them, or drop -o "

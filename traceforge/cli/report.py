@@ -16,6 +16,7 @@ from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
 from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
+from traceforge.output import check_output_dir
 from traceforge.parallel import resolve_jobs
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
@@ -113,8 +114,6 @@ def report(
     cluster = Cluster.from_options(**machine)  # checks every value (bounded: no estimate is Infinity)
     given = cluster.explicit(**machine)
     if out_dir is not None:  # refuse a bad --out before the (long) read
-        from traceforge.output import check_output_dir
-
         check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
     def build(path: Path):

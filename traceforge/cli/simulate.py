@@ -9,6 +9,7 @@ import typer
 
 from traceforge.cli import app, err, out, user_errors
 from traceforge.errors import UserError
+from traceforge.output import check_output_dir, check_output_file, is_simulator_log
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -42,7 +43,6 @@ def simulate(
     stalled, 2 unusable input, 3 the simulator failed or timed out."""
     from traceforge.check.replay import ASTRA
     from traceforge.check.run import check_trace_set
-    from traceforge.output import check_output_dir, check_output_file, is_simulator_log
     from traceforge.read.reader import find_rank_files, manifest_world_size
     from traceforge.simulate.result import SIMULATION_FILE, Simulation, is_simulation_file, trace_set_identity
     from traceforge.simulate.run import SimulatorError, find_binary, printable, run_astra
