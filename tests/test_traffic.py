@@ -809,6 +809,39 @@ def megatron_buckets(params: list[tuple[int, bool]], bucket: int | None, dist_op
     return sizes
 
 
+def deepspeed_buckets(params: list[tuple[int, bool]], bucket: int, pad: int) -> list[int]:
+    """Bucket sizes (elements, padded) as DeepSpeed's stage 1/2 fills its reduce bucket
+    (runtime/zero/stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads): the bucket
+    is reduced before a parameter that would take it past `bucket` elements; a parameter larger
+    than a bucket goes alone."""
+    sizes, held = [], 0
+    for n, _ in params:
+        if held and held + n > bucket:
+            sizes.append(ceil_to(held, pad))
+            held = 0
+        held += n
+    return sizes + ([ceil_to(held, pad)] if held else [])
+
+
+def test_zero2_buckets_are_deepspeeds_and_memory_holds_the_largest():
+    """zero2 is DeepSpeed's stage 2: reduce buckets of 5e8 elements on every stage, closed before
+    they would overflow, reduce-scattered every micro-batch; the memory model holds the largest
+    of those same buckets (one rule for time and memory). GPT-3 175B at t8: a layer is
+    12 * 12288**2 / 8 = 226.5 M parameters per rank, so a bucket holds two layers (453 M), not
+    the 40-48 M of Megatron's overlapped buckets."""
+    from traceforge.memory.states import stage_states
+    from traceforge.plan.program import stage_program
+
+    spec = build_spec("gpt3-175b", overrides=dict(dp_mode="zero2", num_microbatches=None, global_batch=24))
+    mm = M.of(spec.to_dict())
+    for stage in (0, 5, 15):
+        expected = deepspeed_buckets(mm.backward_params(stage), 500_000_000, mm.d)
+        assert all(n <= ceil_to(500_000_000, mm.d) for n in expected) and len(expected) > 1
+        dp = [op for op in _count(stage_program(spec, stage).ops, "dp") if "grad_bucket" in op.name]
+        assert [op.comm_size for op in dp] == [n * mm.g for n in expected] * mm.m, stage
+        assert stage_states(spec, stage).dp_buffers == max(expected) * mm.g, stage
+
+
 def test_gradient_buckets(make_set):
     """Buckets close at parameter boundaries, as Megatron's: each bucket of a 1 MiB setting
     ends with the parameter that reaches 2**18 fp32 elements."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traceforge.model import StageParams, stage_params
-from traceforge.plan.data import MEGATRON_BUCKET_ELEMS_PER_DP_RANK, MEGATRON_MIN_BUCKET_ELEMS
+from traceforge.plan.data import largest_bucket
 from traceforge.spec import Spec
 
 FP32 = 4
@@ -56,7 +56,7 @@ class StageStates:
     gradients: int
     optimizer: int
     # Held beside the states while the step runs: ZeRO-3's gathered units and the one unit's
-    # full gradient before its ReduceScatter; ZeRO-2's gradient bucket.
+    # full gradient before its ReduceScatter; ZeRO-2's largest gradient bucket.
     dp_buffers: int
 
 
@@ -64,13 +64,6 @@ def _units(params: StageParams) -> list[int]:
     """Parameters per ZeRO-3 unit (embedding, each layer, LM head) on one rank."""
     layers = [params.dense[layer] + params.expert[layer] for layer in params.layers]
     return [n for n in (params.embedding, *layers, params.head) if n]
-
-
-def bucket_elements(spec: Spec) -> int:
-    """Elements of one gradient bucket: --bucket-mb, else Megatron's max(4e7, 1e6 * d)."""
-    if spec.bucket_mb:
-        return max(1, int(spec.bucket_mb * 2**20) // spec.grad_bytes)
-    return max(MEGATRON_MIN_BUCKET_ELEMS, MEGATRON_BUCKET_ELEMS_PER_DP_RANK * spec.dp)
 
 
 def stage_states(spec: Spec, stage: int) -> StageStates:
@@ -86,8 +79,8 @@ def stage_states(spec: Spec, stage: int) -> StageStates:
     if mode in SHARDS_PARAMETERS:
         largest = max(_units(params), default=0)
         dp_buffers = GATHERED_UNITS * e * largest + g * largest
-    elif mode == "zero2":
-        dp_buffers = g * min(whole, bucket_elements(spec))
+    elif mode == "zero2":  # the traffic's own buckets (plan/data.py): the largest, whole, until reduced
+        dp_buffers = g * largest_bucket(spec, stage)
     else:
         dp_buffers = 0  # Megatron's grad buffer is the bucket memory; dist-opt gathers into the weights
     return StageStates(weights, gradients, optimizer, dp_buffers)

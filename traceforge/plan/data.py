@@ -5,15 +5,18 @@ Psi. Gradients are reduced over DP x CP (the "dp" group; with cp = 1 just the DP
 with expert parallelism the experts' gradients have their own buffer, reduced over the
 expert-DP group (dp*cp/ep ranks). Like Megatron, every model chunk has its own buffers: G is
 cut, in the order backward produces it (head, last layer ... first layer, embedding), into
-buckets of ``bucket_elements`` (the last one smaller; Megatron closes a bucket at the next
-parameter boundary, we cut exactly), each padded as ``bucket_padding`` says.
+buckets of ``bucket_elements`` at parameter boundaries (Megatron closes a bucket at the
+parameter that reaches the size, DeepSpeed before the one that would overflow it), each padded
+as ``bucket_padding`` says. ``bucket_elements`` is the one rule for what a bucket is: the memory
+model holds ZeRO-2's largest bucket (``largest_bucket``) from these same buffers.
 
 - ddp: AllReduce of each bucket (G*g in all).
 - zero1 / dist-opt (Megatron's distributed optimizer): ReduceScatter of each bucket (comm_size
   = the full bucket) at the end of the step, optimizer on the local shard, AllGather of the
   updated parameters (comm_size = the shard each rank contributes, G*e/d).
 - zero2: as zero1, but the gradients are reduce-scattered in every micro-batch's backward as
-  soon as a bucket is complete (DeepSpeed partitions gradients, so it reduces every micro-step).
+  soon as a bucket is complete (DeepSpeed partitions gradients, so it reduces every micro-step),
+  in DeepSpeed's buckets: reduce_bucket_size elements (5e8 by default), on every stage.
 - zero3 (FSDP FULL_SHARD): per unit (embedding, each layer, head) and micro-batch, AllGather
   of its parameters before forward and again before backward (the next unit's gather is
   prefetched while this one computes), ReduceScatter of its gradients after backward.
@@ -33,12 +36,14 @@ import math
 from dataclasses import dataclass
 
 from traceforge.errors import SpecError
-from traceforge.model import Chunk, Param, StageParams, chunk_param_list
+from traceforge.model import Chunk, Param, StageParams, chunk_param_list, model_chunks
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
 
 MEGATRON_MIN_BUCKET_ELEMS = 40_000_000
 MEGATRON_BUCKET_ELEMS_PER_DP_RANK = 1_000_000
+# DeepSpeed's ZeRO stage 1/2 reduce_bucket_size default, in elements (deepspeed/runtime/zero/config.py)
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
 SHARDED_PER_UNIT = ("zero3", "hsdp")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "dist-opt")
 MAX_BUCKETS = 4096  # per chunk and buffer; more is a typo in --bucket-mb, not a training setup
@@ -49,12 +54,17 @@ def pad_to(n: int, multiple: int) -> int:
 
 
 def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
-    """Elements per gradient bucket, None for one bucket. --bucket-mb applies everywhere (0 =
-    one bucket). Megatron's default buckets only when overlapping the reduction, and only the
-    first stage's first model chunk (elsewhere the reduction is off the critical path):
-    max(4e7, 1e6*d) elements."""
+    """Elements per gradient bucket, None for one bucket: what a bucket is, for the traffic and
+    the memory model alike. --bucket-mb applies everywhere (0 = one bucket). zero2 is
+    DeepSpeed's stage 2, which fills a reduce_bucket_size buffer (5e8 elements) on every stage,
+    overlapped or not (``reduce_independent_p_g_buckets_and_remove_grads`` in
+    runtime/zero/stage_1_and_2.py). Megatron's DDP and distributed optimizer bucket only when
+    overlapping the reduction, and only the first stage's first model chunk (elsewhere the
+    reduction is off the critical path): max(4e7, 1e6*d) elements."""
     if spec.bucket_mb is not None:
         return None if spec.bucket_mb == 0 else max(1, int(spec.bucket_mb * 2**20) // spec.grad_bytes)
+    if spec.dp_mode == "zero2":
+        return DEEPSPEED_REDUCE_BUCKET_ELEMS
     if spec.overlap_grad_reduce and stage == 0 and chunk == 0:
         return max(MEGATRON_MIN_BUCKET_ELEMS, MEGATRON_BUCKET_ELEMS_PER_DP_RANK * spec.dp)
     return None
@@ -83,7 +93,8 @@ class Buffer:
     registration), a bucket closed at the parameter whose end reaches ``size`` elements from
     the bucket's start, each bucket's end padded (bucket_padding); with the distributed
     optimizer each parameter starts on a 64-element boundary and a shared (tied) embedding
-    gets a bucket of its own."""
+    gets a bucket of its own. zero2 closes as DeepSpeed does: before the parameter that would
+    take the bucket past ``size`` (a parameter larger than a bucket is reduced alone)."""
 
     role: str  # "dp" or "edp"
     group_size: int
@@ -107,6 +118,7 @@ class Buffer:
             raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
                             f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
         dist_opt = spec.dp_mode == "dist-opt"
+        before = spec.dp_mode == "zero2"  # DeepSpeed: reduce the bucket before it would overflow
         multiple = bucket_padding(spec, group_size)
         order = list(counts)
         buf = cls(role, group_size, counts, [], [], [])
@@ -127,10 +139,12 @@ class Buffer:
                 start = pad_to(start, DIST_OPT_PARAM_ALIGN)
                 if param.shared_embedding and members:
                     start = bucket_start = close(start, last)
+            if before and size and members and start + param.elements - bucket_start > size:
+                start = bucket_start = close(start, last)
             end = start + param.elements
             members.add(unit)
             last = unit
-            if (size and end - bucket_start >= size) or (dist_opt and param.shared_embedding):
+            if (size and not before and end - bucket_start >= size) or (dist_opt and param.shared_embedding):
                 start = bucket_start = close(end, unit)
             else:
                 start = end
@@ -155,6 +169,12 @@ def chunk_buffers(spec: Spec, chunk: Chunk) -> list[Buffer]:
     if expert:
         buffers.append(Buffer.build(spec, "edp", dp // spec.ep, expert, size))
     return buffers
+
+
+def largest_bucket(spec: Spec, stage: int) -> int:
+    """Elements of the largest gradient bucket the stage reduces (padding included): what
+    ZeRO-2 holds whole beside its gradient shard until the bucket's ReduceScatter is done."""
+    return max(max(buf.padded) for chunk in model_chunks(spec, stage) for buf in chunk_buffers(spec, chunk))
 
 
 def shard_group(spec: Spec) -> tuple[str, int]:

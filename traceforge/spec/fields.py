@@ -100,7 +100,7 @@ FIELDS: tuple[Field, ...] = (
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
           ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
-    Field("bucket_mb", float, "Gradient bucket size in MiB (default: Megatron's max(4e7, 1e6*dp) elements; 0 = one bucket).",
+    Field("bucket_mb", float, "Gradient bucket size in MiB (default: zero2 DeepSpeed's 5e8 elements; other modes Megatron's, max(4e7, 1e6*dp) elements with --overlap-grad-reduce on the first stage's first chunk; 0 = one bucket).",
           minimum=0, maximum=1e9),
     Field("overlap_grad_reduce", bool, "Issue each gradient bucket as soon as the last micro-batch's backward has produced it.",
           bool_flags=("--overlap-grad-reduce", "--no-overlap-grad-reduce")),
