@@ -73,7 +73,7 @@ def tight_note(report: MemoryReport) -> str:
     return (f"memory is tight: stage {worst.stage} needs {(worst.peak - _reserve(worst)) / GB:,.1f} GB per GPU "
             f"without the allocator's reserve, {worst.peak / GB:,.1f} GB with it ({_reserve(worst) / GB:,.1f} GB, "
             f"an allowance, not a measurement), of the {report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB; "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps the reserve small (see 'traceforge memory')")
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces the reserve (see 'traceforge memory')")
 
 
 def check_fits(spec: Spec, report: MemoryReport, allow_oom: bool) -> None:
