@@ -9,6 +9,11 @@ import typer
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
+from traceforge.read import progress
+from traceforge.tables import Fit, print_fitted
+
+# Narrow windows: the message wraps; the node's id and name go before it does.
+CHECK_FIT = Fit(wrap={"message": 40, "name": 20, "kind": 16}, drop=("node", "name"))
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -25,6 +30,7 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
     max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
     jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress counter."),
     expand: str | None = typer.Option(
         None, "--expand", help="Check the set as 'export --format goal' writes it: every collective expanded "
                                "into point-to-point steps by this algorithm (ring, recursive-doubling or "
@@ -44,16 +50,17 @@ def check(
     if as_json:
         answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)
-    if expand is not None:
-        result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs, p2p)
-    else:
-        result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs,
-                                 p2p=p2p)
+    with progress.quiet(quiet):
+        if expand is not None:
+            result = _check_expanded(directory, prefix, comm_groups, expand, model, jobs, p2p)
+        else:
+            result = check_trace_set(directory, prefix=prefix, comm_groups=comm_groups, ranks=ranks, model=model, jobs=jobs,
+                                     p2p=p2p)
     if as_json:
         print(result.to_json())
     else:
         if result.findings:
-            out.print(result.table(max_rows=max_rows))
+            print_fitted(out, result.table(max_rows=max_rows), CHECK_FIT)
         for note in result.notes:
             out.print(f"note: {note}", markup=False, soft_wrap=True)
         out.print(result.summary(), markup=False)

@@ -31,6 +31,7 @@ from traceforge.presets import PRESETS
 from traceforge.spec import build_spec, load_config_file, preset_values, requested_order
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+from traceforge.tables import Fit, print_fitted
 
 # -- generate -------------------------------------------------------------------------------
 
@@ -118,13 +119,15 @@ def generate(**kwargs: Any) -> None:
         if cluster:
             write_astra_bundle(directory, header, cluster, astra)
         if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
+            progress.stop()  # the bar goes first: the summary must not start on its line
             _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields, memory)
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
             out.file.flush()
 
-    with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
+    progress = _progress(spec.world_size, quiet=run["quiet"])
+    with progress as on_chunk:
         write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
     if run["report"]:
         # Here, not at the top: importing report's module registers its command, and --help lists
@@ -139,10 +142,11 @@ def generate(**kwargs: Any) -> None:
             print_report(run["out_dir"])
     if run["check"]:
         from traceforge.check.run import check_trace_set
+        from traceforge.cli.check import CHECK_FIT
 
         result = check_trace_set(run["out_dir"], jobs=jobs)
         if result.findings:
-            out.print(result.table(max_rows=40))
+            print_fitted(out, result.table(max_rows=40), CHECK_FIT)
         out.print(result.summary(), markup=False)
         if result.exit_code:
             raise typer.Exit(result.exit_code)
@@ -183,10 +187,11 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.bar = Progress(TextColumn("writing ranks"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[mbps]:.0f} MB/s"), TimeElapsedColumn(), console=err, transient=True)
+                            TextColumn("{task.fields[mbps]:.0f} MB/s"), TimeElapsedColumn(), TextColumn("left"),
+                            TimeRemainingColumn(), console=err, transient=True)
         self.bar.start()
         self.task = self.bar.add_task("write", total=self.total, mbps=0.0)
         self.started, self.bytes = time.perf_counter(), 0
@@ -194,13 +199,19 @@ class _progress:
         def on_chunk(records) -> None:
             self.bytes += sum(r.bytes for r in records)
             rate = self.bytes / 1e6 / max(1e-9, time.perf_counter() - self.started)
-            self.bar.update(self.task, advance=len(records), mbps=rate)
+            if self.bar is not None:
+                self.bar.update(self.task, advance=len(records), mbps=rate)
 
         return on_chunk
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Take the bar off the screen (once; the summary is printed after it)."""
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
 
 
 def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
@@ -249,12 +260,17 @@ def merge(
 
 # -- presets --------------------------------------------------------------------------------
 
+# Narrow windows: the name, the model's size and the layout stay; the shapes the name implies go.
+PRESETS_FIT = Fit(short={"global batch": "batch", "heads/kv": "heads", "experts": "exp"},
+                  drop=("m", "vocab", "ffn", "global batch", "seq", "hidden", "heads/kv", "arch", "active", "layers"))
+
+
 @app.command("presets")
 @user_errors
 def presets() -> None:
     """List the built-in presets with their key numbers."""
     answer_to_stdout("the presets")
-    table = Table(title="traceforge presets")  # columns fold rather than truncate on narrow terminals
+    table = Table(title="traceforge presets")
     for col in ("preset", "arch", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp/cp/pp/dp/ep",
                 "experts", "GPUs", "global batch", "m"):
         table.add_column(col, justify="left" if col in ("preset", "arch") else "right", overflow="fold",
@@ -267,7 +283,7 @@ def presets() -> None:
             _experts(s), str(s.world_size),
             str(s.global_batch), str(s.num_microbatches),
         )
-    out.print(table)
+    print_fitted(out, table, PRESETS_FIT, "'traceforge presets | less -S'")
 
 
 def _experts(s: Any) -> str:

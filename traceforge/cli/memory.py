@@ -19,6 +19,7 @@ from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
 from traceforge.memory.gpus import overhead_bytes, reserve_fraction
 from traceforge.memory.report import DOES_NOT_FIT
 from traceforge.spec import build_spec, load_config_file
+from traceforge.tables import Fit, print_fitted
 
 GB = 1e9
 
@@ -60,7 +61,7 @@ def memory(**kwargs: Any) -> None:
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2) + "\n")
         return
-    out.print(memory_table(report, spec.preset))
+    print_fitted(out, memory_table(report, spec.preset), MEMORY_FIT)
     out.print(verdict_line(report), markup=False, soft_wrap=True)
 
 
@@ -73,6 +74,13 @@ def verdict_line(report: MemoryReport) -> str:
             f"({report.gpu_memory_bytes / 2**30:,.1f} GiB): {verdict}; allocated {worst.allocated / GB:,.1f} GB "
             f"(torch.cuda.max_memory_allocated), {floor / GB:,.1f} GB with the CUDA context and NCCL, "
             f"{worst.peak / GB:,.1f} GB with the allocator's reserve (GB = 10^9 bytes)")
+
+
+# Narrow windows: "peak when" wraps first, then the smallest parts go; stage, peak and fits stay.
+MEMORY_FIT = Fit(short={"weights": "weight", "gradients": "grads", "optimizer": "optim", "activations": "activ",
+                        "buffers": "buf", "overhead": "ovh", "allocated": "alloc"},
+                 wrap={"peak when": 24},
+                 drop=("buffers", "overhead", "allocated", "gradients", "optimizer", "weights", "activations", "peak when"))
 
 
 def memory_table(report: MemoryReport, name: str) -> Table:

@@ -28,6 +28,7 @@ from traceforge.parallel import resolve_jobs
 from traceforge.spec import MAX_WORLD_SIZE, load_config_file
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+from traceforge.tables import Fit, print_fitted
 
 # The axes plan varies (planner/space.py), and the ones it sets from them unless given.
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
@@ -260,11 +261,21 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
-def print_whole(table: Table) -> None:
-    """Print a table with every column whole. On a terminal rich fits it to the window; piped or
-    redirected there is no window, so the width is the table's own (rich would cut at 160)."""
+# Narrow windows: the layout (tp .. dp mode), the step, MFU and peak memory stay; the parts of the
+# step go first (its total stays), then throughput that MFU restates, the free memory, and at last
+# the layout values that are most often 1 (the "best:" line under the table has every flag).
+PLAN_FIT = Fit(short={"schedule": "sched", "recompute": "recomp", "dp mode": "mode", "tokens/s": "tok/s",
+                      "TFLOP/s": "TF/s", "compute ms": "comp ms", "free GB": "free", "peak GB": "peak"},
+               drop=("x-* ms", "idle ms", "compute ms", "TFLOP/s", "tokens/s", "free GB", "#mb", "recompute", "ep", "vp", "cp"))
+SWEEP_FIT = Fit(wrap={"best layout": 24}, drop=("TFLOP/s", "tokens/s", "peak GB"))
+
+
+def print_whole(table: Table, how: Fit = PLAN_FIT) -> None:
+    """Print a table with every column whole. On a terminal it is fitted to the window (columns
+    left out are named); piped or redirected there is no window, so the width is the table's own
+    (rich would cut at 160)."""
     if out.is_terminal:
-        out.print(table)
+        print_fitted(out, table, how)
         return
     from rich.measure import Measurement
 
@@ -384,7 +395,7 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
                   f"{r['schedule']} {r['recompute']} {mode}")
         table.add_row(_value(value), layout, _ms(r["step_ms"]), _si(r["tokens_per_s"]), f"{r['tflops_per_gpu']:.0f}",
                       f"{100 * r['mfu']:.1f}", f"{r['peak_bytes'] / 1e9:.1f}", f"{first['step_ms'] / r['step_ms']:.2f}x")
-    print_whole(table)
+    print_whole(table, SWEEP_FIT)
     out.print(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
               "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv",
               markup=False, soft_wrap=True)

@@ -18,6 +18,7 @@ from traceforge.cluster import FIELD, Cluster, describe
 from traceforge.errors import UserError
 from traceforge.output import check_output_dir
 from traceforge.parallel import resolve_jobs
+from traceforge.read import progress
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -94,6 +95,7 @@ def report(
     timeline: bool = typer.Option(True, "--timeline/--no-timeline", help="Replay the DAG for a step-time estimate and timeline.json."),
     track_ranks: str = typer.Option("classes", "--timeline-ranks", help=TRACKS_HELP),
     jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress counter and no hints on stderr (notes and errors stay)."),
     simulation: Path | None = typer.Option(None, "--simulation", help="A simulation.json of this set ('traceforge simulate'): shown next to the estimate."),
     astra_log: Path | None = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
     astra_model: bool | None = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
@@ -134,12 +136,13 @@ def report(
         from traceforge.simulate.result import Simulation
 
         sim = Simulation.from_log(read_astra_log(astra_log), {})
-    main = build(directory)
+    with progress.quiet(quiet):
+        main = build(directory)
+        other = build(compare) if compare is not None else None
     for note in notes:  # after the checks above, so a refusal stays one line
         err.print(f"note: {note}", markup=False, soft_wrap=True)
     if sim is not None:
         main.attach_simulation(sim)
-    other = build(compare) if compare is not None else None
     notes = main.write(out_dir, force=force, inputs=[compare] if compare else []) if out_dir is not None else []
     if as_json:
         doc = main.to_json() if other is None else {"a": main.to_json(), "b": other.to_json()}
@@ -151,7 +154,7 @@ def report(
         main.render(out)
     if out_dir is not None:
         err.print(f"wrote report artifacts to {out_dir}/", markup=False, soft_wrap=True)
-    elif not as_json:
+    elif not as_json and not quiet:
         err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR",
                   markup=False, soft_wrap=True)
     for note in notes:

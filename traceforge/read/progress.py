@@ -1,14 +1,30 @@
 """A one-line progress counter on stderr for long reads (only on a terminal, so logs, pipes and
-tests see nothing): `reading 12,345/131,072 ranks (9%), 42 s`."""
+tests see nothing): `reading 12,345/131,072 ranks (9%), 42 s, about 7 min left`."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 MIN_ITEMS = 512  # smaller reads finish before a counter is worth drawing
 EVERY_S = 1.0
+
+
+QUIET = False  # a command's --quiet: no counter in this process (set through `quiet`)
+
+
+@contextmanager
+def quiet(on: bool) -> Iterator[None]:
+    """Silence every counter while a command runs with --quiet."""
+    global QUIET
+    saved, QUIET = QUIET, on or QUIET
+    try:
+        yield
+    finally:
+        QUIET = saved
 
 
 class Progress:
@@ -19,7 +35,7 @@ class Progress:
             tty = self.stream is not None and self.stream.isatty()
         except (AttributeError, ValueError):  # closed or replaced stderr
             tty = False
-        self.enabled = tty and total >= MIN_ITEMS
+        self.enabled = tty and total >= MIN_ITEMS and not QUIET
         self.started = self.shown = time.monotonic()
         self.done = 0
 
@@ -30,10 +46,11 @@ class Progress:
             self._draw()
 
     def _draw(self, end: str = "") -> None:
+        # \x1b[K clears what a longer earlier line left (a terminal only: see __init__)
         elapsed = time.monotonic() - self.started
         share = self.done / self.total if self.total else 1.0
         try:
-            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}), {elapsed:.0f} s{end}")
+            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}), {elapsed:.0f} s{_eta(elapsed, share)}\x1b[K{end}")
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
@@ -42,3 +59,11 @@ class Progress:
         if self.enabled:
             self._draw("\n")
             self.enabled = False
+
+
+def _eta(elapsed: float, share: float) -> str:
+    """The time left at the rate so far (said once there is a rate to go by)."""
+    if not 0 < share < 1 or elapsed < EVERY_S:
+        return ""
+    left = elapsed * (1 - share) / share
+    return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from traceforge.report.traffic import DimTraffic
 from traceforge.simulate.view import _span
+from traceforge.tables import Fit, print_fitted
 
 TEST_ROWS_SHOWN = 16
 NODE_MATRIX_SHOWN = 8
@@ -212,21 +213,30 @@ def expert_table(report) -> Table | None:
     return t
 
 
+# Narrow windows: long headers shorten, text cells wrap, then the columns other figures restate go.
+DIMENSION_FIT = Fit(short={"groups (cross = span nodes)": "groups", "bytes/rank by type": "bytes/rank",
+                           "ops by size (all ranks)": "ops by size"},
+                    wrap={"groups (cross = span nodes)": 12, "bytes/rank by type": 16, "ops by size (all ranks)": 14},
+                    drop=("ops by size (all ranks)", "ops/rank", "wire/rank"))
+TEST_FIT = Fit(wrap={"first memberships": 20}, drop=("first memberships", "cross", "groups"))
+EXPERT_FIT = Fit(short={"imbalance (max/mean received)": "imbalance"}, drop=("x mean link",))
+
+
 def render_report(report, console) -> None:
     console.print(_header(report), markup=False)
-    console.print(dimension_table(report))
+    print_fitted(console, dimension_table(report), DIMENSION_FIT, "--out DIR")
     if any(d.inferred for d in report.dims):
         console.print("* inferred from group membership (no dim annotation): sizeN-strideS names the group shape", markup=False)
     nodes = node_table(report)
     if nodes is not None:
-        console.print(nodes)
-    console.print(test_table(report))
+        print_fitted(console, nodes, Fit(), "--out DIR")
+    print_fitted(console, test_table(report), TEST_FIT, "--out DIR")
     experts = expert_table(report)
     if experts is not None:
-        console.print(experts)
+        print_fitted(console, experts, EXPERT_FIT, "--json")
     jobs = job_table(report)
     if jobs is not None:
-        console.print(jobs)
+        print_fitted(console, jobs, Fit(wrap={"source": 20}), "--json")
     for line in estimate_lines(report):
         console.print(line, markup=False)
     for line in memory_lines(report):

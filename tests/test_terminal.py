@@ -1,0 +1,176 @@
+"""What a user sees in a terminal: the CLI run under a pseudo-terminal at 80, 100 and 120 columns,
+its output rendered by a terminal emulator (pyte), and the rendered screen read back.
+
+A table fits when every screen line of it is a whole line the program wrote (a line wider than
+the window would be cut by the terminal into a fragment and a continuation), no cell is cut
+("…"), and every column header is on the screen or named in the line that says which columns
+the width left out. The progress bar is gone before the summary starts, on its own line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pyte = pytest.importorskip("pyte")
+pty = pytest.importorskip("pty")
+
+WIDTHS = (80, 100, 120)
+ROWS = 400
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+RULE = re.compile(r"^\s*[─━┡╇┩]+[─━┡╇┩\s]*$")
+
+
+def run_in_terminal(args: list[str], columns: int, cwd: Path) -> tuple[list[str], list[str], int]:
+    """`traceforge ARGS` on a pseudo-terminal `columns` wide: (the rendered screen's lines, the
+    lines the program wrote, ANSI codes removed, exit code)."""
+    import fcntl
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal is its stdin, stdout and stderr
+        try:
+            os.chdir(cwd)
+            env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
+            env.update(COLUMNS=str(columns), LINES=str(ROWS), TERM="xterm-256color")
+            os.execve(sys.executable, [sys.executable, "-m", "traceforge", *args], env)
+        finally:
+            os._exit(127)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, columns, 0, 0))
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:  # the child exited and closed the terminal
+            break
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    screen = pyte.Screen(columns, ROWS)
+    pyte.ByteStream(screen).feed(data)
+    shown = [line.rstrip() for line in screen.display]
+    while shown and not shown[-1]:
+        shown.pop()
+    written = [ANSI.sub("", line).rstrip() for line in data.decode("utf-8", "replace").replace("\r\n", "\n").split("\n")]
+    return shown, written, os.waitstatus_to_exitcode(status)
+
+
+def table_at(shown: list[str], first_header: str) -> tuple[list[str], list[str]]:
+    """(the header cells, the row lines) of the table whose header line starts with first_header."""
+    head = next(i for i, line in enumerate(shown) if line.split() and line.split()[0] == first_header)
+    assert RULE.match(shown[head + 1]), shown[head:head + 2]
+    rows = []
+    for line in shown[head + 2:]:
+        if not line.startswith(" "):  # the table ends where prose (the note, the summary) starts
+            break
+        rows.append(line)
+    return re.split(r"\s{2,}", shown[head].strip()), rows
+
+
+def assert_fits(shown: list[str], written: list[str], headers: list[tuple[str, ...]], first: str, columns: int) -> list[str]:
+    """The table fits the window (see the module's docstring); return its row lines."""
+    cells, rows = table_at(shown, first)
+    left_out = next((line for line in shown if line.startswith(f"not shown at {columns} columns:")), "")
+    # the note may wrap at words: read it with its continuation
+    at = shown.index(left_out) if left_out else -1
+    note = " ".join(shown[at:at + 3]) if left_out else ""
+    for names in headers:  # a header, then its shorter forms
+        assert any(n in cells for n in names) or f" {names[0]}," in note or f" {names[0]} (" in note, (names, cells, note)
+    for line in rows:
+        assert "…" not in line, line
+        assert line in written, f"cut by the terminal at {columns} columns: {line!r}"
+    assert rows
+    return rows
+
+
+@pytest.fixture(scope="module")
+def demo_set(tmp_path_factory) -> Path:
+    from cli_runner import invoke
+
+    where = tmp_path_factory.mktemp("terminal")
+    done = invoke("generate", "-q", "-o", where / "demo")
+    assert done.exit_code == 0, done.stderr
+    return where / "demo"
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_generate_bar_leaves_before_the_summary(tmp_path, columns):
+    shown, written, code = run_in_terminal(["generate", "-o", "out"], columns, tmp_path)
+    assert code == 0, shown
+    assert any("writing ranks" in line for line in written), "the bar was drawn"
+    assert any(" left " in line for line in written if "writing ranks" in line), "it says the time left"
+    assert not any("writing ranks" in line or "━" in line for line in shown), shown
+    assert shown[0].startswith("wrote 8 ranks to out/"), shown  # on its own line, not after the bar
+
+
+MEMORY_HEADERS = [("stage",), ("weights", "weight"), ("gradients", "grads"), ("optimizer", "optim"),
+                  ("activations", "activ"), ("buffers", "buf"), ("allocated", "alloc"), ("overhead", "ovh"), ("peak",), ("fits",), ("peak when",)]
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_memory_table_fits(tmp_path, columns):
+    shown, written, code = run_in_terminal(["memory", "-p", "llama3-70b"], columns, tmp_path)
+    assert code == 0, shown
+    rows = assert_fits(shown, written, MEMORY_HEADERS, "stage", columns)
+    # llama3-70b's preset has pp 4: one row per stage, 0 to 3, each starting a line
+    assert [r.split()[0] for r in rows if r.split()[0].isdigit()] == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_presets_table_fits(tmp_path, columns):
+    from traceforge.presets import PRESETS
+
+    shown, written, code = run_in_terminal(["presets"], columns, tmp_path)
+    assert code == 0, shown
+    headers = [("preset",), ("arch",), ("params",), ("active",), ("layers",), ("hidden",), ("heads/kv", "heads"),
+               ("ffn",), ("vocab",), ("seq",), ("tp/cp/pp/dp/ep",), ("experts", "exp"), ("GPUs",),
+               ("global batch", "batch"), ("m",)]
+    rows = assert_fits(shown, written, headers, "preset", columns)
+    assert [r.split()[0] for r in rows] == list(PRESETS)
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_plan_table_fits(tmp_path, columns):
+    shown, written, code = run_in_terminal(["plan", "-p", "demo", "--gpus", "4", "--budget", "1", "--top", "3"],
+                                           columns, tmp_path)
+    assert code == 0, shown
+    headers = [("#",), ("tp",), ("cp",), ("pp",), ("dp",), ("ep",), ("vp",), ("mb",), ("#mb",), ("schedule", "sched"),
+               ("recompute", "recomp"), ("dp mode", "mode"), ("step ms",), ("tokens/s", "tok/s"), ("TFLOP/s", "TF/s"),
+               ("MFU %",), ("compute ms", "comp ms"), ("idle ms",), ("peak GB", "peak"), ("free GB", "free")]
+    rows = assert_fits(shown, written, headers, "#", columns)
+    cells, _ = table_at(shown, "#")
+    for row in rows:  # the layout columns are whole: tp x cp x pp x dp is the 4 GPUs asked for
+        values = dict(zip(cells, row.split(), strict=False))
+        assert int(values["tp"]) * int(values["cp"]) * int(values["pp"]) * int(values["dp"]) == 4, row
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_report_tables_fit(demo_set, columns):
+    shown, written, code = run_in_terminal(["report", str(demo_set), "--quiet"], columns, demo_set.parent)
+    assert code == 0, shown
+    dims = [("dim",), ("groups (cross = span nodes)", "groups"), ("ops/rank",), ("bytes/rank by type", "bytes/rank"),
+            ("wire/rank",), ("scale-up",), ("scale-out",), ("ops by size (all ranks)", "ops by size")]
+    rows = assert_fits(shown, written, dims, "dim", columns)
+    assert [r.split()[0] for r in rows if r[1] != " "] == ["tp", "pp", "dp", "emb", "mp", "world", "all"]
+    assert not any(line.startswith("write the CSV") for line in shown), "--quiet drops the hint"
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_check_table_fits(demo_set, tmp_path, columns):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_set, broken)
+    (broken / "workload.3.et").unlink()  # one finding per missing rank, and the collectives it leaves hanging
+    shown, written, code = run_in_terminal(["check", str(broken), "--quiet"], columns, tmp_path)
+    assert code == 2, shown
+    headers = [("severity",), ("kind",), ("rank",), ("node",), ("name",), ("message",)]
+    rows = assert_fits(shown, written, headers, "severity", columns)
+    assert any(r.split()[:3] == ["error", "missing-rank", "3"] for r in rows), rows

@@ -1,0 +1,99 @@
+"""Fit a rich table to the terminal: shorter headers, then wrapped text columns, then columns left
+out in a stated order, never a column squeezed to nothing.
+
+Rich, given a table wider than the window, shrinks every column until headers read "gradi/ents"
+and numbers "5,8…" (or nothing at all). What a reader wants is the columns that matter, whole.
+Each table states how it gives way (`Fit`); a lighter frame is the step before any column
+goes. The steps run until the table fits, and the columns
+left out are named under it, so nothing disappears silently. Off a terminal (a pipe, a file)
+there is no window: the table is printed whole, as wide as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a table gives way to a narrow window, each step tried only while it is too wide.
+
+    short: header -> a shorter header (all applied at once, first);
+    wrap: header -> the width a text column may wrap to (its cells then take several lines);
+    drop: headers (fnmatch patterns, e.g. "x-* ms") in the order they are left out.
+    Columns no step names are always shown."""
+
+    short: dict[str, str] = field(default_factory=dict)
+    wrap: dict[str, int] = field(default_factory=dict)
+    drop: tuple[str, ...] = ()
+
+
+def width_of(console: Console, table: Table) -> int:
+    """The table's natural width: every cell on one line (wrapped columns at their limit)."""
+    return Measurement.get(console, console.options.update(width=1_000_000), table).maximum
+
+
+def fit_table(console: Console, table: Table, how: Fit, width: int | None = None) -> list[str]:
+    """Make `table` fit `width` (default: the console's, on a terminal; off one, no limit) in
+    place; return the headers left out, in the order they went."""
+    if width is None:
+        if not console.is_terminal:
+            _one_line(table, how)
+            return []
+        width = console.width
+    _one_line(table, how)
+    if width_of(console, table) <= width:
+        return []
+    for column in table.columns:
+        column.header = how.short.get(str(column.header), column.header)
+    if width_of(console, table) <= width:
+        return []
+    for column in table.columns:
+        limit = how.wrap.get(str(column.header)) or how.wrap.get(_long_name(how, column.header))
+        if limit:
+            column.no_wrap, column.overflow, column.max_width = False, "fold", limit
+    # Then the frame: no outer edge, one space between columns (the header rule stays).
+    table.box, table.show_edge, table.collapse_padding = box.SIMPLE_HEAD, False, True
+    if width_of(console, table) <= width:
+        return []
+    dropped: list[str] = []
+    for pattern in how.drop:
+        for column in list(table.columns):
+            if width_of(console, table) <= width:
+                break
+            long = _long_name(how, column.header)
+            if fnmatchcase(long, pattern):
+                table.columns.remove(column)
+                dropped.append(long)
+    wrapped = [c for c in table.columns if c.max_width is not None]
+    if wrapped:  # what the window has left goes to the widest wrapped column (fewer lines per row)
+        widest = max(wrapped, key=lambda c: c.max_width or 0)
+        widest.max_width = max(1, (widest.max_width or 0) + width - width_of(console, table))
+    return dropped
+
+
+def print_fitted(console: Console, table: Table, how: Fit, what: str = "--json") -> None:
+    """Print the table fitted to the window, then one line naming the columns left out."""
+    dropped = fit_table(console, table, how)
+    console.print(table)
+    if dropped:
+        console.print(f"not shown at {console.width} columns: {', '.join(dropped)} (a wider terminal, or {what}, "
+                      "shows them)", markup=False)
+
+
+def _one_line(table: Table, how: Fit) -> None:
+    """Every column keeps its cells on one line (rich would otherwise fold a header letter by
+    letter); only the columns `how.wrap` names may wrap, and only once the table is too wide."""
+    for column in table.columns:
+        column.no_wrap = True
+
+
+def _long_name(how: Fit, header: object) -> str:
+    text = str(header)
+    return next((long for long, short in how.short.items() if short == text), text)
