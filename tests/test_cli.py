@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,38 @@ def test_config_file_may_name_a_preset(tmp_path, monkeypatch):
     spec = json.loads((tmp_path / "out" / "manifest.json").read_text())["spec"]
     assert spec["preset"] == "llama3-8b" and spec["arch"] == "llama" and spec["hidden"] == 4096
     assert (spec["layers"], spec["tp"], spec["pp"], spec["dp"], spec["num_microbatches"]) == (4, 2, 2, 1, 4)
+
+
+# -- one convention: -h everywhere, one metavar style, one name per idea, sorted whole command list ---
+
+def test_command_list_is_sorted_and_whole():
+    done = invoke("-h")
+    assert done.exit_code == 0, done.stderr
+    section = done.stdout.split("Commands:\n", 1)[1]
+    names = [line.split()[0] for line in section.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert len(names) >= 13 and names == sorted(names), names
+    assert not [line for line in section.splitlines() if line.endswith("...")]  # click cut each at ~45 characters
+
+
+def test_every_command_takes_h_and_names_values_one_way():
+    from traceforge.cli import app
+
+    for command in app.registered_commands:
+        done = invoke(command.name, "-h")
+        assert done.exit_code == 0, (command.name, done.stderr)
+        assert done.stdout.startswith("Usage: ") and f" {command.name} " in done.stdout.splitlines()[0], command.name
+        typer_style = re.findall(r"<[a-z][a-zA-Z\[\]]*>|\{[a-z_]+\}", done.stdout)  # <int>, <list[Path]>, {directory}
+        assert not [t for t in typer_style if t not in ("<prefix>", "<rank>")], (command.name, typer_style)
+
+
+@pytest.mark.parametrize("command", ["generate", "plan", "report", "check", "simulate"])
+def test_every_command_that_draws_progress_takes_quiet(command):
+    assert "-q, --quiet" in invoke(command, "-h").stdout
+
+
+def test_one_name_for_how_many_rows():
+    for command in ("plan", "check", "diff"):
+        assert "-n, --limit N" in invoke(command, "-h").stdout, command
+    old = invoke("plan", "-p", "demo", "--gpus", "2", "--budget", "1", "-q", "-k", "1", "--json")
+    assert old.exit_code == 0 and len(json.loads(old.stdout)["candidates"]) == 1
+    assert "--top/-k is deprecated: use --limit 1" in old.stderr

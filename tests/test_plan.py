@@ -175,9 +175,9 @@ SMALL = ("plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute",
 def test_shard_and_merge_equal_one_run(tmp_path):
     from cli_runner import invoke
 
-    one = json.loads(invoke(*SMALL, "--json", "-k", "4").stdout)
+    one = json.loads(invoke(*SMALL, "--json", "-n", "4").stdout)
     for k in range(3):
-        assert invoke(*SMALL, "-k", "4", "--shard", f"{k}/3", "-o", tmp_path).exit_code == 0
+        assert invoke(*SMALL, "-n", "4", "--shard", f"{k}/3", "-o", tmp_path).exit_code == 0
     merged = json.loads(invoke("plan", "--merge", tmp_path, "--json").stdout)
     for doc in (one, merged):
         doc.pop("seconds")

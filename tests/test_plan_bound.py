@@ -95,7 +95,7 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp",
-                           "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-k", "2"],
+                           "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-n", "2"],
                           capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert "--budget ran out with" in proc.stdout and "no layout is faster than" in proc.stdout

@@ -104,7 +104,7 @@ def test_plan_all_equals_brute_force_over_generate_memory_report(brute):
 def test_plan_top_k_is_the_brute_force_top_k(brute):
     """Without --all (branch and bound), the K best are the brute force's K best."""
     (common, memory), fits, _ = brute
-    result = invoke("plan", *common, "--gpus", GPUS, "--gpu-memory-gb", memory, "-k", 4, "--json", "-q", "-j", 1)
+    result = invoke("plan", *common, "--gpus", GPUS, "--gpu-memory-gb", memory, "-n", 4, "--json", "-q", "-j", 1)
     doc = json.loads(result.stdout)
     best = sorted(fits.values())[:4]
     assert [c["step_ms"] for c in doc["candidates"]] == pytest.approx([s / 1e3 for s, _ in best], abs=5e-4 + 1e-9)

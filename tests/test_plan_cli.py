@@ -32,8 +32,8 @@ def _close(cell: str, value: float, digits: int = 3) -> bool:
 def test_piped_table_shows_every_column_whole():
     """Without a terminal (a pipe, a file) no column is cut: the table is as wide as it needs,
     even past the 160 columns rich assumes, and each cell shows what --json says."""
-    table = invoke(*QUERY, "--gpus", 16, "-k", 5)
-    doc = json.loads(invoke(*QUERY, "--gpus", 16, "-k", 5, "--json").stdout)
+    table = invoke(*QUERY, "--gpus", 16, "-n", 5)
+    doc = json.loads(invoke(*QUERY, "--gpus", 16, "-n", 5, "--json").stdout)
     assert table.exit_code == 0, table.stderr
     assert "…" not in table.stdout
     lines = [line for line in table.stdout.splitlines() if line.lstrip().startswith(("┏", "┃", "│", "└"))]
@@ -62,7 +62,7 @@ def test_write_top_folder(tmp_path):
     from traceforge.spec import build_spec
 
     out = tmp_path / "top"
-    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 1, "--write-top", 2, "-o", out)
+    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 1, "--write-top", 2, "-o", out)
     assert result.exit_code == 0, result.stderr
     assert f"wrote {out}: 2 trace set(s)" in result.stdout
     doc = json.loads((out / "plan.json").read_text())
@@ -97,7 +97,7 @@ def test_plots_are_svg_without_matplotlib(tmp_path, monkeypatch):
     """Without the plot extra both plots are SVG: one bar per ranked candidate, one per swept value."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     top = tmp_path / "top"
-    assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 3, "--write-top", 1, "-o", top).exit_code == 0
+    assert invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 3, "--write-top", 1, "-o", top).exit_code == 0
     svg = "{http://www.w3.org/2000/svg}"
     bars = [r for r in ET.parse(top / "plan.svg").getroot().iter(f"{svg}rect") if r.find(f"{svg}title") is not None]
     assert len(bars) == 3 and not (top / "plan.png").exists()
@@ -174,7 +174,9 @@ def test_bad_sweep_one_line_nothing_written(tmp_path, args, words):
     (("--gpus", "0"), ("--gpus 0",)),
     (("--gpus", "x"), ("--gpus",)),
     (("--gpus", "8", "--dp", "2"), ("--dp is what plan decides",)),
-    (("--gpus", "8", "--top", "0"), ("--top",)),
+    (("--gpus", "8", "--limit", "0"), ("--limit",)),
+    (("--gpus", "8", "--top", "0"), ("--top",)),  # the deprecated spelling names itself
+    (("--gpus", "8", "-k", "2", "--limit", "3"), ("--top", "--limit")),
     (("--gpus", "8", "--write-top", "2"), ("needs -o DIR",)),
     (("--gpus", "8", "--write-top", "0", "-o", "x"), ("--write-top must be at least 1",)),
     (("--gpus", "8", "-o", "x"), ("-o DIR",)),
@@ -220,7 +222,7 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
     candidate's flags and the same machine flags."""
     machine = ("--scale-out-bw", "100", "--gpus-per-node", "4")
     out = tmp_path / "top"
-    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 1, "--write-top", 1, "--astra-sim", "-o", out,
+    result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 1, "--write-top", 1, "--astra-sim", "-o", out,
                     *machine, "--json")
     assert result.exit_code == 0, result.stderr
     flags = json.loads(result.stdout)["candidates"][0]["flags"].split()
@@ -235,7 +237,7 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
 
 
 def test_json_document_keys_exactly_the_issues():
-    doc = json.loads(invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-k", 2, "--json").stdout)
+    doc = json.loads(invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 2, "--json").stdout)
     assert list(doc) == ["gpus", "considered", "legal", "feasible", "seconds", "candidates"]
     assert [list(c) for c in doc["candidates"]] == [["tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                                                      "num_microbatches", "schedule", "recompute", "dp_mode",
@@ -282,13 +284,13 @@ def test_spec_file_may_not_set_what_plan_decides(tmp_path, key, value):
     spec.write_text(json.dumps({"preset": "demo", "dp": 2, key: value}))
     one_line_error(invoke(*QUERY, "-c", spec, "--gpus", 8), str(spec), key, "plan decides")
     spec.write_text(json.dumps({"preset": "demo", "dp": 2, "world_size": 4}))  # these a candidate overrides
-    assert invoke(*QUERY, "-c", spec, "--gpus", 8, "--schedule", "1f1b", "-k", 1).exit_code == 0
+    assert invoke(*QUERY, "-c", spec, "--gpus", 8, "--schedule", "1f1b", "-n", 1).exit_code == 0
 
 
 def test_default_gpu_memory_is_memorys():
     """Without --gpu-memory-gb plan sizes against the GPU's memory as `traceforge memory` does: each
     candidate fits there, with the same peak, and the table's headroom is memory's GPU less the peak."""
-    args = (*QUERY, "--gpus", 8, "--schedule", "1f1b", "--gpu", "a100", "-k", 3)
+    args = (*QUERY, "--gpus", 8, "--schedule", "1f1b", "--gpu", "a100", "-n", 3)
     doc = json.loads(invoke(*args, "--json").stdout)
     header, *rows = _table_rows(invoke(*args).stdout)
     for c, row in zip(doc["candidates"], rows, strict=True):
@@ -305,7 +307,7 @@ def test_flags_reproduce_from_a_spec_file_with_a_space(tmp_path):
     spec = tmp_path / "my specs" / "demo.yaml"
     spec.parent.mkdir()
     spec.write_text("preset: demo\nseq_len: 256\n")
-    doc = json.loads(invoke(*QUERY, "-c", spec, "--gpus", 4, "--schedule", "1f1b", "-k", 1, "--json").stdout)
+    doc = json.loads(invoke(*QUERY, "-c", spec, "--gpus", 4, "--schedule", "1f1b", "-n", 1, "--json").stdout)
     words = shlex.split(doc["candidates"][0]["flags"])
     assert words[words.index("-c") + 1] == str(spec)
     out = tmp_path / "set"
@@ -317,7 +319,7 @@ def test_table_shows_every_group_left_exposed(tmp_path):
     """hsdp's data parallelism runs on its shard and replica groups: the table shows them (x-dps,
     x-dpr), with plan.csv's figures, and every group any row leaves exposed has its column."""
     out = tmp_path / "top"
-    result = invoke(*QUERY[:3], "--recompute", "none", "--dp-mode", "hsdp", "-q", "-j", 1, "--gpus", 16, "-k", 3,
+    result = invoke(*QUERY[:3], "--recompute", "none", "--dp-mode", "hsdp", "-q", "-j", 1, "--gpus", 16, "-n", 3,
                     "--schedule", "1f1b", "--write-top", 1, "-o", out)
     assert result.exit_code == 0, result.stderr
     header, *rows = _table_rows(result.stdout)
@@ -334,7 +336,7 @@ def test_table_shows_every_group_left_exposed(tmp_path):
 def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
     """With --gpu-memory-gb above the GPU's, plan ranks candidates generate's memory gate would refuse
     on the GPU's own memory: the printed flags carry the memory, so generate writes them."""
-    big = ("--hidden", 4096, "--heads", 32, "--layers", 32, "--gpus", 1, "--schedule", "1f1b", "-k", 1)
+    big = ("--hidden", 4096, "--heads", 32, "--layers", 32, "--gpus", 1, "--schedule", "1f1b", "-n", 1)
     doc = json.loads(invoke(*QUERY, *big, "--gpu-memory-gb", 200, "--json").stdout)
     c = doc["candidates"][0]
     assert c["peak_bytes"] > 100e9  # more than an h100 has: only the given memory admits it
@@ -380,10 +382,10 @@ def test_sweep_says_which_values_the_budget_cut_short():
 
 def test_json_says_on_stderr_when_the_budget_ran_out():
     """--json's keys are fixed (docs/plan.md): a spent --budget is a note on stderr, stdout stays the document."""
-    cut = invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", "1e-9")
+    cut = invoke(*QUERY, "--gpus", 8, "-n", 2, "--json", "--budget", "1e-9")
     assert cut.exit_code == 0 and json.loads(cut.stdout)["candidates"]
     assert "--budget ran out" in cut.stderr
-    assert "--budget" not in invoke(*QUERY, "--gpus", 8, "-k", 2, "--json", "--budget", 0).stderr
+    assert "--budget" not in invoke(*QUERY, "--gpus", 8, "-n", 2, "--json", "--budget", 0).stderr
 
 
 def test_the_budget_note_says_exact_when_no_unreplayed_bound_is_below_the_best():
@@ -414,7 +416,7 @@ def test_candidates_that_tie_on_every_figure_are_one_row_and_json_keeps_each():
     # One stage and one micro-batch per step (dp 8 of a global batch of 8): 1F1B and GPipe run the
     # same passes, so the two candidates tie on every figure and print as one row "1-2".
     query = ("plan", "-p", "demo", "--gpus", 8, "--global-batch", 8, "--tp", 1, "--cp", 1, "--pp", 1,
-             "--dp-mode", "zero3", "--recompute", "none", "-k", 2)
+             "--dp-mode", "zero3", "--recompute", "none", "-n", 2)
     doc = json.loads(invoke(*query, "--json").stdout)
     assert [c["schedule"] for c in doc["candidates"]] == ["1f1b", "gpipe"]
     assert doc["candidates"][0]["step_ms"] == doc["candidates"][1]["step_ms"]

@@ -138,7 +138,7 @@ def test_presets_table_fits(tmp_path, columns):
 
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_plan_table_fits(tmp_path, columns):
-    shown, written, code = run_in_terminal(["plan", "-p", "demo", "--gpus", "4", "--budget", "1", "--top", "3"],
+    shown, written, code = run_in_terminal(["plan", "-p", "demo", "--gpus", "4", "--budget", "1", "--limit", "3"],
                                            columns, tmp_path)
     assert code == 0, shown
     headers = [("#",), ("tp",), ("cp",), ("pp",), ("dp",), ("ep",), ("vp",), ("mb",), ("#mb",), ("schedule", "sched"),

@@ -16,18 +16,48 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperGroup
 
 from traceforge import __version__
 from traceforge.errors import UserError
 
+
+class Commands(TyperGroup):
+    """The command list sorted by name, each command's first paragraph whole (click cuts it at
+    about 45 characters with "..."); an argument shown by its name alone."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted(self.commands)
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        for param in getattr(command, "params", ()):
+            if isinstance(param, TyperArgument):  # DIRECTORY says it; not "DIRECTORY <path>"
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+        return command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                text = command.short_help or (command.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(text.split())))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=Commands,
     add_completion=False,
     rich_markup_mode=None,  # plain help: rich panels truncate long flag names on 80-column terminals
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
     help="Plan the communication of 3D-parallel LLM training and write per-GPU Chakra execution traces.",
 )
 STDOUT_CLOSED = sys.stdout is None  # `>&-`: a command whose answer is stdout has nowhere to put it
@@ -116,6 +146,43 @@ def load_commands() -> None:
 
     for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         importlib.import_module(f"{__name__}.{module}")
+    for command in app.registered_commands:
+        _name_values(command.callback)
+
+
+def _name_values(callback: Callable | None) -> None:
+    """One metavar style: a value is named in capitals, by its kind (N a count, NUM a number,
+    PATH a file or folder) or, for words, by its option (--schedule SCHEDULE); an argument by its
+    name (DIRECTORY). Typer's own (<int>, {directory}, <list[Path]>) are replaced; a metavar a
+    command chose (GB, K/N, RANK:FACTOR) stays."""
+    import inspect
+    import typing
+    from pathlib import Path
+
+    from typer.models import ArgumentInfo, OptionInfo
+    from typer.utils import get_params_from_function
+
+    if callback is None:
+        return
+    infos = {name: p.default for name, p in inspect.signature(callback).parameters.items()}  # typer copies these
+    for name, param in get_params_from_function(callback).items():
+        info = infos.get(name)
+        if not isinstance(info, (OptionInfo, ArgumentInfo)) or info.metavar is not None:
+            continue
+        kinds = [k for k in typing.get_args(param.annotation) if k is not type(None)] or [param.annotation]
+        kind = typing.get_args(kinds[0])[0] if typing.get_origin(kinds[0]) is list else kinds[0]
+        if kind is bool:
+            continue
+        if isinstance(info, ArgumentInfo):
+            info.metavar = name.upper()
+        elif kind is int:
+            info.metavar = "N"
+        elif kind is float:
+            info.metavar = "NUM"
+        elif kind is Path:
+            info.metavar = "PATH"
+        else:
+            info.metavar = name.upper()
 
 
 def main() -> None:

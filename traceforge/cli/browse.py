@@ -25,7 +25,7 @@ def diff(
     b: Path = typer.Argument(..., metavar="B", help="Second trace set."),
     exact: bool = typer.Option(False, "--bytes", help="Compare every file byte for byte (traces, comm_group.json, manifest.json) instead of semantically."),
     prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix in both sets (default: the one prefix each set holds)."),
-    limit: int = typer.Option(8, "--limit", help="Show details for at most this many differing ranks or files."),
+    limit: int = typer.Option(8, "--limit", "-n", help="Show details for at most this many differing ranks or files."),
     jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes comparing ranks (default: all cores)."),
 ) -> None:
     """Compare two trace sets; exit 0 when equal, 1 when they differ, 2 when one is unreadable.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from traceforge.cli import answer_to_stdout, app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.errors import UserError
 from traceforge.parallel import resolve_jobs
 from traceforge.read import progress
@@ -28,7 +28,8 @@ def check(
     model: str = typer.Option("general", "--model", help="Deadlock replay model: general, or astra-sim (one non-receive communication in flight per rank, as ASTRA-sim issues)."),
     p2p: str | None = typer.Option(None, "--p2p", help="How the deadlock replay completes a Send and its Recv: rendezvous (default: once both ends are issued, as NCCL and gloo do), or eager (a Send completes when issued; always so under --model astra-sim)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (all findings) instead of a table."),
-    max_rows: int = typer.Option(40, "--max-rows", help="Show at most this many findings in the table."),
+    max_rows: int = typer.Option(40, "--limit", "-n", help="Show at most this many findings in the table."),
+    old_max_rows: int | None = typer.Option(None, "--max-rows", hidden=True, help="Deprecated spelling of --limit."),
     jobs: int | None = typer.Option(None, "--jobs", "-j", help="Worker processes reading ranks (default: all cores)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress counter."),
     expand: str | None = typer.Option(
@@ -45,8 +46,14 @@ def check(
     """
     from traceforge.check.run import check_trace_set
 
+    if old_max_rows is not None:  # one name for "how many rows" on every command: --limit
+        if max_rows != 40:
+            raise UserError("--max-rows is the old spelling of --limit: give only --limit")
+        max_rows = old_max_rows
     if max_rows < 0:
-        raise UserError(f"--max-rows must be at least 0, got {max_rows}")
+        raise UserError(f"{'--limit' if old_max_rows is None else '--max-rows'} must be at least 0, got {max_rows}")
+    if old_max_rows is not None:  # after the check: a refusal stays one line
+        err.print(f"note: --max-rows is deprecated: use --limit {max_rows}", markup=False)
     if as_json:
         answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)

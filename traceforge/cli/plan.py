@@ -51,7 +51,8 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("overhead_gb", float | None, typer.Option(None, "--context-gb", "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; --overhead-gb is its former name; see docs/memory.md).")),
         opt("allocator_reserve_pct", float | None, typer.Option(None, "--allocator-reserve-pct", metavar="PCT", help="The caching allocator's reserve as 'traceforge memory' takes it (default 5 % of activations and buffers); a candidate that fits only without it is kept, marked tight.")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
-        opt("top", int, typer.Option(10, "--top", "-k", metavar="K", help="Candidates to rank and print (the best K).")),
+        opt("top", int, typer.Option(10, "--limit", "-n", metavar="N", help="Candidates to rank and print (the best N).")),
+        opt("old_top", int | None, typer.Option(None, "--top", "-k", hidden=True, help="Deprecated spelling of --limit.")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
         opt("every", bool, typer.Option(False, "--all", help="Replay and list every feasible candidate (slow on big searches).")),
         opt("write_top", int | None, typer.Option(None, "--write-top", metavar="K", help="Write the K best trace sets (each with its spec.json), plan.csv, plan.json and a plot into -o DIR.")),
@@ -142,8 +143,15 @@ def plan(**kwargs: Any) -> None:
         opts["budget"] = 0.0 if opts["every"] else planner_run.DEFAULT_BUDGET_S
     if not opts["budget"] >= 0:
         raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
+    limit_flag = "--limit"
+    if opts["old_top"] is not None:  # one name for "how many rows" on every command: --limit
+        if opts["top"] != 10:
+            raise UserError("--top is the old spelling of --limit: give only --limit")
+        opts["top"], limit_flag = opts["old_top"], "--top"
     if opts["top"] < 1:
-        raise UserError(f"--top must be at least 1, got {opts['top']}")
+        raise UserError(f"{limit_flag} must be at least 1, got {opts['top']}")
+    if opts["old_top"] is not None:  # after the check: a refusal stays one line
+        err.print(f"note: --top/-k is deprecated: use --limit {opts['top']}", markup=False)
     if opts["write_top"] is not None and opts["write_top"] < 1:
         raise UserError(f"--write-top must be at least 1, got {opts['write_top']}")
     config = load_config_file(opts["config"]) if opts["config"] else None
