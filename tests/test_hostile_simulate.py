@@ -126,6 +126,21 @@ def test_timeout_holds_when_the_simulator_closes_stdout_and_runs_on(bundled, tmp
     assert proc.returncode == 3 and "did not finish within 2 s" in stderr, stderr
 
 
+def test_a_simulator_that_floods_its_output_times_out_in_one_line(bundled, tmp_path):
+    # the pipe was closed under the reading thread's read: a traceback (PyMemoryView_FromBuffer)
+    # came before the error, about one run in three; two runs make a regression likely to show
+    binary = fake(tmp_path, 'yes "[workload] a simulator that floods its output with one line"')
+    for _ in range(2):
+        proc = _simulate_process(bundled, binary, "--timeout", "1")
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        assert proc.returncode == 3 and "Traceback" not in stderr, stderr
+        assert [line for line in stderr.splitlines() if line.strip()] == [stderr.strip()], stderr
+        assert "did not finish within 1 s" in stderr
+
+
 def test_timeout_kills_what_a_wrapper_started(bundled, tmp_path):
     pidfile = tmp_path / "child.pid"
     binary = fake(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait")

@@ -107,3 +107,9 @@ FP8 = {
     "h200": Fp8(peak_tflops=1979.0, gemm=0.74),
     "b200": Fp8(peak_tflops=4500.0, gemm=0.70),
 }
+
+
+def capacity_text(n_bytes: float) -> str:
+    """A GPU's memory in both units, so neither reads as a mistake: the H100's 81,559 MiB is
+    "85.5 GB (79.6 GiB)" (GB = 10^9 bytes, as every figure traceforge prints; GiB = 2^30)."""
+    return f"{n_bytes / 1e9:,.1f} GB ({n_bytes / 2**30:,.1f} GiB)"

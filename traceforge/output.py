@@ -119,6 +119,7 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (),
     for source in inputs:
         if _within(Path(source).resolve(), target):
             raise UserError(f"output directory {out} would replace the input {source}: choose another -o/--out")
+    _check_writable(out, target)
     if target.is_dir() and any(target.iterdir()):
         if not force:
             raise UserError(f"output directory {out} is not empty: choose another -o/--out, or pass --force to replace it")
@@ -155,6 +156,30 @@ def remove_stale(directory: Path, pattern: re.Pattern[str], restore: Path | None
             entry.rename(restore)  # a kill between the two renames of a --force run
         else:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _check_writable(out: Path, target: Path) -> None:
+    """Refuse, before any work, an OUT whose folder this user cannot write in, or that lies on a
+    file system with no storage (/proc, /sys: 'has 0.00 GB free' would miss the point)."""
+    parent = next((p for p in target.parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return  # the write itself says what is wrong
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"output directory {out}: this user may not write in {parent}: choose another -o/--out, "
+                        "or change its permissions")
+    with contextlib.suppress(OSError):
+        if os.statvfs(parent).f_blocks == 0:
+            raise UserError(f"output directory {out}: {parent} is on a file system without storage (such as /proc or "
+                            "/sys): choose another -o/--out")
+
+
+def _as_out(exc: OSError, tmp: Path, out: Path) -> None:
+    """An error inside the hidden directory names the path the user gave: OUT/workload.3.et, not
+    .tf-….partial-…/workload.3.et."""
+    for attr in ("filename", "filename2"):
+        name = getattr(exc, attr, None)
+        if isinstance(name, str) and (name == str(tmp) or name.startswith(str(tmp) + os.sep)):
+            setattr(exc, attr, str(out) + name[len(str(tmp)):])
 
 
 def _commit(tmp: Path, target: Path, force: bool, out: Path, trash: Path) -> None:
@@ -195,14 +220,20 @@ def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_
     tmp = target.parent / f"{stem}.partial-{os.getpid()}"
     trash = target.parent / f"{stem}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        _as_out(exc, tmp, out)
+        raise
     try:
         yield tmp
         _commit(tmp, target, force, out, trash)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if trash.exists() and not target.exists():
             trash.rename(target)  # a failed --force run keeps the old OUT
+        if isinstance(exc, OSError):
+            _as_out(exc, tmp, out)
         raise
 
 

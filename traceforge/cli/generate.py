@@ -22,6 +22,9 @@ from traceforge.cli.options import spec_parameters
 from traceforge.cluster import FIELD, Cluster
 from traceforge.emit.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
 from traceforge.errors import UserError
+
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+from traceforge.hardware import capacity_text
 from traceforge.kernels.times import summary_lines
 from traceforge.memory.report import DOES_NOT_FIT, TIGHT
 from traceforge.model import active_params, total_params
@@ -29,8 +32,6 @@ from traceforge.output import check_output_dir, check_prefix
 from traceforge.parallel import resolve_jobs
 from traceforge.presets import PRESETS
 from traceforge.spec import build_spec, load_config_file, preset_values, requested_order
-
-# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 from traceforge.tables import Fit, print_fitted
 
 # -- generate -------------------------------------------------------------------------------
@@ -84,6 +85,9 @@ def generate(**kwargs: Any) -> None:
     # Name what the preset decided when the user also gave values: a spec given by flags must not
     # silently inherit a preset's model sizes.
     preset_fields = preset_values(spec, explicit) if explicit else {}
+    changed = _changed_from_preset(spec, explicit) if explicit else {}
+    preset_fields = {k: v for k, v in preset_fields.items() if k not in changed and k != "order"}
+    provenance = (preset_fields, changed, _world_note(spec, explicit) if explicit else "")
     memory = _feasible(spec, run)  # refuse before planning or writing anything
     cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
@@ -120,7 +124,7 @@ def generate(**kwargs: Any) -> None:
             write_astra_bundle(directory, header, cluster, astra)
         if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
             progress.stop()  # the bar goes first: the summary must not start on its line
-            _summary(header, run["out_dir"], time.perf_counter() - started, inserted, preset_fields, memory)
+            _summary(header, run["out_dir"], time.perf_counter() - started, inserted, provenance, memory)
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
@@ -214,8 +218,34 @@ class _progress:
             self.bar = None
 
 
+def _changed_from_preset(spec: Any, explicit: dict) -> dict[str, tuple[Any, Any]]:
+    """The preset's values that no flag gave but that other flags changed (a preset's sequence
+    parallelism goes with its TP: --tp 1 turns it off): name -> (the preset's, the spec's)."""
+    from traceforge.presets import get_preset
+    from traceforge.spec import normalize_order
+
+    doc, preset = spec.to_dict(), get_preset(spec.preset)
+    same = {"order": lambda a, b: normalize_order(str(a)) == normalize_order(str(b))}
+    return {k: (v, doc[k]) for k, v in preset.items() if k in doc and explicit.get(k) is None
+            and not same.get(k, lambda a, b: a == b)(v, doc[k])}
+
+
+def _world_note(spec: Any, explicit: dict) -> str:
+    """Say so when the flags changed the preset's GPU count without naming one (--pp 3 on
+    llama3-70b keeps its tp 8 and dp 4: 96 GPUs, not 128)."""
+    if explicit.get("world_size") is not None or explicit.get("dp") is not None:
+        return ""
+    preset_world = build_spec(spec.preset).world_size
+    if preset_world == spec.world_size:
+        return ""
+    sizes = " x ".join(f"{d} {getattr(spec, d)}" for d in ("tp", "cp", "pp", "dp") if getattr(spec, d) > 1 or d != "cp")
+    return (f"{spec.world_size:,} GPUs, not {spec.preset}'s {preset_world:,}: {sizes} (the preset's dp kept); "
+            "give --world-size or --dp to choose the count")
+
+
 def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
-             preset_fields: dict | None = None, memory: Any = None) -> None:
+             provenance: tuple[dict, dict, str] | None = None, memory: Any = None) -> None:
+    preset_fields, changed, world_note = provenance or ({}, {}, "")
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
@@ -223,15 +253,20 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
         f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: {sizes}, "
         f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
+    if world_note:  # right under the count it explains
+        out.print(f"  {world_note}", markup=False, soft_wrap=True)
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
     if memory is not None:
         worst, by_stage = memory.worst, " ".join(f"{s.peak / 1e9:.1f}" for s in memory.stages)
         out.print(f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
-                  f"{memory.gpu_memory_bytes / 1e9:,.1f} GB; by stage {by_stage} GB", markup=False, soft_wrap=True)
+                  f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB", markup=False, soft_wrap=True)
     if preset_fields:
         out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
                   markup=False, soft_wrap=True)
+    if changed:
+        out.print(f"  preset {spec['preset']}'s values the flags changed: "
+                  + ", ".join(f"{k}={new} (preset: {old})" for k, (old, new) in changed.items()), markup=False, soft_wrap=True)
     if doc.get("kernel_times"):
         for line in summary_lines(doc["kernel_times"]):
             out.print(line, markup=False, soft_wrap=True)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.cli.options import spec_parameters
+from traceforge.hardware import capacity_text
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
 from traceforge.memory.gpus import overhead_bytes, reserve_fraction
 from traceforge.memory.report import DOES_NOT_FIT
@@ -61,6 +62,8 @@ def memory(**kwargs: Any) -> None:
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2) + "\n")
         return
+    out.print(f"{spec.preset} sized as {layout_text(spec)}; {report.gpu}: {capacity_text(report.gpu_memory_bytes)}",
+              markup=False)
     print_fitted(out, memory_table(report, spec.preset), MEMORY_FIT)
     out.print(verdict_line(report), markup=False, soft_wrap=True)
 
@@ -70,8 +73,8 @@ def verdict_line(report: MemoryReport) -> str:
     worst = report.worst
     floor = worst.peak - (worst.reserved - worst.allocated)
     verdict = "does NOT fit" if report.verdict == DOES_NOT_FIT else report.verdict
-    return (f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {report.gpu_memory_bytes / GB:,.1f} GB "
-            f"({report.gpu_memory_bytes / 2**30:,.1f} GiB): {verdict}; allocated {worst.allocated / GB:,.1f} GB "
+    return (f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {capacity_text(report.gpu_memory_bytes)}: "
+            f"{verdict}; allocated {worst.allocated / GB:,.1f} GB "
             f"(torch.cuda.max_memory_allocated), {floor / GB:,.1f} GB with the CUDA context and NCCL, "
             f"{worst.peak / GB:,.1f} GB with the allocator's reserve (GB = 10^9 bytes)")
 
@@ -84,7 +87,7 @@ MEMORY_FIT = Fit(short={"weights": "weight", "gradients": "grads", "optimizer": 
 
 
 def memory_table(report: MemoryReport, name: str) -> Table:
-    table = Table(title=f"memory per GPU (GB): {name} on {report.gpu}, {report.gpu_memory_bytes / GB:,.1f} GB")
+    table = Table(title=f"memory per GPU (GB = 10^9 bytes): {name} on {report.gpu}")
     columns = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "allocated", "overhead", "peak",
                "fits", "peak when")
     for col in columns:
@@ -93,6 +96,14 @@ def memory_table(report: MemoryReport, name: str) -> Table:
         fits = {"fits": "yes", "tight": "tight"}.get(s.verdict, "NO")
         table.add_row(str(s.stage), *(f"{getattr(s, k) / GB:,.2f}" for k in columns[1:9]), fits, s.peak_when)
     return table
+
+
+def layout_text(spec: Any) -> str:
+    """The layout a memory figure is for: every size, the batch and the settings that move memory."""
+    sizes = " ".join(f"{d}{getattr(spec, d)}" for d in ("tp", "cp", "pp", "dp", "ep") if getattr(spec, d) > 1 or d in ("tp", "pp", "dp"))
+    chunks = f" v{spec.virtual_stages}" if spec.virtual_stages > 1 else ""
+    return (f"{sizes}, {spec.num_microbatches} micro-batches of {spec.micro_batch}, {spec.schedule}{chunks}, {spec.dp_mode}, "
+            f"recompute {spec.recompute}, SP {'on' if spec.sequence_parallel else 'off'}")
 
 
 def _options() -> list[inspect.Parameter]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from traceforge.hardware import capacity_text
 from traceforge.report.traffic import DimTraffic
 from traceforge.simulate.view import _span
 from traceforge.tables import Fit, print_fitted
@@ -112,7 +113,7 @@ def memory_lines(report) -> list[str]:
     by_stage = " ".join(f"{s.peak / 1e9:.1f}" for s in m.stages)
     verdict = {"fits": "fits", "tight": "tight (fits without the allocator's reserve)"}.get(m.verdict, "does NOT fit")
     return [f"Memory per GPU (the manifest's spec; 'traceforge memory' for the breakdown): peak {worst.peak / 1e9:,.1f} GB "
-            f"on stage {worst.stage} ({worst.peak_when}) of the {m.gpu}'s {m.gpu_memory_bytes / 1e9:,.1f} GB: {verdict}; "
+            f"on stage {worst.stage} ({worst.peak_when}) of the {m.gpu}'s {capacity_text(m.gpu_memory_bytes)}: {verdict}; "
             f"by stage {by_stage} GB"]
 
 

@@ -6,6 +6,7 @@ never finish, so success here means every rank printed `sys[i] finished`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -177,14 +178,16 @@ def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, time
 
     def pump() -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            lines.put(raw.decode("utf-8", "replace"))
+        with contextlib.suppress(OSError, ValueError):  # the pipe closed under a read: the run is over
+            for raw in proc.stdout:
+                lines.put(raw.decode("utf-8", "replace"))
         lines.put(None)
 
     finished, timed_out, eof = 0, False, False
     exited_at: float | None = None
+    reader = threading.Thread(target=pump, daemon=True)
     try:
-        threading.Thread(target=pump, daemon=True).start()
+        reader.start()
         with open(tee_path, "w", encoding="utf-8") as tee:
             while True:
                 now = time.monotonic()
@@ -214,6 +217,10 @@ def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, time
     finally:
         kill_group(proc.pid)  # the simulator and anything it started, finished or not
         proc.wait()
-        if proc.stdout is not None:
+        # Close the pipe only once the reader is done with it: closing it under a read in the
+        # other thread printed a traceback (PyMemoryView_FromBuffer) before the one-line error.
+        # The group is dead, so the pipe ends soon; a reader held up by an outsider keeps it.
+        reader.join(timeout=DRAIN_SECONDS)
+        if proc.stdout is not None and not reader.is_alive():
             proc.stdout.close()
     return proc.returncode, time.monotonic() - started, timed_out

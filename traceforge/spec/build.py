@@ -44,8 +44,8 @@ def spec_builder(
     value of them (the planner skips such subtrees without trying each)."""
     config = dict(config or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    _check_keys("config file", config)
-    _check_keys("flags", overrides)
+    check_keys("config file", config)
+    check_keys("flags", overrides)
     preset_name = preset if preset is not None else config.pop("preset", None)
     config.pop("preset", None)
     if preset_name is None:
@@ -62,7 +62,7 @@ def spec_builder(
 
     def build(values: Mapping[str, Any], reads: set[str] | None = None) -> Spec:
         given = {k: v for k, v in values.items() if v is not None}
-        _check_keys("flags", given)
+        check_keys("flags", given)
         merged = {**explicit, **{k: _coerce(k, v) for k, v in given.items()}}
         raw = dict(preset_raw)
         # A value the preset derived from another (ffn_hidden = 4h, kv_heads = heads) follows that
@@ -194,9 +194,22 @@ def _stragglers(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _check_keys(source: str, data: Mapping[str, Any]) -> None:
+# Names users bring from Megatron-LM and elsewhere: suggested by meaning (spelling alone matched
+# tensor_parallel to sequence_parallel).
+KEY_ALIASES = {"tensor_parallel": "tp", "tensor_model_parallel_size": "tp", "pipeline_parallel": "pp",
+               "pipeline_model_parallel_size": "pp", "data_parallel": "dp", "context_parallel": "cp",
+               "context_parallel_size": "cp", "expert_parallel": "ep", "expert_model_parallel_size": "ep",
+               "num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
+               "num_query_groups": "kv_heads", "ffn_hidden_size": "ffn_hidden", "seq_length": "seq_len",
+               "micro_batch_size": "micro_batch", "global_batch_size": "global_batch", "num_experts": "experts",
+               "moe_router_topk": "top_k", "padded_vocab_size": "vocab"}
+
+
+def check_keys(source: str, data: Mapping[str, Any]) -> None:
+    """Refuse a key no field has, suggesting the one meant (source names where it was given)."""
     for key in data:
         if key not in FIELD_BY_NAME and key != "preset":
-            close = difflib.get_close_matches(str(key).replace("-", "_"), list(FIELD_BY_NAME), n=1)
+            alias = KEY_ALIASES.get(str(key).replace("-", "_").lower())
+            close = [alias] if alias else difflib.get_close_matches(str(key).replace("-", "_"), list(FIELD_BY_NAME), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(FIELD_BY_NAME)}"
             raise SpecError(f"{source}: unknown key {key!r}{hint}")

@@ -85,4 +85,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(f"config file {path} must hold a mapping of spec keys (e.g. 'tp: 2'), not a {type(data).__name__}")
+    from traceforge.spec.build import check_keys
+
+    check_keys(f"config file {path}", data)  # here, where the file's name is known
     return data
