@@ -57,24 +57,22 @@ def spec_file(spec: Spec) -> str:
 # -- the plot -------------------------------------------------------------------------------
 
 def _bars(ranked: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float, float]]:
-    """(label, family, step ms, MFU) per candidate, grouped by family in rank order of each
-    family's best."""
-    order: dict[str, int] = {}
-    for r in ranked:
-        order.setdefault(family(r), len(order))
-    rows = sorted(enumerate(ranked, 1), key=lambda ir: (order[family(ir[1])], ir[0]))
-    return [(f"#{i}", family(r), r["step_ms"], r["mfu"]) for i, r in rows]
+    """(label, family, step ms, MFU %) per candidate, in rank order: bar #1 first, as the table
+    reads (colour says the family; grouping by colour put #7 before #2)."""
+    return [(f"#{i}", family(r), r["step_ms"], 100 * r["mfu"]) for i, r in enumerate(ranked, 1)]
 
 
-def plot_png(path: Path, ranked: Sequence[Mapping[str, Any]], title: str) -> None:
+def plot_figure(ranked: Sequence[Mapping[str, Any]], title: str) -> Any:
+    """The plan plot as a matplotlib figure: bars of step time in rank order coloured by family,
+    dots of MFU in percent (as the table), the legend outside the axes (inside, it hid bars)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     bars = _bars(ranked)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(bars) + 2), 4.5))
     families = list(dict.fromkeys(b[1] for b in bars))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(bars) + 2) + 1.6, 4.5))
     colors = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
     xs = range(len(bars))
     for f in families:
@@ -84,11 +82,19 @@ def plot_png(path: Path, ranked: Sequence[Mapping[str, Any]], title: str) -> Non
     ax.set_ylabel("step time (ms, bars)")
     ax.set_title(title)
     mfu = ax.twinx()
-    mfu.plot(list(xs), [b[3] for b in bars], "k.", label="MFU")
-    mfu.set_ylabel("MFU (dots)")
-    mfu.set_ylim(0, max([b[3] for b in bars] + [0.01]) * 1.2)
-    ax.legend(fontsize=7, loc="upper left", title="tp cp pp ep", title_fontsize=7)
+    mfu.plot(list(xs), [b[3] for b in bars], "k.", label="MFU %")
+    mfu.set_ylabel("MFU % (dots)")
+    mfu.set_ylim(0, max([b[3] for b in bars] + [1.0]) * 1.2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0), borderaxespad=0.0, title="tp cp pp ep",
+              title_fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot_png(path: Path, ranked: Sequence[Mapping[str, Any]], title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(ranked, title)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
@@ -101,7 +107,7 @@ def plot_svg(ranked: Sequence[Mapping[str, Any]], title: str) -> str:
     w, h, left, bottom, top = max(480, 24 * len(bars) + 160), 360, 60, 60, 40
     plot_h = h - bottom - top
     step_max = max([b[2] for b in bars] + [1e-9]) * 1.1
-    mfu_max = max([b[3] for b in bars] + [0.01]) * 1.2
+    mfu_max = max([b[3] for b in bars] + [1.0]) * 1.2
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
            f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="12">{escape(title)}</text>',
            f'<text x="14" y="{top + plot_h / 2:.0f}" transform="rotate(-90 14 {top + plot_h / 2:.0f})" '
@@ -117,14 +123,14 @@ def plot_svg(ranked: Sequence[Mapping[str, Any]], title: str) -> str:
         bh = plot_h * step / step_max
         color = palette[families.index(fam) % len(palette)]
         out.append(f'<rect x="{x}" y="{top + plot_h - bh:.1f}" width="16" height="{bh:.1f}" fill="{color}">'
-                   f'<title>{escape(label)} {escape(fam)}: {step:.4g} ms, MFU {mfu:.3f}</title></rect>')
+                   f'<title>{escape(label)} {escape(fam)}: {step:.4g} ms, MFU {mfu:.1f} %</title></rect>')
         out.append(f'<circle cx="{x + 8}" cy="{top + plot_h - plot_h * mfu / mfu_max:.1f}" r="3" fill="black"/>')
         out.append(f'<text x="{x + 8}" y="{top + plot_h + 12}" text-anchor="middle">{escape(label)}</text>')
     for j, fam in enumerate(families[:10]):
         y = top + 14 * j
         out.append(f'<rect x="{w - 84}" y="{y}" width="10" height="10" fill="{palette[j % len(palette)]}"/>')
         out.append(f'<text x="{w - 70}" y="{y + 9}">{escape(fam)}</text>')
-    out.append(f'<text x="{w - 84}" y="{top + 14 * min(10, len(families)) + 12}">&#9679; MFU (0-{mfu_max:.2f})</text>')
+    out.append(f'<text x="{w - 84}" y="{top + 14 * min(10, len(families)) + 12}">&#9679; MFU % (0-{mfu_max:.0f})</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
