@@ -19,7 +19,7 @@ The rule for what is run and what is only parsed (one rule, no per-example excep
   - names a path an earlier parsed-only example would have written;
 - a trace-set argument that does not exist yet (and no earlier example would have made) is the
   demo set, written there first: the docs presume the reader ran the quick start (`traces/`);
-  spec files the prose asks the reader to write are PROPS below;
+  the spec files they use are the repository's `examples/`, seen from each block's folder;
 - the output a console block shows under a command must be what it prints (`...` stands for
   any lines; a duration such as `0.01 s` for any duration);
 - `python FILE.py [flags]` (benchmarks, scripts): the file exists and every flag shown is in its
@@ -55,11 +55,9 @@ DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks"
                *(ROOT / "docs").glob("*.md")])
 RUN_MAX_RANKS = 16
 ENV_VALUES = {"SLURM_ARRAY_TASK_ID": "0"}
-# Spec files the docs ask the reader to write; small, so the examples that read them run.
-PROPS = {
-    "my_spec.yaml": "preset: llama3-8b\nlayers: 4\ntp: 2\npp: 2\ndp: 2\nglobal_batch: 8\n",
-    "moe.yaml": "preset: demo\nexperts: 4\ntop_k: 2\nep: 2\norder: megatron\nsequence_parallel: true\n",
-}
+# The spec files the docs use are the repository's examples/ (each block's folder sees it as
+# examples/); a file the docs name that is not there fails the example that reads it.
+EXAMPLES = ROOT / "examples"
 # Programs the docs show that traceforge does not ship; they are not run.
 EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "lint-imports", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical"}
 PYTHON_EXTERNAL_MODULES = {"pytest", "grpc_tools.protoc", "venv"}
@@ -260,8 +258,6 @@ class Block:
             runnable = False
         if name == "generate" and runnable is not False:
             os.chdir(self.folder)
-            for prop in {str(ctx.params.get("config") or "")} & PROPS.keys():
-                (self.folder / prop).write_text(PROPS[prop], encoding="utf-8")
             try:
                 runnable = generate_world_size(ctx) <= RUN_MAX_RANKS
             except Exception as exc:
@@ -288,6 +284,7 @@ def test_every_example_runs_as_shown(doc, tmp_path, monkeypatch):
     for number in sorted({e.block for e in found}):
         folder = tmp_path / f"block{number}"
         folder.mkdir()
+        (folder / "examples").symlink_to(EXAMPLES)
         monkeypatch.chdir(folder)
         block = Block(folder)
         for example in found:
@@ -492,3 +489,15 @@ def test_no_reference_to_issues_outside_the_repo():
     offenders = sorted({f"{p.relative_to(ROOT)}: {ref!r}" for p in files if "_proto" not in p.parts
                         for ref in tracker_references(p.read_text(encoding="utf-8"))})
     assert not offenders, offenders
+
+
+def test_every_example_file_is_used_by_the_docs_and_builds():
+    from traceforge.spec import build_spec, load_config_file
+
+    text = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert {f.stem for f in files} >= {"dense", "gqa", "moe", "cp", "custom-gpu"}
+    for path in files:
+        assert f"-c examples/{path.name}" in text, f"no doc runs examples/{path.name}"
+        spec = build_spec(None, load_config_file(path))
+        assert spec.world_size <= RUN_MAX_RANKS, path  # small enough for the docs test to run it
