@@ -4,9 +4,9 @@ out in a stated order, never a column squeezed to nothing.
 Rich, given a table wider than the window, shrinks every column until headers read "gradi/ents"
 and numbers "5,8…" (or nothing at all). What a reader wants is the columns that matter, whole.
 Each table states how it gives way (`Fit`); a lighter frame is the step before any column
-goes. The steps run until the table fits, and the columns
-left out are named under it, so nothing disappears silently. Off a terminal (a pipe, a file)
-there is no window: the table is printed whole, as wide as it is.
+goes. The steps run until the table fits, and the columns left out are named under it, so
+nothing disappears silently. Off a terminal (a pipe, a file) there is no window and nothing
+changes: the table prints as its command built it.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def fit_table(console: Console, table: Table, how: Fit, width: int | None = None
     place; return the headers left out, in the order they went."""
     if width is None:
         if not console.is_terminal:
-            _one_line(table, how)
-            return []
+            return []  # as the caller built it: piped output does not change with this module
         width = console.width
     _one_line(table, how)
     if width_of(console, table) <= width:
