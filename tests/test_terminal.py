@@ -111,7 +111,8 @@ def test_generate_bar_leaves_before_the_summary(tmp_path, columns):
 
 
 MEMORY_HEADERS = [("stage",), ("weights", "weight"), ("gradients", "grads"), ("optimizer", "optim"),
-                  ("activations", "activ"), ("buffers", "buf"), ("allocated", "alloc"), ("overhead", "ovh"), ("peak",), ("fits",), ("peak when",)]
+                  ("activations", "activ"), ("buffers", "buf"),
+                  ("allocated", "alloc"), ("overhead", "ovh"), ("peak",), ("fits",), ("peak when",)]
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
