@@ -57,8 +57,8 @@ def spec_file(spec: Spec) -> str:
 # -- the plot -------------------------------------------------------------------------------
 
 def _bars(ranked: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float, float]]:
-    """(label, family, step ms, MFU %) per candidate, in rank order: bar #1 first, as the table
-    reads (colour says the family; grouping by colour put #7 before #2)."""
+    """(label, family, step ms, MFU %) per candidate, in rank order: the best first, as the table
+    reads (colour says the family; grouping by colour put the 7th before the 2nd)."""
     return [(f"#{i}", family(r), r["step_ms"], 100 * r["mfu"]) for i, r in enumerate(ranked, 1)]
 
 
