@@ -175,3 +175,15 @@ def test_check_table_fits(demo_set, tmp_path, columns):
     headers = [("severity",), ("kind",), ("rank",), ("node",), ("name",), ("message",)]
     rows = assert_fits(shown, written, headers, "severity", columns)
     assert any(r.split()[:3] == ["error", "missing-rank", "3"] for r in rows), rows
+
+
+def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_budget():
+    from traceforge.read.progress import _eta
+
+    # a quarter done in 10 s: the other three quarters take 30 s at that rate
+    assert _eta(10.0, 0.25) == ", about 30 s left"
+    assert _eta(60.0, 0.25) == ", about 3 min left"  # 180 s
+    # a budget that ends 15 s after the start stops the work 5 s from now, before the rate's 30 s
+    assert _eta(10.0, 0.25, stops_in_s=15.0) == ", at most 5 s left (--budget)"
+    assert _eta(10.0, 0.25, stops_in_s=100.0) == ", about 30 s left"
+    assert _eta(0.5, 0.25) == "" and _eta(10.0, 0.0) == ""  # no rate yet to go by

@@ -254,7 +254,8 @@ def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], l
     best: list[float] = []  # the K best steps so far, as a max-heap of -step
     ranked: list[Ranked] = []
     too_big = 0
-    progress = Progress("plan: replaying candidates", len(feasible)) if not quiet else None
+    stops_in = None if deadline is None else deadline - time.perf_counter()  # the counter's time left ends with the budget
+    progress = Progress("plan: replaying candidates", len(feasible), stops_in_s=stops_in) if not quiet else None
     sent: deque[Candidate] = deque()
     left: list[Candidate] = []
     rate = [0.0, 0]  # seconds and floor nodes of the replays done

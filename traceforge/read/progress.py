@@ -28,8 +28,10 @@ def quiet(on: bool) -> Iterator[None]:
 
 
 class Progress:
-    def __init__(self, what: str, total: int, stream: TextIO | None = None):
-        self.what, self.total = what, total
+    def __init__(self, what: str, total: int, stream: TextIO | None = None, stops_in_s: float | None = None):
+        """stops_in_s: the work stops by then whatever is left (plan's --budget): the time left
+        is never said to be longer."""
+        self.what, self.total, self.stops_in_s = what, total, stops_in_s
         self.stream = stream if stream is not None else sys.stderr
         try:
             tty = self.stream is not None and self.stream.isatty()
@@ -50,7 +52,8 @@ class Progress:
         elapsed = time.monotonic() - self.started
         share = self.done / self.total if self.total else 1.0
         try:
-            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}), {elapsed:.0f} s{_eta(elapsed, share)}\x1b[K{end}")
+            left = _eta(elapsed, share, self.stops_in_s)
+            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}), {elapsed:.0f} s{left}\x1b[K{end}")
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
@@ -61,9 +64,12 @@ class Progress:
             self.enabled = False
 
 
-def _eta(elapsed: float, share: float) -> str:
-    """The time left at the rate so far (said once there is a rate to go by)."""
+def _eta(elapsed: float, share: float, stops_in_s: float | None = None) -> str:
+    """The time left at the rate so far (said once there is a rate to go by), at most until the
+    work is stopped."""
     if not 0 < share < 1 or elapsed < EVERY_S:
         return ""
     left = elapsed * (1 - share) / share
+    if stops_in_s is not None and stops_in_s - elapsed < left:
+        return f", at most {max(0.0, stops_in_s - elapsed):.0f} s left (--budget)"
     return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
