@@ -45,6 +45,16 @@ LAYER = "layer"
 # bytes allocated as it starts; on its last, the bytes freed as it ends. From memory/activations.
 MEM_ALLOC_BYTES = "mem_alloc_bytes"
 MEM_FREE_BYTES = "mem_free_bytes"
+# On every Send, Recv and collective: the element type of what it moves, as torch names it
+# (torch.<dtype>), so a replay (PARAM's comm replay) sizes its tensors in elements of the type the
+# framework sends. comm_size is always a whole number of these elements but for Megatron's batch
+# broadcast of int64 tokens under a TP size that does not divide their bytes.
+DTYPE = "dtype"
+BFLOAT16, FLOAT16, FLOAT32, INT32, INT64, BOOL = "bfloat16", "float16", "float32", "int32", "int64", "bool"
+FP8_E4M3, FP8_E5M2 = "float8_e4m3fn", "float8_e5m2"  # TransformerEngine's FP8 gathers (--fp8)
+ELEMENT_BYTES: dict[str, int] = {BFLOAT16: 2, FLOAT16: 2, FLOAT32: 4, INT32: 4, INT64: 8, BOOL: 1, FP8_E4M3: 1, FP8_E5M2: 1}
+# The spec's --dtype / --grad-dtype names, as torch names them.
+TORCH_DTYPE = {"bf16": BFLOAT16, "fp16": FLOAT16, "fp32": FLOAT32}
 
 # The AttributeProto member each attribute is written in. For those ASTRA-sim reads it is the
 # member Chakra's v1 feeder reads (mlcommons/chakra src/feeder/et_feeder_node.cpp:28-50, the
@@ -71,6 +81,7 @@ ATTR_MEMBER: dict[str, str] = {
     LAYER: "int64_val",
     MEM_ALLOC_BYTES: "uint64_val",  # a byte count, as tensor_size
     MEM_FREE_BYTES: "uint64_val",
+    DTYPE: "string_val",
 }
 # The attributes whose member matters to the v1 feeder (the rest it ignores or keeps as is).
 V1_READ = frozenset((IS_CPU_OP, NUM_OPS, TENSOR_SIZE, COMM_TYPE, COMM_SIZE, COMM_SRC, COMM_DST, COMM_TAG, PG_NAME))

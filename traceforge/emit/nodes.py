@@ -41,6 +41,8 @@ def node_attributes(op: Op) -> list[tuple[str, Value]]:
         me, peer = Hole(SELF, False), Hole(op.peer, False)
         src, dst = (me, peer) if op.type == NodeType.SEND else (peer, me)
         holes += [(S.COMM_SRC, src), (S.COMM_DST, dst)]
+    if op.dtype:
+        attrs.append((S.DTYPE, op.dtype))
     attrs += [(S.PHASE, op.phase), (S.STEP, op.step)]
     if op.dim:
         attrs.append((S.DIM, op.dim))

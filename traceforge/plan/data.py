@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from traceforge.errors import SpecError
 from traceforge.model import Chunk, Param, StageParams, chunk_param_list, model_chunks
 from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.schema import TORCH_DTYPE
 from traceforge.spec import Spec
 
 MEGATRON_MIN_BUCKET_ELEMS = 40_000_000
@@ -226,11 +227,11 @@ class DataParallel:
         if self.mode in SHARDED_PER_UNIT:
             padded = pad_to(n, self.shard_size)
             shard = b.collective(f"{unit}_grad_rs", Coll.REDUCE_SCATTER, padded * spec.grad_bytes, self.shard_group,
-                                 blocking=False)
+                                 blocking=False, dtype=TORCH_DTYPE[spec.grad_dtype])
             b.defer(shard)
             if self.mode == "hsdp":  # the replicas reduce the shard the ReduceScatter produced
                 b.defer(b.collective(f"{unit}_grad_ar", Coll.ALL_REDUCE, padded // self.shard_size * spec.grad_bytes,
-                                     "dpr", blocking=False, after=(shard,)))
+                                     "dpr", blocking=False, after=(shard,), dtype=TORCH_DTYPE[spec.grad_dtype]))
             return
         for buf in self.buffers[chunk]:
             if unit in buf.counts:
@@ -242,7 +243,8 @@ class DataParallel:
         ctype = Coll.ALL_REDUCE if self.mode == "ddp" else Coll.REDUCE_SCATTER
         while buf.issued < len(buf.padded) and buf.last_unit[buf.issued] < buf.produced:
             name = self._name(chunk, buf, "grad", buf.issued)
-            op = self.b.collective(name, ctype, buf.padded[buf.issued] * self.spec.grad_bytes, buf.role, blocking=False)
+            op = self.b.collective(name, ctype, buf.padded[buf.issued] * self.spec.grad_bytes, buf.role, blocking=False,
+                                   dtype=TORCH_DTYPE[self.spec.grad_dtype])
             self.b.defer(op)
             buf.issued += 1
 

@@ -19,6 +19,7 @@ from traceforge.model import embedding_stages, local_tokens, padded_vocab
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.tensor import TensorParallel
+from traceforge.schema import FLOAT32, TORCH_DTYPE
 from traceforge.spec import Spec
 
 CROSS_ENTROPY_REDUCTIONS = ("max", "target", "sumexp")
@@ -44,7 +45,7 @@ def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: S
     tp.column_fwd(b, "head")
     b.compute("head", cost.head)
     for what in CROSS_ENTROPY_REDUCTIONS:
-        b.collective(f"xent_{what}", Coll.ALL_REDUCE, local_tokens(spec) * FP32, "tp")
+        b.collective(f"xent_{what}", Coll.ALL_REDUCE, local_tokens(spec) * FP32, "tp", dtype=FLOAT32)
 
 
 def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> None:
@@ -62,4 +63,5 @@ def tied_embedding_grad_bytes(spec: Spec) -> int:
 def tied_embedding_sync(b: ProgramBuilder, spec: Spec, stage: int) -> None:
     holders = embedding_stages(spec)
     if spec.tied_embeddings and holders[0] != holders[1] and stage in holders:
-        b.collective("word_embed_grad", Coll.ALL_REDUCE, tied_embedding_grad_bytes(spec), "emb")
+        b.collective("word_embed_grad", Coll.ALL_REDUCE, tied_embedding_grad_bytes(spec), "emb",
+                     dtype=TORCH_DTYPE[spec.grad_dtype])

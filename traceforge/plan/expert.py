@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from traceforge import schema as S
 from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import Cost, CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
@@ -89,7 +90,8 @@ class MixtureOfExperts:
         """Token copies this rank's experts process (balanced: what it dispatches)."""
         return self.copies if self._counts is None else int(self._counts[:, self.ep_rank].sum())
 
-    def _exchange(self, b: ProgramBuilder, name: str, per_copy: int, into_experts: bool, kind: int) -> None:
+    def _exchange(self, b: ProgramBuilder, name: str, per_copy: int, into_experts: bool, kind: int,
+                  dtype: str | None) -> None:
         """An imbalanced AllToAll as Send/Recv pairs: toward the experts I send C[me, p] and
         receive C[p, me]; away from them the reverse. Zero-byte messages are left out."""
         assert self._counts is not None
@@ -101,26 +103,27 @@ class MixtureOfExperts:
         peers = [p for p in range(s.ep) if p != me]
         for p in peers:
             if sends[p]:
-                b.send(name, ep_peer_role(p), int(sends[p]) * per_copy, tag, dim="ep")
+                b.send(name, ep_peer_role(p), int(sends[p]) * per_copy, tag, dim="ep", dtype=dtype)
         for p in peers:
             if recvs[p]:
-                b.recv(name, ep_peer_role(p), int(recvs[p]) * per_copy, tag, dim="ep")
+                b.recv(name, ep_peer_role(p), int(recvs[p]) * per_copy, tag, dim="ep", dtype=dtype)
 
     def _all_to_all(self, b: ProgramBuilder, name: str, probs: bool, into_experts: bool, kind: int = 0) -> None:
         """One token (or probability) exchange between the ranks and their experts: flat in the EP
         group, or across nodes then inside them (toward the experts; the reverse away from them),
         or as Send/Recv pairs when routing is imbalanced."""
+        dtype = S.FLOAT32 if probs else None  # the probabilities are fp32, the tokens activations
         if self._counts is not None:
-            self._exchange(b, name, FP32 if probs else self.token_bytes, into_experts, kind)
+            self._exchange(b, name, FP32 if probs else self.token_bytes, into_experts, kind, dtype)
             return
         size = self.probs if probs else self.routed
         if not self.node_limited:
-            b.collective(name, Coll.ALL_TO_ALL, size, "ep")
+            b.collective(name, Coll.ALL_TO_ALL, size, "ep", dtype=dtype)
             return
         inter = self.probs if probs else self.routed_inter
         steps = [(EP_INTER, inter), (EP_INTRA, size)]
         for role, nbytes in steps if into_experts else reversed(steps):
-            b.collective(name, Coll.ALL_TO_ALL, nbytes, role)
+            b.collective(name, Coll.ALL_TO_ALL, nbytes, role, dtype=dtype)
 
     def _tp_sizes(self) -> tuple[int, int]:
         """(tokens, probabilities) bytes this rank's experts received: what the TP group gathers."""
@@ -131,12 +134,12 @@ class MixtureOfExperts:
         self._begin(b)
         again = RECOMPUTE if recompute else 0
         b.compute("router", cost.norm + cost.router)  # the pre-MLP norm and residual, then the router
-        b.collective("routing_counts", Coll.ALL_GATHER, self.counts, self.counts_group)
+        b.collective("routing_counts", Coll.ALL_GATHER, self.counts, self.counts_group, dtype=S.INT64)
         self._all_to_all(b, "dispatch", probs=False, into_experts=True, kind=DISPATCH + again)
         self._all_to_all(b, "dispatch_probs", probs=True, into_experts=True, kind=PROBS + again)
         tokens, probs = self._tp_sizes()
         b.collective("expert_in", Coll.ALL_GATHER, tokens, "tp")
-        b.collective("expert_in_probs", Coll.ALL_GATHER, probs, "tp")
+        b.collective("expert_in_probs", Coll.ALL_GATHER, probs, "tp", dtype=S.FLOAT32)
         b.compute("experts", self._expert_cost(cost.experts))
         b.collective("expert_out", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
         if self.shared:
@@ -160,7 +163,7 @@ class MixtureOfExperts:
         b.collective("expert_out_grad", Coll.ALL_GATHER, tokens, "tp")
         b.compute("experts_dgrad", self._expert_cost(cost.experts_dgrad))
         b.wgrad("experts_wgrad", self._expert_cost(cost.experts_wgrad))
-        b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, probs * self.t, "tp")
+        b.collective("expert_in_probs_grad", Coll.REDUCE_SCATTER, probs * self.t, "tp", dtype=S.FLOAT32)
         b.collective("expert_in_grad", Coll.REDUCE_SCATTER, tokens * self.t, "tp")
         # Megatron launches the probabilities' AllToAll backward before the tokens'.
         self._all_to_all(b, "dispatch_probs_grad", probs=True, into_experts=False, kind=PROBS_GRAD)

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
+from traceforge.schema import TORCH_DTYPE
+
 if TYPE_CHECKING:
     from traceforge.plan.compute import Cost
 
@@ -105,6 +107,7 @@ class Op:
     group: str | None = None  # group role, e.g. "tp", bound to a group id per rank
     peer: str | None = None  # NEXT or PREV, bound to a rank per rank
     tag: int = 0
+    dtype: str = ""  # communication: the element type moved (schema.DTYPE, a torch name)
 
 
 @dataclass
@@ -151,9 +154,12 @@ def _sorted_unique(deps: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class ProgramBuilder:
-    def __init__(self, stage: int, group_sizes: dict[str, int]):
+    def __init__(self, stage: int, group_sizes: dict[str, int], dtype: str = TORCH_DTYPE["bf16"]):
+        """dtype: the activations' element type (a torch name), what communication moves unless
+        it says otherwise (gradients, statistics, FP8 gathers)."""
         self.program = Program(stage)
         self.group_sizes = group_sizes
+        self.dtype = dtype
         self.ctx = Context()
         self._cursor: tuple[int, ...] = ()
         self._pending: list[int] = []  # recvs the next compute consumes
@@ -170,7 +176,7 @@ class ProgramBuilder:
     # -- recording ---------------------------------------------------------------------
     def _add(self, name: str, type_: NodeType, deps: tuple[int, ...], dim: str, duration_micros: int = 0,
              num_ops: int = 0, tensor_size: int = 0, comm_type: Coll | None = None, comm_size: int = 0,
-             group: str | None = None, peer: str | None = None, tag: int = 0) -> int:
+             group: str | None = None, peer: str | None = None, tag: int = 0, dtype: str = "") -> int:
         op_id = len(self.program.ops)
         c = self.ctx
         key = (c.step, c.phase, c.microbatch, c.layer)
@@ -182,7 +188,7 @@ class ProgramBuilder:
         # Positional, in Op's field order (mem_alloc and mem_free 0: program.py sets them later).
         self.program.ops.append(Op(op_id, label, type_, _sorted_unique(deps), c.phase, dim, c.step, c.microbatch,
                                    c.layer, duration_micros, num_ops, tensor_size, 0, 0, comm_type, comm_size, group,
-                                   peer, tag))
+                                   peer, tag, dtype))
         return op_id
 
     def _follows(self) -> tuple[int, ...]:
@@ -210,18 +216,19 @@ class ProgramBuilder:
         return op_id
 
     def collective(self, name: str, ctype: Coll, size: int, group: str, *, blocking: bool = True,
-                   after: tuple[int | None, ...] = ()) -> int | None:
+                   after: tuple[int | None, ...] = (), dtype: str | None = None) -> int | None:
         """A collective on a group role; skipped (None) when that group has a single member.
 
         Blocking: the next op waits for it. Otherwise the caller decides who waits: ``gate``
         (the next compute) or ``defer`` (whatever follows ``wait_async``). ``after``: ops whose
-        output it consumes beyond the stream position (e.g. the shard a ReduceScatter made)."""
+        output it consumes beyond the stream position (e.g. the shard a ReduceScatter made).
+        dtype: the element type, when not the activations' (a torch name)."""
         if self.group_sizes.get(group, 1) < 2 or size <= 0:
             return None
         deps = self._follows() + ((self._group_tail[group],) if group in self._group_tail else ())
         deps += tuple(op for op in after if op is not None)
         op_id = self._add(f"{group}_{COLL_SHORT[ctype]}_{name}", NodeType.COLL, deps, group,
-                          comm_type=ctype, comm_size=size, group=group)
+                          comm_type=ctype, comm_size=size, group=group, dtype=dtype or self.dtype)
         self._group_tail[group] = op_id
         if blocking:
             self._advance(op_id)
@@ -266,12 +273,13 @@ class ProgramBuilder:
         self._async.clear()
 
     def send(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", blocking: bool = False,
-             batched: bool = False) -> int:
+             batched: bool = False, dtype: str | None = None) -> int:
         """blocking: the next op waits for the transfer to complete; the sends posted with it
         (one batch) do not. batched: posted in one batch with the receives still pending, so
         it waits for none of them (as recv)."""
         deps = self._cursor + tuple(self._unreceived(batched)) if self._pending else self._cursor
-        op_id = self._add(f"send_{name}", NodeType.SEND, deps, dim, comm_size=size, peer=peer, tag=tag)
+        op_id = self._add(f"send_{name}", NodeType.SEND, deps, dim, comm_size=size, peer=peer, tag=tag,
+                          dtype=dtype or self.dtype)
         if blocking:
             self._sends.append(op_id)
         return op_id
@@ -285,14 +293,15 @@ class ProgramBuilder:
         return [op for op in self._pending if ops[op].type != NodeType.RECV]
 
     def recv(self, name: str, peer: str, size: int, tag: int, dim: str = "pp", gate: bool = True,
-             batched: bool = False) -> int:
+             batched: bool = False, dtype: str | None = None) -> int:
         """gate=False: the caller gates a later op on it (e.g. ring attention's next block).
         batched: posted in one batch with the receives still pending (a pipeline step's
         batch_isend_irecv), so it waits for none of them, only for what the sends of its batch
         wait for."""
         # Posted together with the sends before it (one batch_isend_irecv), not after them.
         deps = self._cursor + tuple(self._unreceived(batched))
-        op_id = self._add(f"recv_{name}", NodeType.RECV, deps, dim, comm_size=size, peer=peer, tag=tag)
+        op_id = self._add(f"recv_{name}", NodeType.RECV, deps, dim, comm_size=size, peer=peer, tag=tag,
+                          dtype=dtype or self.dtype)
         if gate:
             self._pending.append(op_id)
         return op_id

@@ -33,6 +33,7 @@ from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuil
 from traceforge.plan.pipeline import MEGATRON_SCHEDULES, p2p_tag, schedule
 from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel, fp8_amax_reduction
+from traceforge.schema import TORCH_DTYPE
 from traceforge.spec import Spec
 from traceforge.spec.routing import BALANCED
 
@@ -70,7 +71,7 @@ def program_variants(spec: Spec) -> int:
 class StagePlanner:
     def __init__(self, spec: Spec, stage: int, variant: int = 0):
         self.spec, self.stage = spec, stage
-        self.b = b = ProgramBuilder(stage, group_sizes(spec))
+        self.b = b = ProgramBuilder(stage, group_sizes(spec), TORCH_DTYPE[spec.dtype])
         b.program.variant = variant
         self.cost = CostModel(spec)
         self.tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
@@ -340,7 +341,8 @@ class StagePlanner:
             b.ctx.phase, b.ctx.microbatch, b.ctx.layer = "step", None, None
             self.dp.end_of_backward()
             if spec.sequence_parallel:
-                b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp")
+                b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp",
+                             dtype=TORCH_DTYPE[spec.grad_dtype])
             tied_embedding_sync(b, spec, self.stage)
             self.sync.after_backward()
             self.sync.before_optimizer()

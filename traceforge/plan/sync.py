@@ -33,6 +33,7 @@ a simulator should see. On by default, as Megatron runs them; --no-sync-collecti
 
 from __future__ import annotations
 
+from traceforge import schema as S
 from traceforge.model import Chunk, embedding_stages, is_moe_layer
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.spec import Spec
@@ -41,18 +42,18 @@ INT64, FP32, INT32, BOOL = 8, 4, 4, 1
 SHARDED_STATS = ("zero1", "zero2", "dist-opt", "zero3", "hsdp")
 
 
-def batch_tensors(spec: Spec, chunk: Chunk) -> list[tuple[str, int]]:
-    """(name, bytes) TP rank 0 broadcasts before this chunk's forward, in Megatron's order."""
+def batch_tensors(spec: Spec, chunk: Chunk) -> list[tuple[str, int, str]]:
+    """(name, bytes, element type) TP rank 0 broadcasts before this chunk's forward, in Megatron's order."""
     bs = spec.micro_batch * spec.seq_len
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int, str]] = []
     if chunk.first:
-        out.append(("tokens", bs * INT64))
+        out.append(("tokens", bs * INT64, S.INT64))
     if chunk.last:
-        out += [("labels", bs * INT64), ("loss_mask", bs * FP32)]
+        out += [("labels", bs * INT64, S.INT64), ("loss_mask", bs * FP32, S.FLOAT32)]
     if chunk.first:
-        out.append(("position_ids", bs * INT64))
+        out.append(("position_ids", bs * INT64, S.INT64))
     if (chunk.first or chunk.last) and spec.attention_mask_in_dataloader:
-        out.append(("attention_mask", bs * spec.seq_len * BOOL))
+        out.append(("attention_mask", bs * spec.seq_len * BOOL, S.BOOL))
     return out
 
 
@@ -76,12 +77,12 @@ class SyncCollectives:
         if not self.on:
             return
         t = self.spec.tp
-        for name, size in batch_tensors(self.spec, chunk):
-            self.b.collective(f"bcast_{name}", Coll.ALL_GATHER, -(-size // t), "tp")
+        for name, size, dtype in batch_tensors(self.spec, chunk):
+            self.b.collective(f"bcast_{name}", Coll.ALL_GATHER, -(-size // t), "tp", dtype=dtype)
 
     def after_backward(self) -> None:
         if self.on:
-            self.b.collective("rerun_check", Coll.ALL_REDUCE, INT32, "world")
+            self.b.collective("rerun_check", Coll.ALL_REDUCE, INT32, "world", dtype=S.INT32)
 
     def before_optimizer(self) -> None:
         if not self.on:
@@ -96,17 +97,17 @@ class SyncCollectives:
             optimizers.append(("_experts", "mp" if expert == "tpepp" and self.spec.ep == 1 else expert, expert))
         if self.spec.dtype == "fp16":
             for suffix, stats, _ in optimizers:
-                self.b.collective(f"found_inf{suffix}", Coll.ALL_REDUCE, FP32, stats)
+                self.b.collective(f"found_inf{suffix}", Coll.ALL_REDUCE, FP32, stats, dtype=S.FLOAT32)
         # ChainedOptimizer.get_grad_norm: one norm when every optimizer shares the process group
         shared = len({process_group for _, _, process_group in optimizers}) == 1
         for suffix, stats, _ in optimizers[:1] if shared else optimizers:
-            self.b.collective(f"grad_norm{suffix}", Coll.ALL_REDUCE, FP32, stats)
+            self.b.collective(f"grad_norm{suffix}", Coll.ALL_REDUCE, FP32, stats, dtype=S.FLOAT32)
 
     def after_optimizer(self) -> None:
         if not self.on:
             return
-        self.b.collective("update_ok", Coll.ALL_REDUCE, INT32, "mp")
-        self.b.collective("grad_norm_max", Coll.ALL_REDUCE, FP32, "mp")
+        self.b.collective("update_ok", Coll.ALL_REDUCE, INT32, "mp", dtype=S.INT32)
+        self.b.collective("grad_norm_max", Coll.ALL_REDUCE, FP32, "mp", dtype=S.FLOAT32)
         if self.stage == embedding_stages(self.spec)[1]:  # the loss lives with the LM head
-            self.b.collective("loss", Coll.ALL_REDUCE, 2 * FP32, "dp")
-        self.b.collective("learning_rate", Coll.ALL_REDUCE, FP32, "mp")
+            self.b.collective("loss", Coll.ALL_REDUCE, 2 * FP32, "dp", dtype=S.FLOAT32)
+        self.b.collective("learning_rate", Coll.ALL_REDUCE, FP32, "mp", dtype=S.FLOAT32)

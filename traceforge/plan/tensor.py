@@ -31,6 +31,7 @@ from __future__ import annotations
 from traceforge.model import Chunk, activation_bytes, is_moe_layer
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
+from traceforge.schema import FLOAT32, FP8_E4M3, FP8_E5M2
 from traceforge.spec import RING_KINDS, Spec
 
 TP_NEXT, TP_PREV = Peer.TP_NEXT, Peer.TP_PREV
@@ -55,14 +56,17 @@ def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) 
         moe = is_moe_layer(spec, layer)
         gemms += 2 + (2 * (spec.experts // spec.ep) + 2 * (spec.shared_experts > 0) if moe else 2)
     b.ctx.layer = None
-    b.collective("fp8_amax", Coll.ALL_REDUCE, gemms * AMAX_PER_GEMM[phase] * FP32, "amax")
+    b.collective("fp8_amax", Coll.ALL_REDUCE, gemms * AMAX_PER_GEMM[phase] * FP32, "amax", dtype=FLOAT32)
 
 
 class TensorParallel:
     def __init__(self, full_bytes: int, tp: int, sequence_parallel: bool, *, gather_elem_ratio: float = 1.0,
-                 overlap: bool = False, spec: Spec | None = None):
+                 overlap: bool = False, spec: Spec | None = None,
+                 gather_dtypes: tuple[str | None, str | None] = (None, None)):
         """gather_elem_ratio: bytes per AllGathered element over bytes per activation element
-        (1/2 for FP8 gathers of a bf16 model)."""
+        (1/2 for FP8 gathers of a bf16 model). gather_dtypes: the element types gathered, of
+        activations and of gradients (None: the activations' own)."""
+        self.gather_dtype, self.grad_gather_dtype = gather_dtypes
         self.full = full_bytes
         self.shard = full_bytes // tp
         self.gather_shard = int(self.shard * gather_elem_ratio)
@@ -75,17 +79,21 @@ class TensorParallel:
     def for_layers(cls, spec: Spec) -> TensorParallel:
         """The transformer layers' TP, run by TransformerEngine's modules (FP8, userbuffers)."""
         ratio = 1 / spec.act_bytes if spec.fp8 != "none" else 1.0
+        # TE's recipes: hybrid gathers gradients as E5M2, e4m3 everything as E4M3
+        dtypes: tuple[str | None, str | None] = (None, None) if spec.fp8 == "none" else \
+            (FP8_E4M3, FP8_E5M2 if spec.fp8 == "hybrid" else FP8_E4M3)
         return cls(activation_bytes(spec), spec.tp, spec.sequence_parallel, gather_elem_ratio=ratio,
-                   overlap=spec.tp_comm_overlap, spec=spec)
+                   overlap=spec.tp_comm_overlap, spec=spec, gather_dtypes=dtypes)
 
     # Column-parallel entry (QKV, fc1, LM head): its input must be whole on every TP rank.
     def column_fwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:
-            b.collective(what, Coll.ALL_GATHER, self.gather_shard, "tp")
+            b.collective(what, Coll.ALL_GATHER, self.gather_shard, "tp", dtype=self.gather_dtype)
 
     def column_bwd(self, b: ProgramBuilder, what: str, dgrad: tuple[str, Cost], wgrad: tuple[str, Cost]) -> None:
         """Input-gradient GEMM, then its reduction overlapped with the weight-gradient GEMM."""
-        regather = b.collective(f"{what}_regather", Coll.ALL_GATHER, self.gather_shard, "tp", blocking=False) if self.sp else None
+        regather = b.collective(f"{what}_regather", Coll.ALL_GATHER, self.gather_shard, "tp", blocking=False,
+                                dtype=self.gather_dtype) if self.sp else None
         b.compute(*dgrad)
         ctype, size = (Coll.REDUCE_SCATTER, self.full) if self.sp else (Coll.ALL_REDUCE, self.full)
         reduction = b.collective(f"{what}_dgrad", ctype, size, "tp", blocking=False)
@@ -102,7 +110,7 @@ class TensorParallel:
 
     def row_bwd(self, b: ProgramBuilder, what: str) -> None:
         if self.sp:  # the gradient of a ReduceScatter is an AllGather
-            b.collective(f"{what}_grad", Coll.ALL_GATHER, self.gather_shard, "tp")
+            b.collective(f"{what}_grad", Coll.ALL_GATHER, self.gather_shard, "tp", dtype=self.grad_gather_dtype)
 
     # -- TE userbuffers overlap (--tp-comm-overlap) -----------------------------------------
     def gather_gemm(self, b: ProgramBuilder, kind: str, name: str, gemm: Cost) -> None:
@@ -110,14 +118,15 @@ class TensorParallel:
         assert self.overlap and self.spec is not None
         t = self.tp
         chunk = gemm.scaled(1 / t)
+        dtype = self.grad_gather_dtype if kind.endswith("_grad") else self.gather_dtype
         received = None
         for i in range(t):
             b.gate(received)  # chunk i arrived during step i-1
             nxt = None
             if i < t - 1:
                 tag = self._tag(b, kind, i)
-                b.send(kind, TP_NEXT, self.gather_shard, tag, dim="tp")
-                nxt = b.recv(kind, TP_PREV, self.gather_shard, tag, dim="tp", gate=False)
+                b.send(kind, TP_NEXT, self.gather_shard, tag, dim="tp", dtype=dtype)
+                nxt = b.recv(kind, TP_PREV, self.gather_shard, tag, dim="tp", gate=False, dtype=dtype)
             b.compute(f"{name}{i}", chunk)
             received = nxt
 
