@@ -80,13 +80,13 @@ def torch_timer(spec: Spec, warmup: int, repeat: int) -> tuple[Timer, str]:
         if key.kind.startswith("attention"):
             bt, h, sq, skv, dqk, dv = shape
             q = torch.randn(bt, h, sq, dqk, device=dev, dtype=dt, requires_grad=True)
-            k = torch.randn(bt, h, skv, dqk, device=dev, dtype=dt, requires_grad=True)
+            key_t = torch.randn(bt, h, skv, dqk, device=dev, dtype=dt, requires_grad=True)  # not `k`: an int above
             v = torch.randn(bt, h, skv, dv, device=dev, dtype=dt, requires_grad=True)
             if key.kind == "attention_fwd":
-                return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return lambda: F.scaled_dot_product_attention(q, key_t, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, key_t, v, is_causal=True)
             grad = torch.randn_like(out)
-            return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+            return lambda: torch.autograd.grad(out, (q, key_t, v), grad, retain_graph=True)
         (elements,) = shape
         r, w = rows(elements)
         base = key.kind.removesuffix("_bwd")
