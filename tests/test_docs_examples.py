@@ -59,7 +59,8 @@ ENV_VALUES = {"SLURM_ARRAY_TASK_ID": "0"}
 # examples/); a file the docs name that is not there fails the example that reads it.
 EXAMPLES = ROOT / "examples"
 # Programs the docs show that traceforge does not ship; they are not run.
-EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "lint-imports", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical"}
+EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "lint-imports", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical",
+            "git", "export", "torchrun"}  # the last three: installing and running PARAM (docs/replay.md)
 PYTHON_EXTERNAL_MODULES = {"pytest", "grpc_tools.protoc", "venv"}
 # Commands that need what traceforge does not ship (a simulator binary; PyTorch and a GPU):
 # parsed, never run.
@@ -328,7 +329,8 @@ def option_names(command: Any) -> set[str]:
 
 # Flags of other programs the prose names (ASTRA-sim's options); a document about another
 # program's arguments (Megatron-LM's, in megatron-parity.md) has its bare flags unchecked.
-FOREIGN_FLAGS = {"--logging-folder", "--num-queues-per-dim"}
+FOREIGN_FLAGS = {"--logging-folder", "--num-queues-per-dim",
+                 "--trace-path", "--backend", "--device"}  # the last three: PARAM's comm replay (docs/replay.md)
 FOREIGN_FLAG_DOCS = {"megatron-parity.md"}
 
 

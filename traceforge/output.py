@@ -33,9 +33,10 @@ from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
-# What a report or an export writes (report.json marks a report; <prefix>.<rank>.json an export).
+# What a report or an export writes (report.json marks a report; <prefix>.<rank>.json an export,
+# rank-<rank>.json a PARAM export).
 _REPORT_MARK = "report.json"
-_EXPORT_FILE = re.compile(r"^.+\.[0-9]+\.json$", re.ASCII)
+_EXPORT_FILE = re.compile(r"^(.+\.|rank-)[0-9]+\.json$", re.ASCII)
 _ONE_FILE_EXPORT = re.compile(r"^[^.].*\.(goal|simai\.txt)$", re.ASCII)  # export --format goal|simai
 _SHARD_FILE = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 # What a simulator run leaves in its logging folder (ASTRA-sim's spdlog files, our tee of its

@@ -27,7 +27,7 @@ from traceforge.output import atomic_output_dir
 from traceforge.read.reader import find_rank_files, open_trace, parse_node
 from traceforge.schema import COMM_GROUP_FILE
 
-FORMATS = ("json", "goal", "simai")  # goal: export_goal.py, simai: export_simai.py
+FORMATS = ("json", "goal", "simai", "param")  # goal: export_goal.py, simai: export_simai.py, param: export_param.py
 
 
 def _dumps(message, node_id: int | None = None) -> str:

@@ -238,10 +238,11 @@ def export(
     fmt: str = typer.Option(
         "json", "--format", "-f", help="Output format: json (one document per rank, protobuf's JSON mapping of each "
                                        "node), goal (LogGOPSim/ATLAHS schedule, collectives as point-to-point steps) "
-                                       "or simai (SimAI's layer-wise workload text)."),
+                                       "simai (SimAI's layer-wise workload text) or param (PARAM's comm replay on real processes, "
+                                       "docs/replay.md)."),
     out_dir: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder (json: <prefix>.<rank>.json files and comm_group.json; goal: "
-                                  "<prefix>.goal; simai: <prefix>.simai.txt)."),
+                                  "<prefix>.goal; simai: <prefix>.simai.txt; param: rank-<r>.json, PARAM's --trace-path)."),
     rank: int | None = typer.Option(None, "--rank", "-r", help="json: this rank only; without --out, to stdout."),
     prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
@@ -278,6 +279,14 @@ def export(
                 raise UserError(f"--time-unit {time_unit!r} is not known: use ns or ps")
             written = export_goal(directory, out_dir, prefix=prefix, algorithm=algorithm, time_unit=time_unit,
                                   force=force)
+        elif fmt == "param":
+            from traceforge.browse.export_param import export_param
+
+            written, counts = export_param(directory, out_dir, prefix=prefix, force=force)
+            out.print(Text(f"wrote {counts['ranks']} rank files to {out_dir}/ for PARAM's comm replay: "
+                           f"{counts['ops']:,} Send/Recv/collectives, {counts['waits']:,} waits, "
+                           f"{counts['groups']} process groups"))
+            return
         else:
             from traceforge.browse.export_simai import export_simai
 
