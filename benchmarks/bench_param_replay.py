@@ -37,7 +37,8 @@ SETS = [(f"{name}{' overlap-p2p' if overlap else ''}", [*PIPE, "--schedule", nam
     ("moe ep4 zipf", [*TINY, "--arch", "llama", "--tp", "1", "--pp", "2", "--dp", "4", "--ep", "4", "--experts", "4",
                       "--top-k", "2", "--moe-routing", "zipf:1.2", "--layers", "4", "--num-microbatches", "2",
                       "--order", "megatron"]),
-    ("zero3", [*TINY, "--tp", "2", "--pp", "1", "--dp", "4", "--layers", "2", "--dp-mode", "zero3"]),
+    ("zero3", [*TINY, "--tp", "2", "--pp", "2", "--dp", "2", "--layers", "4", "--num-microbatches", "4",
+               "--dp-mode", "zero3"]),
 ]
 KINDS = ("tp", "pp", "dp", "cp", "ep", "edp", "emb", "mp", "world")
 

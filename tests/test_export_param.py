@@ -165,13 +165,27 @@ PIPE = dict(hidden=64, ffn_hidden=256, heads=4, seq_len=64, vocab=256, tied_embe
             layers=8, num_microbatches=8)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_export_completes_under_rendezvous(make_set, tmp_path, schedule, overlap):
-    """Replayed as gloo runs it (a Send done once its Recv is posted, a wait blocking), the
-    export of these schedules reaches its end on every rank: the waits and the order the export
-    writes add no cycle (e.g. a step's closing collectives never move ahead of a final Send)."""
-    _, out, _ = make_set(**PIPE, schedule=schedule, overlap_p2p_comm=overlap)
+TINY = {k: PIPE[k] for k in ("hidden", "ffn_hidden", "heads", "seq_len", "vocab", "tied_embeddings")}
+RENDEZVOUS_SETS = [dict(PIPE, schedule=s, overlap_p2p_comm=o, **({"virtual_stages": 2} if "interleaved" in s else {}))
+                   for s in ("1f1b", "gpipe", "zb-h1", "interleaved", "interleaved-zb", "zbv", "dualpipev")
+                   for o in (False, True)] + [
+    dict(TINY, tp=2, cp=2, pp=1, dp=2, layers=2),
+    dict(TINY, arch="llama", tp=1, pp=2, dp=4, ep=4, experts=4, top_k=2, moe_routing="zipf:1.2", layers=4,
+         num_microbatches=2, order="megatron"),
+    dict(TINY, tp=2, pp=2, dp=2, layers=4, num_microbatches=4, dp_mode="zero3"),
+]
+
+
+@pytest.mark.parametrize("overrides", RENDEZVOUS_SETS,
+                         ids=lambda o: o.get("schedule", "") + ("-overlap" if o.get("overlap_p2p_comm") else "")
+                         + (f"-cp{o['cp']}" if o.get("cp") else "") + (f"-ep{o['ep']}" if o.get("ep") else "")
+                         + ("-zero3" if o.get("dp_mode") else ""))
+def test_export_completes_under_rendezvous(make_set, tmp_path, overrides):
+    """Replayed as gloo runs it (a Send done once its Recv is posted, a wait blocking), the export
+    of every schedule (with and without --overlap-p2p-comm), ring attention, MoE exchanges and
+    ZeRO-3 reaches its end on every rank: the waits and the order the export writes add no cycle
+    (e.g. a step's closing collectives never move ahead of a final Send)."""
+    _, out, _ = make_set(**overrides)
     assert export(out, tmp_path / "p").exit_code == 0
     assert stuck_ranks(tmp_path / "p", 8) == {}
 

@@ -34,7 +34,7 @@ SETS = [pytest.param(dict(PIPE, schedule="1f1b"), id="1f1b")] + [
     pytest.param(dict(TINY, tp=2, cp=2, pp=1, dp=2, layers=2), id="cp2", marks=HEAVY),
     pytest.param(dict(TINY, arch="llama", tp=1, pp=2, dp=4, ep=4, experts=4, top_k=2, moe_routing="zipf:1.2",
                       layers=4, num_microbatches=2, order="megatron"), id="moe-ep4", marks=HEAVY),
-    pytest.param(dict(TINY, tp=2, pp=1, dp=4, layers=2, dp_mode="zero3"), id="zero3", marks=HEAVY),
+    pytest.param(dict(TINY, tp=2, pp=2, dp=2, layers=4, num_microbatches=4, dp_mode="zero3"), id="zero3", marks=HEAVY),
 ]
 
 
