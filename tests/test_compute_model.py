@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from traceforge.hardware import GPUS, Calibration, wave_efficiency
-from traceforge.plan.compute import CostModel
+from traceforge.plan.compute import CostModel, Kernel
 from traceforge.spec import build_spec
 
 H100 = GPUS["h100"].calibration
@@ -63,14 +63,30 @@ def spec(**overrides):
     return build_spec("demo", overrides={**base, **overrides})
 
 
-def test_gemm_duration_is_flops_over_calibrated_rate_times_wave_efficiency():
+def test_gemm_duration_is_its_main_loop_at_the_calibrated_rate_then_its_output_store():
     s = spec()
     cost = CostModel(s)
     T, h = 4096, 4096
     flops = 2 * T * h * 3 * h  # QKV, kv heads = heads
     rate = 989e12 * H100.gemm * wave_efficiency(T, 3 * h, H100)
+    store = T * 3 * h * 2 / (3350e9 * H100.memory)  # the T x 3h bf16 output, after the main loop
     assert cost.qkv.flops == flops
-    assert cost.qkv.micros == pytest.approx(flops / rate * 1e6)
+    assert cost.qkv.micros == pytest.approx((flops / rate + store) * 1e6)
+
+
+def test_short_k_gemms_reach_less_of_peak_and_the_half_way_k_is_the_stores_worth_of_loop():
+    cost = CostModel(spec())
+    m = n = 4096
+    w = wave_efficiency(m, n, H100)
+    k0 = 2 * 989e12 * H100.gemm * w / (2 * 3350e9 * H100.memory)  # output store, in steps of K (~250)
+    effs = []
+    for k in (64, 256, 1024, 4096, 16384, 65536):
+        c = cost.gemm(m, k, n)
+        effs.append(c.flops / (c.micros * 1e-6) / 989e12)
+    assert effs == sorted(effs) and effs[-1] < H100.gemm * w  # rises with K, bounded by the long-K rate
+    assert effs[-1] == pytest.approx(H100.gemm * w * 65536 / (65536 + k0))
+    half_way = cost.gemm(m, round(k0), n)
+    assert half_way.flops / (half_way.micros * 1e-6) / 989e12 == pytest.approx(H100.gemm * w / 2, rel=2e-3)
 
 
 def test_small_gemm_is_memory_bound():
@@ -81,11 +97,20 @@ def test_small_gemm_is_memory_bound():
     assert cost.fc1.micros == pytest.approx(nbytes / (3350e9 * H100.memory) * 1e6)
 
 
-def test_attention_at_flashattention_rates_and_backward_slower_per_flop():
+def test_attention_at_flashattention_rates_less_its_loads_stores_and_causal_diagonal():
     cost = CostModel(spec())
     fwd, bwd = cost.core, cost.attn_core_bwd
-    assert fwd.micros == pytest.approx(fwd.flops / (989e12 * H100.attn_fwd) * 1e6)
-    assert bwd.micros == pytest.approx(bwd.flops / (989e12 * H100.attn_bwd) * 1e6)
+    s, hbm = 4096, 3350e9 * H100.memory
+    diagonal = s / (s + (128 + 128) / 2)  # 128 x 128 tiles on the diagonal computed whole
+    # forward: Q in and O out (2 bytes a channel) against 2 FLOPs a key and channel, s/2 keys a
+    # CTA on average under the mask; backward: K, V in, dK, dV out against 5 FLOPs a query
+    fixed_fwd = 2 * 989e12 * H100.attn_fwd / (2 * hbm)
+    fixed_bwd = 2 * 2 * 989e12 * H100.attn_bwd / (5 * hbm)
+    eff_fwd = (s / 2) / (s / 2 + fixed_fwd) * diagonal
+    eff_bwd = (s / 2) / (s / 2 + fixed_bwd) * diagonal
+    assert 0.85 < eff_fwd < eff_bwd < 1
+    assert fwd.micros == pytest.approx(fwd.flops / (989e12 * H100.attn_fwd * eff_fwd) * 1e6)
+    assert bwd.micros == pytest.approx(bwd.flops / (989e12 * H100.attn_bwd * eff_bwd) * 1e6)
     assert bwd.flops == pytest.approx(2.5 * fwd.flops, rel=1e-6)
 
 
@@ -278,3 +303,82 @@ def test_every_kernel_kind_has_a_key_shape_for_measured_times():
     from traceforge.plan.compute import ELEMENTWISE
 
     assert set(ELEMENTWISE) <= set(SHAPES) and all(SHAPES[k] == ("elements",) for k in ELEMENTWISE)
+
+
+# -- ring context parallelism: each step at its real size, with TransformerEngine's merges ---------
+
+def ring(cp=4, **overrides):
+    return CostModel(spec(seq_len=8192, cp=cp, dp=8 // cp, world_size=8, **overrides))
+
+
+FULL, HALF, HEADS, D = 8192 // 4, 8192 // 8, 32, 128  # a rank's s/cp tokens, half of them
+
+
+def attn(kind, s_q, s_kv):
+    return Kernel(kind, (1, HEADS, s_q, s_kv, D, D), "bf16")
+
+
+def test_ring_steps_are_one_causal_block_then_half_blocks_that_add_up_to_the_causal_work():
+    cost = ring()
+    assert {k for k in cost.kernels if k.kind.startswith("attention")} == {
+        attn("attention_fwd", FULL, FULL), attn("attention_bwd", FULL, FULL),  # this rank's own diagonal block
+        attn("attention_block_fwd", FULL, HALF), attn("attention_block_bwd", FULL, HALF),  # all queries, first half of the keys
+        attn("attention_block_fwd", HALF, FULL), attn("attention_block_bwd", HALF, FULL),  # second half of the queries, all keys
+        attn("attention_fwd", FULL, 8192), attn("attention_bwd", FULL, 8192),  # the whole-sequence core (not run with p2p)
+    }
+    diagonal = 2 * HEADS * FULL * FULL * 2 * D // 2  # causal: half of the block
+    off = 2 * HEADS * FULL * HALF * 2 * D  # unmasked, half the keys or half the queries
+    assert cost.kernels[attn("attention_fwd", FULL, FULL)].flops == diagonal
+    assert cost.kernels[attn("attention_block_fwd", FULL, HALF)].flops == off
+    assert diagonal + 3 * off == cost.core.flops  # the causal half of s/cp queries x s keys
+    # the merges do a few FLOPs per element; the blocks hold almost all of each step's
+    assert [c.flops for c in cost.ring_fwd][0] == diagonal
+    assert all(off <= c.flops < 1.01 * off for c in cost.ring_fwd[1:])
+
+
+def test_ring_forward_merges_read_and_write_the_bytes_transformer_engine_does():
+    cost = ring()
+    rows, half_rows = HEADS * FULL, HEADS * HALF  # log-sum-exp rows (fp32), output rows of D bf16
+    lse, half_lse = 3 * 4 * rows, 3 * 4 * half_rows  # read both, write one
+    init = rows * (2 * D * 2 + 2 * 4)  # read the first step's output, write it rescaled; both LSEs
+    merge, half_merge = rows * (3 * D * 2 + 2 * 4), half_rows * (3 * D * 2 + 2 * 4)
+    blocks = sum(cost.kernels[k].bytes for k in (attn("attention_fwd", FULL, FULL),)) + 3 * (
+        cost.kernels[attn("attention_block_fwd", FULL, HALF)].bytes + cost.kernels[attn("attention_block_fwd", HALF, FULL)].bytes) / 2
+    # step 1 clones the first LSE (priced as a merge), steps 2.. and the tail merge the mean of a
+    # full and a half step; after the loop, the first output and three later ones are rescaled
+    by_hand = lse + 3 * (lse + half_lse) / 2 + init + 3 * (merge + half_merge) / 2
+    assert sum(c.bytes for c in cost.ring_fwd) == pytest.approx(blocks + by_hand, abs=4)
+    hbm = 3350e9 * H100.memory
+    assert cost.kernels[Kernel("out_correction", (rows, D), "bf16")].micros == pytest.approx(max(merge / hbm * 1e6, 3.8))
+
+
+def test_ring_backward_adds_every_steps_gradients_into_the_running_ones():
+    cost = ring()
+    q = k = v = FULL * HEADS * D  # elements of dQ, dK, dV on this rank (kv heads = heads)
+    add = 3 * 2  # read both, write: bf16
+    step0 = cost.kernels[attn("attention_bwd", FULL, FULL)].bytes + add * (q + k + v)
+    assert cost.ring_bwd[0].bytes == pytest.approx(step0, abs=2)
+    block = (cost.kernels[attn("attention_block_bwd", FULL, HALF)].bytes + cost.kernels[attn("attention_block_bwd", HALF, FULL)].bytes) / 2
+    # a later step adds a full dQ and half dK, dV, or half a dQ and full dK, dV: 3/4 of each on the mean
+    assert cost.ring_bwd[1].bytes == pytest.approx(block + add * 0.75 * (q + k + v), abs=2)
+
+
+def test_short_ring_blocks_reach_less_of_flashattention_than_the_whole_sequence():
+    cost = ring(cp=8)
+    blocks = sum(cost.kernels[k].micros * n for k, n in (
+        (Kernel("attention_fwd", (1, HEADS, 1024, 1024, D, D), "bf16"), 1),
+        (Kernel("attention_block_fwd", (1, HEADS, 1024, 512, D, D), "bf16"), 3.5),
+        (Kernel("attention_block_fwd", (1, HEADS, 512, 1024, D, D), "bf16"), 3.5)))
+    assert blocks > 1.1 * cost.core.micros  # the same FLOPs, 1024-token blocks against one 8192-key pass
+    assert sum(c.micros for c in cost.ring_fwd) > blocks  # and the merges on top
+
+
+def test_attention_length_efficiency_rises_with_the_loop_and_stays_below_one():
+    from traceforge.plan.compute import attention_length_efficiency
+
+    effs = [attention_length_efficiency(n, 200.0, 0, (128, 128)) for n in (64, 512, 4096, 65536)]
+    assert effs == sorted(effs) and all(0 < e < 1 for e in effs)
+    assert effs[1] == pytest.approx(512 / 712)
+    # a causal side of 2048 with 128 x 64 tiles: 2048^2/2 useful of 2048^2/2 + 2048 x 96 computed
+    assert attention_length_efficiency(1024, 0.0, 2048, (128, 64)) == pytest.approx(2048 / (2048 + 96))
+

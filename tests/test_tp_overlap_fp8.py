@@ -126,7 +126,7 @@ def test_refusals(tmp_path):
 def test_fp8_gemms_at_the_fp8_rate():
     """Layer GEMMs are FP8 kernels at 1,979 TFLOP/s dense (H100) times their own fraction; the LM
     head stays bf16 (Megatron's output layer is not a TE module)."""
-    from traceforge.hardware import FP8, GPUS
+    from traceforge.hardware import FP8, GPUS, wave_efficiency
     from traceforge.plan.compute import CostModel, Kernel
     from traceforge.spec import build_spec
 
@@ -142,12 +142,17 @@ def test_fp8_gemms_at_the_fp8_rate():
     assert not [kk for kk in flat_fp8.kernels if kk.kind == "gemm" and kk.dtype == "bf16" and kk.shape[2] != 128256 and
                 kk.shape[1] != 128256 and kk.shape[0] != h]  # only the head's GEMMs stay bf16
     assert Kernel("gemm", (tokens, h, 128256), "bf16") in flat_fp8.kernels
-    # Calibrated: the same GEMM in bf16 and in FP8 differ by the peaks times their fractions.
+    # Calibrated: the same GEMM's main loop in bf16 and in FP8 differ by the peaks times their
+    # fractions; both then store the same bf16 output at HBM speed.
     bf16 = CostModel(build_spec("llama3-8b", overrides=over)).kernels[Kernel("gemm", qkv, "bf16")]
     fp8 = CostModel(build_spec("llama3-8b", overrides={**over, "fp8": "hybrid"})).kernels[Kernel("gemm", qkv, "fp8")]
     h100 = GPUS["h100"]
-    assert h100.calibration is not None
-    assert bf16.micros / fp8.micros == pytest.approx(FP8["h100"].peak_tflops * FP8["h100"].gemm / (989.0 * h100.calibration.gemm), rel=1e-9)
+    cal = h100.calibration
+    assert cal is not None
+    wave = wave_efficiency(m, n, cal)
+    store = m * n * 2 / (3350e9 * cal.memory) * 1e6
+    assert bf16.micros == pytest.approx(2 * m * k * n / (989e6 * cal.gemm * wave) + store, rel=1e-9)
+    assert fp8.micros == pytest.approx(2 * m * k * n / (FP8["h100"].peak_tflops * 1e6 * FP8["h100"].gemm * wave) + store, rel=1e-9)
 
 
 def test_fp8_amax_reductions_over_the_stage(make_set):

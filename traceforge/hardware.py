@@ -10,7 +10,10 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - memory: the fraction of HBM bandwidth a streaming (element-wise) kernel reaches;
 - launch_us: the least time any kernel takes on the stream (launch overhead; LAUNCH_FLOOR_US);
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
-  with the relative efficiency of each (smaller tiles reuse operands less).
+  with the relative efficiency of each (smaller tiles reuse operands less);
+- attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes).
+Two shape terms need no constant of their own (plan/compute.py): a GEMM's output store and a
+FlashAttention block's Q load and output store run after the main loop, at HBM speed.
 `--gpu-efficiency` replaces all of it with one flat fraction (the old roofline).
 """
 
@@ -27,6 +30,13 @@ LAUNCH_FLOOR_US = 3.8
 # bf16, and smaller tiles for small problems.
 TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.9), (64, 128, 0.75))
 
+# FlashAttention's block (query rows x keys per step) for causal head dim 128: FlashAttention-3 on
+# Hopper 128 x 128 (Dao-AILab/flash-attention hopper/tile_size.h, tile_size_fwd_sm90: kBlockN 128
+# when causal); FlashAttention-2 on A100 128 x 64 (csrc/flash_attn/src/flash_fwd_launch_template.h,
+# run_mha_fwd_hdim128, sm80). Blackwell's FlashAttention-4 is taken as Hopper's.
+FA3_TILE = (128, 128)
+FA2_TILE = (128, 64)
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -37,6 +47,7 @@ class Calibration:
     memory: float
     tiles: tuple[tuple[int, int, float], ...] = TILES
     launch_us: float = 0.0
+    attn_tile: tuple[int, int] = FA3_TILE
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,8 @@ GPUS = {
         "a100",
         {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
         hbm_gbps=2039.0,
-        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85, launch_us=LAUNCH_FLOOR_US),
+        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85, launch_us=LAUNCH_FLOOR_US,
+                                attn_tile=FA2_TILE),
     ),
     "b200": Gpu(
         "b200",

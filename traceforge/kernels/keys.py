@@ -6,6 +6,10 @@ The shape is what the kind's time depends on, in a fixed order:
   gradient (T, N, K) and weight gradient (K, T, N) are three keys; bmm (batch, m, k, n);
 - attention_fwd / attention_bwd (batch, heads, seq_q, seq_kv, d_qk, d_v): causal FlashAttention
   on this rank (heads after tensor parallelism, seq_q after context parallelism);
+- attention_block_fwd / attention_block_bwd (the same six): a ring step's unmasked block of
+  this rank's queries against another rank's keys (context parallelism, p2p);
+- lse_correction (rows,), out_correction_init and out_correction (rows, channels): the ring's
+  merge of each step's log-sum-exp and output (rows = batch x heads x seq_q);
 - every element-wise kind (elements,): the tensor's element count (layernorm, bias_gelu,
   swiglu, ... and their _bwd, adam; ELEMENTWISE_KINDS).
 """
@@ -20,6 +24,11 @@ SHAPES: dict[str, tuple[str, ...]] = {
     "bmm": ("batch", "m", "k", "n"),
     "attention_fwd": ("batch", "heads", "seq_q", "seq_kv", "d_qk", "d_v"),
     "attention_bwd": ("batch", "heads", "seq_q", "seq_kv", "d_qk", "d_v"),
+    "attention_block_fwd": ("batch", "heads", "seq_q", "seq_kv", "d_qk", "d_v"),
+    "attention_block_bwd": ("batch", "heads", "seq_q", "seq_kv", "d_qk", "d_v"),
+    "lse_correction": ("rows",),
+    "out_correction_init": ("rows", "channels"),
+    "out_correction": ("rows", "channels"),
 }
 # The compute model's element-wise kernels (tests/test_kernel_times.py holds this list to it).
 ELEMENTWISE_KINDS = (
@@ -27,7 +36,7 @@ ELEMENTWISE_KINDS = (
 )
 for _kind in ELEMENTWISE_KINDS:
     SHAPES[_kind] = SHAPES[_kind + "_bwd"] = ("elements",)
-for _kind in ("adam", "unscale_grads", "bias_add", "bias_grad", "residual_add", "zero_fill", "grad_accumulate"):
+for _kind in ("adam", "unscale_grads", "bias_add", "bias_grad", "residual_add", "zero_fill", "grad_accumulate", "grad_add"):
     SHAPES[_kind] = ("elements",)
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 MAX_DIM = 1 << 40  # no real tensor has a dimension this long

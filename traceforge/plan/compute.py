@@ -4,9 +4,10 @@ roofline on the modelled GPU.
 Each kernel takes max(FLOPs / achieved peak, bytes / achieved HBM bandwidth); a compute node's
 duration is the sum over its kernels. The achieved fractions depend on the kernel (the GPU
 preset's calibration, hardware.py): a GEMM reaches the calibrated GEMM fraction times its
-tile/wave efficiency over the SMs, attention FlashAttention's forward or backward rate,
-element-wise kernels a fraction of HBM bandwidth. --gpu-efficiency (or a custom GPU) uses one
-flat fraction for everything instead.
+tile/wave efficiency over the SMs, then stores its output (short K reaches less); attention
+FlashAttention's forward or backward rate times its block's length efficiency (short blocks
+reach less); element-wise kernels a fraction of HBM bandwidth. --gpu-efficiency (or a custom
+GPU) uses one flat fraction for everything instead (docs/simulation.md).
 
 Every kernel goes through ``CostModel.price`` (the one place a measured time could replace the
 model's) and is listed in ``CostModel.kernels`` (what a spec runs). Kinds and shapes:
@@ -18,6 +19,9 @@ model's) and is listed in ``CostModel.kernels`` (what a spec runs). Kinds and sh
   causal mask; the score and value products cost 2*b*heads*s_q*s_kv*(d_qk + d_v) FLOPs, halved
   because masked blocks are skipped; backward costs 2.5x forward (dQ, dK, dV plus recomputing
   the scores).
+- ``attention_block_fwd`` / ``attention_block_bwd`` (the same shape): a ring context-parallel
+  step's unmasked block (CostModel._ring), with the merges ``lse_correction`` (rows,),
+  ``out_correction_init`` and ``out_correction`` (rows, d_v) and the backward's ``grad_add``.
 - element-wise kinds (elements,): ELEMENTWISE gives each one's HBM bytes per element.
 """
 
@@ -38,7 +42,22 @@ FP32 = 4
 
 GEMM, BMM = "gemm", "bmm"
 FP8_DTYPE = "fp8"  # TransformerEngine's FP8 GEMMs (--fp8)
-ATTENTION_FWD, ATTENTION_BWD = "attention_fwd", "attention_bwd"
+ATTENTION_FWD, ATTENTION_BWD = "attention_fwd", "attention_bwd"  # causal
+# A ring step's full (unmasked) block of queries against another rank's keys
+ATTENTION_BLOCK_FWD, ATTENTION_BLOCK_BWD = "attention_block_fwd", "attention_block_bwd"
+ATTENTION_KINDS = (ATTENTION_FWD, ATTENTION_BWD, ATTENTION_BLOCK_FWD, ATTENTION_BLOCK_BWD)
+
+# Ring attention's merge of the partial results (TransformerEngine, attention/dot_product_attention/
+# context_parallel.py: flash_attn_fwd_softmax_lse_correction, flash_attn_fwd_out_correction_init,
+# flash_attn_fwd_out_correction): HBM passes over the output (rows x d_v, model dtype) and fp32
+# passes over the log-sum-exp (one per row). lse_correction reads both LSEs and writes one; the
+# first step's output is read and written scaled; every later one reads the running output, its
+# own and both LSEs, and writes the output back.
+CORRECTIONS: dict[str, tuple[int, int]] = {
+    "lse_correction": (0, 3),
+    "out_correction_init": (2, 2),
+    "out_correction": (3, 2),
+}
 
 # Element-wise kernels: HBM passes per element (a pass reads or writes the whole tensor once)
 # in the kernel's dtype and in fp32, other bytes per element, FLOPs per element. Megatron-LM
@@ -87,7 +106,21 @@ ELEMENTWISE: dict[str, tuple[int, int, int, int]] = {
     "adam": (1, 9, 0, 12),
     # fp16's loss scaling: unscale the fp32 main grads and check them for inf/nan (read, write)
     "unscale_grads": (0, 2, 0, 1),
+    # ring attention's backward adds each step's dQ, dK and dV into the running ones (read both,
+    # write; TransformerEngine's dq.add_(dq_), dk.add_(dk_), dv.add_(dv_))
+    "grad_add": (3, 0, 0, 1),
 }
+
+
+def attention_length_efficiency(loop: float, fixed: float, diagonal: int, tile: tuple[int, int]) -> float:
+    """The fraction of FlashAttention's long-sequence rate a block reaches: each CTA's loop of
+    `loop` steps (keys forward, queries backward; half of them under a causal mask) pays `fixed`
+    steps' worth of loads and stores around it, and a causal block of side `diagonal` (0: none)
+    computes its diagonal tiles whole: side^2/2 useful of side^2/2 + side x (tq + tk)/2."""
+    eff = loop / (loop + fixed)
+    if diagonal:
+        eff *= diagonal / (diagonal + (tile[0] + tile[1]) / 2)
+    return eff
 
 
 @dataclass(frozen=True)
@@ -175,6 +208,7 @@ class CostModel:
         self.norm_bwd = self.elementwise("layernorm_bwd", T_sp * h) + residual_bwd
         self.act, self.act_bwd = self._activation(T * f // t)
         self.core, self._core_bwd = self._attention(T, q_dim, v_dim)
+        self.ring_fwd, self.ring_bwd = self._ring(T, q_dim, k_dim, v_dim) if s.cp > 1 and s.cp_comm_type == "p2p" else ((), ())
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         # (MoE with TP runs with SP, so a rank routes its sequence shard; plan/expert.py agrees.)
         moe_tokens = T // t if t > 1 else T
@@ -229,34 +263,76 @@ class CostModel:
         if k.kind in (GEMM, BMM):
             batch, m, kk, n = k.shape if k.kind == BMM else (1, *k.shape)
             flops, nbytes = 2 * batch * m * kk * n, batch * (m * kk + kk * n + m * n) * e
-            return self._time(flops, nbytes, None if self.cal is None else self.cal.gemm * wave_efficiency(m, n, self.cal, batch))
-        if k.kind in (ATTENTION_FWD, ATTENTION_BWD):
-            b, heads, s_q, s_kv, d_qk, d_v = k.shape
-            flops = round(2 * b * heads * s_q * s_kv * (d_qk + d_v) * CAUSAL_FRACTION)
-            nbytes = 2 * b * heads * s_q * (d_qk + d_v) * e  # Q, K, V and the output (K, V at every query head)
-            if k.kind == ATTENTION_FWD:
-                return self._time(flops, nbytes, None if self.cal is None else self.cal.attn_fwd)
-            scale = ATTENTION_BACKWARD_FACTOR
-            return self._time(round(flops * scale), round(nbytes * scale), None if self.cal is None else self.cal.attn_bwd)
+            if self.cal is None:
+                return self._time(flops, nbytes, None)
+            return self._gemm_time(flops, nbytes, batch * m * n * e, self.cal.gemm * wave_efficiency(m, n, self.cal, batch))
+        if k.kind in ATTENTION_KINDS:
+            return self._attention_time(k, e)
+        if k.kind in CORRECTIONS:
+            act_passes, fp32_passes = CORRECTIONS[k.kind]
+            rows, channels = (*k.shape, 0)[:2]
+            nbytes = rows * (act_passes * channels * e + fp32_passes * FP32)
+            return self._elementwise_time(rows * max(channels, 1) * 2, nbytes)
         act_passes, fp32_passes, other_bytes, flops_each = ELEMENTWISE[k.kind]
         (elements,) = k.shape
         nbytes = elements * (act_passes * e + fp32_passes * FP32 + other_bytes)
+        return self._elementwise_time(flops_each * elements, nbytes)
+
+    def _elementwise_time(self, flops: int, nbytes: int) -> Cost:
         if self.cal is not None:  # calibrated: element-wise work is HBM-bound
-            return Cost(flops_each * elements, nbytes, nbytes / self.bytes_per_us)
-        return self._time(flops_each * elements, nbytes, None)
+            return Cost(flops, nbytes, nbytes / self.bytes_per_us)
+        return self._time(flops, nbytes, None)
 
     def _time(self, flops: int, nbytes: int, rate: float | None) -> Cost:
         """Roofline; `rate` is the calibrated fraction of peak FLOP/s (None: the flat model)."""
         flops_per_us = self.flops_per_us * (1.0 if rate is None else rate)
         return Cost(int(flops), int(nbytes), max(flops / flops_per_us, nbytes / self.bytes_per_us))
 
+    def _gemm_time(self, flops: int, nbytes: int, out_bytes: int, rate: float) -> Cost:
+        """A calibrated GEMM: each CTA's main loop at `rate` of peak, then its epilogue stores the
+        output tile at HBM speed, not overlapped with that CTA's loop; or all operand and output
+        bytes at HBM speed, whichever is longer. The store costs the main loop K0 =
+        e x peak x rate / (2 x HBM) steps of K: short-K GEMMs reach less of peak (hardware.py)."""
+        loop = flops / (self.flops_per_us * rate) + out_bytes / self.bytes_per_us
+        return Cost(int(flops), int(nbytes), max(loop, nbytes / self.bytes_per_us))
+
+    def _attention_time(self, k: Kernel, e: int) -> Cost:
+        """FlashAttention over b x heads blocks of s_q queries against s_kv keys, causal (the kinds
+        attention_fwd/bwd) or full (attention_block_fwd/bwd: a ring step against another rank's
+        keys). Backward costs 2.5x forward."""
+        b, heads, s_q, s_kv, d_qk, d_v = k.shape
+        causal = k.kind in (ATTENTION_FWD, ATTENTION_BWD)
+        backward = k.kind in (ATTENTION_BWD, ATTENTION_BLOCK_BWD)
+        flops = 2 * b * heads * s_q * s_kv * (d_qk + d_v) * (CAUSAL_FRACTION if causal else 1.0)
+        # Q, K, V and the output (K, V at every query head); a full block's K, V are its s_kv keys
+        nbytes = b * heads * (2 * s_q if causal else s_q + s_kv) * (d_qk + d_v) * e
+        scale = ATTENTION_BACKWARD_FACTOR if backward else 1.0
+        flops, nbytes = round(flops * scale), round(nbytes * scale)
+        if self.cal is None:
+            return self._time(flops, nbytes, None)
+        rate = self.cal.attn_bwd if backward else self.cal.attn_fwd
+        # Forward: a CTA holds a query block and loops over the keys, loading Q first and storing
+        # the output after; backward: it holds a key block (K, V in; dK, dV out) and loops over the
+        # queries. Those loads and stores cost the loop `fixed` steps at HBM speed (as a GEMM's store).
+        # Per CTA row and channel: forward 1 pass of fixed bytes (Q in, O out, each d of its
+        # channels) against 2 FLOPs a key; backward 2 (K, V in; dK, dV out) against 5 a query.
+        loop = s_q if backward else s_kv
+        passes, flops_per_step = (2, 5) if backward else (1, 2)
+        fixed = passes * e * self.flops_per_us * rate / (flops_per_step * self.bytes_per_us)
+        eff = attention_length_efficiency(loop * (CAUSAL_FRACTION if causal else 1.0), fixed,
+                                          min(s_q, s_kv) if causal else 0, self.cal.attn_tile)
+        return self._time(flops, nbytes, rate * eff)
+
     def _fp8_gemm(self, k: Kernel) -> Cost:
         """A TransformerEngine FP8 GEMM: 1-byte operands, output in the model dtype, at the GPU's
         FP8 peak (scaled with --gpu-tflops) times its own calibrated fraction (hardware.FP8)."""
         fp8, m, kk, n = FP8[self.spec.gpu], *k.shape
         speedup = fp8.peak_tflops / GPUS[self.spec.gpu].peak_tflops[self.spec.dtype]
-        rate = speedup * (1.0 if self.cal is None else fp8.gemm * wave_efficiency(m, n, self.cal))
-        return self._time(2 * m * kk * n, m * kk + kk * n + m * n * DTYPE_BYTES[self.spec.dtype], rate)
+        out_bytes = m * n * DTYPE_BYTES[self.spec.dtype]
+        flops, nbytes = 2 * m * kk * n, m * kk + kk * n + out_bytes
+        if self.cal is None:
+            return self._time(flops, nbytes, speedup)
+        return self._gemm_time(flops, nbytes, out_bytes, speedup * fp8.gemm * wave_efficiency(m, n, self.cal))
 
     def gemm(self, m: int, k: int, n: int, batch: int = 1, dtype: str | None = None) -> Cost:
         if batch > 1:
@@ -318,6 +394,50 @@ class CostModel:
                + self.elementwise("dropout_bwd", scores) + self.elementwise("softmax_bwd", scores)
                + self.gemm(s_q, s_kv, d_qk, bh) + self.gemm(s_kv, s_q, d_qk, bh))  # dQ, dK
         return fwd, bwd
+
+    def _ring(self, T: int, q_dim: int, k_dim: int, v_dim: int) -> tuple[tuple[Cost, ...], tuple[Cost, ...]]:
+        """Ring attention's cp steps, forward and backward, as TransformerEngine runs them
+        (AttnFuncWithCPAndKVP2P, causal, load-balanced: a rank holds chunks r and 2cp-1-r of
+        s/(2cp) tokens). Step 0 is this rank's own causal s/cp x s/cp block. Every later step is
+        an unmasked block of half the size: all s/cp queries against the first half of an earlier
+        rank's keys, or the second half of the queries against all of a later rank's keys; a
+        rank's steps are one kind or the other as the ring turns, so each is priced as the mean
+        of both (the mean over the group's ranks). Forward, each step's log-sum-exp merges into
+        the running one (the next step's node; the last after the loop) and, after the loop, every
+        step's output is rescaled into the result; backward, each step's dQ, dK and dV are added
+        into the running gradients. The merges and adds of a half step are half size."""
+        s, t = self.spec, self.spec.tp
+        heads = max(1, s.heads // t)
+        d_qk, d_v = q_dim // s.heads, s.v_head_dim if s.mla else s.head_dim
+        b, full = s.micro_batch, T // s.micro_batch
+        half = max(1, full // 2)
+
+        def attention(kind: str, s_q: int, s_kv: int) -> Cost:
+            return self.price(Kernel(kind, (b, heads, s_q, s_kv, d_qk, d_v), s.dtype))
+
+        def mean(x: Cost, y: Cost) -> Cost:
+            return (x + y).scaled(0.5)
+
+        def lse(rows: int) -> Cost:
+            return self.price(Kernel("lse_correction", (rows,), "fp32"))
+
+        def out(kind: str, rows: int) -> Cost:
+            return self.price(Kernel(kind, (rows, d_v), s.dtype))
+
+        def grads(tokens: int) -> Cost:
+            return sum((self.elementwise("grad_add", b * tokens * dim // t) for dim in (q_dim, k_dim, v_dim)), NOTHING)
+
+        rows, half_rows = b * heads * full, b * heads * half
+        block_fwd = mean(attention(ATTENTION_BLOCK_FWD, full, half), attention(ATTENTION_BLOCK_FWD, half, full))
+        block_bwd = mean(attention(ATTENTION_BLOCK_BWD, full, half), attention(ATTENTION_BLOCK_BWD, half, full))
+        step_lse = mean(lse(rows), lse(half_rows))
+        fwd = [attention(ATTENTION_FWD, full, full)] + [block_fwd + (lse(rows) if j == 1 else step_lse) for j in range(1, s.cp)]
+        tail = step_lse + out("out_correction_init", rows)
+        tail += mean(out("out_correction", rows), out("out_correction", half_rows)).scaled(s.cp - 1)
+        fwd[-1] += tail
+        step_grads = mean(grads(full), grads(half))  # (queries, keys) full/half or half/full
+        bwd = [attention(ATTENTION_BWD, full, full) + grads(full)] + [block_bwd + step_grads] * (s.cp - 1)
+        return tuple(fwd), tuple(bwd)
 
     # -- per layer ---------------------------------------------------------------------
     @property

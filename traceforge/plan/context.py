@@ -7,7 +7,9 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
   rank sending the K,V block it holds (2*kv bytes) to the next CP rank and receiving one from the
   previous; backward, in the opposite direction, one message per step: K,V at step 0, the K,V
   block and the accumulated dK,dV together (4*kv) at steps 1..cp-2, dK,dV (2*kv) at step cp-1.
-  Each attention block computes while the next block is in flight.
+  Each attention block computes while the next block is in flight; each step is its block at
+  its real size, with TransformerEngine's merges of the partial results (plan/compute.py,
+  CostModel._ring).
 - all-gather (``AttnFuncWithCPAndKVAllGather``, as Llama 3 trained): forward, AllGather of K and
   of V in the CP group (each rank contributes kv); backward, the same two AllGathers again (the
   gathered K,V are not kept), then ReduceScatter of dK and of dV (cp*kv in, kv out).
@@ -19,7 +21,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 from __future__ import annotations
 
 from traceforge.model import attention_output_channels, local_tokens, qkv_channels
-from traceforge.plan.compute import Cost
+from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec
 
@@ -61,13 +63,12 @@ class RingAttention:
         assert b.ctx.layer is not None
         return b.ctx.layer
 
-    def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
-        """Attention core in cp blocks, K/V travelling to the next rank."""
+    def forward(self, b: ProgramBuilder, cost: CostModel, recompute: bool = False) -> None:
+        """Attention core in cp steps, K/V travelling to the next rank."""
         layer = self._begin(b)
         kind = KV_RECOMPUTE if recompute else KV_FWD
-        block = core.scaled(1 / self.cp)
         received = None
-        for j in range(self.cp):
+        for j, block in enumerate(cost.ring_fwd):
             b.gate(received)  # this step's block arrived during the previous step
             nxt = None
             if j < self.cp - 1:
@@ -83,12 +84,11 @@ class RingAttention:
             return [("kv", self.kv_bytes), ("dkv", self.kv_bytes)]
         return [("kv", self.kv_bytes)] + [("kv_dkv", 2 * self.kv_bytes)] * (self.cp - 2) + [("dkv", self.kv_bytes)]
 
-    def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
-        """Attention backward in cp blocks, one message to the previous rank per step."""
+    def backward(self, b: ProgramBuilder, cost: CostModel) -> None:
+        """Attention backward in cp steps, one message to the previous rank per step."""
         layer = self._begin(b)
-        block = core_bwd.scaled(1 / self.cp)
         received = None
-        for j, (what, size) in enumerate(self.backward_messages()):
+        for j, ((what, size), block) in enumerate(zip(self.backward_messages(), cost.ring_bwd, strict=True)):
             b.gate(received)
             b.send(what, CP_PREV, size, self._tag(layer, j, BWD), dim="cp")
             received = b.recv(what, CP_NEXT, size, self._tag(layer, j, BWD), dim="cp", gate=False)
@@ -105,13 +105,13 @@ class GatheredAttention:
         b.collective("k", Coll.ALL_GATHER, self.k, "cp")
         b.collective("v", Coll.ALL_GATHER, self.v, "cp")
 
-    def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
+    def forward(self, b: ProgramBuilder, cost: CostModel, recompute: bool = False) -> None:
         self._gather(b)
-        b.compute("attn_core", core)
+        b.compute("attn_core", cost.core)
 
-    def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
+    def backward(self, b: ProgramBuilder, cost: CostModel) -> None:
         self._gather(b)
-        b.compute("attn_core_bwd", core_bwd)
+        b.compute("attn_core_bwd", cost.attn_core_bwd)
         b.collective("dk", Coll.REDUCE_SCATTER, self.cp * self.k, "cp")
         b.collective("dv", Coll.REDUCE_SCATTER, self.cp * self.v, "cp")
 
@@ -121,15 +121,15 @@ class UlyssesAttention:
         # TE's AttnFuncWithCPAndQKVOA2A moves Q, K, V and the output as [s/cp, heads/t, d] each
         self.q, self.k, self.v, self.out = attention_shards(spec)
 
-    def forward(self, b: ProgramBuilder, core: Cost, recompute: bool = False) -> None:
+    def forward(self, b: ProgramBuilder, cost: CostModel, recompute: bool = False) -> None:
         for what, size in (("q", self.q), ("k", self.k), ("v", self.v)):
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
-        b.compute("attn_core", core)
+        b.compute("attn_core", cost.core)
         b.collective("out", Coll.ALL_TO_ALL, self.out, "cp")
 
-    def backward(self, b: ProgramBuilder, core_bwd: Cost) -> None:
+    def backward(self, b: ProgramBuilder, cost: CostModel) -> None:
         b.collective("dout", Coll.ALL_TO_ALL, self.out, "cp")
-        b.compute("attn_core_bwd", core_bwd)
+        b.compute("attn_core_bwd", cost.attn_core_bwd)
         for what, size in (("dq", self.q), ("dk", self.k), ("dv", self.v)):
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
 

@@ -35,7 +35,7 @@ class LayerTemplate:
             b.compute(f"attn{suffix}", cost.attn_fwd)
         else:
             b.compute(f"attn_qkv{suffix}", cost.norm + cost.qkv)
-            self.cp.forward(b, cost.core, recompute)
+            self.cp.forward(b, cost, recompute)
             b.compute(f"attn_proj{suffix}", cost.proj)
         tp.row_fwd(b, "proj")
         if is_moe_layer(self.spec, layer):
@@ -64,8 +64,8 @@ class LayerTemplate:
             return
         b.compute("attn_proj_dgrad", cost.proj_dgrad)
         if recompute_core:
-            self.cp.forward(b, cost.core, recompute=True)
-        self.cp.backward(b, cost.attn_core_bwd)
+            self.cp.forward(b, cost, recompute=True)
+        self.cp.backward(b, cost)
         self.qkv_tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv_dgrad + cost.norm_bwd), ("attn_wgrad", cost.attn_wgrad))
 
     # -- TransformerEngine's userbuffers overlap (--tp-comm-overlap; plan/tensor.py) ----------
@@ -77,7 +77,7 @@ class LayerTemplate:
         if self.cp is None:
             b.compute(f"attn_core{suffix}", cost.core)
         else:
-            self.cp.forward(b, cost.core, bool(suffix))
+            self.cp.forward(b, cost, bool(suffix))
         tp.gemm_scatter(b, "proj", f"attn_proj{suffix}_", cost.proj)
         if is_moe_layer(self.spec, layer):
             self.moe.forward(b, cost, bool(suffix))
@@ -102,6 +102,6 @@ class LayerTemplate:
             tp.column_bwd(b, "qkv", ("attn_dgrad", cost.core + dgrad if recompute_core else dgrad), ("attn_wgrad", cost.attn_wgrad))
             return
         if recompute_core:
-            self.cp.forward(b, cost.core, recompute=True)
-        self.cp.backward(b, cost.attn_core_bwd)
+            self.cp.forward(b, cost, recompute=True)
+        self.cp.backward(b, cost)
         tp.column_bwd(b, "qkv", ("attn_qkv_dgrad", cost.qkv_dgrad + cost.norm_bwd), ("attn_wgrad", cost.attn_wgrad))
