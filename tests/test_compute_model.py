@@ -382,3 +382,21 @@ def test_attention_length_efficiency_rises_with_the_loop_and_stays_below_one():
     # a causal side of 2048 with 128 x 64 tiles: 2048^2/2 useful of 2048^2/2 + 2048 x 96 computed
     assert attention_length_efficiency(1024, 0.0, 2048, (128, 64)) == pytest.approx(2048 / (2048 + 96))
 
+
+# -- compute beside NCCL's kernels ----------------------------------------------------------------
+
+def test_compute_is_slowed_only_where_it_overlaps_communication():
+    from traceforge.hardware import NCCL_SLOWDOWN, shared_end
+
+    f = 1.2
+    assert shared_end(10.0, 100.0, [], f) == 110.0  # alone
+    assert shared_end(10.0, 100.0, [(200.0, 300.0)], f) == 110.0  # the collective starts after
+    assert shared_end(10.0, 100.0, [(0.0, 500.0)], f) == pytest.approx(10.0 + 100.0 * f)  # all of it shared
+    # 30 us shared at the start: 25 us of work done in them, the other 75 alone
+    assert shared_end(10.0, 100.0, [(0.0, 40.0)], f) == pytest.approx(40.0 + 75.0)
+    # alone 20 us, shared 12 us (10 us of work), alone again for the last 70
+    assert shared_end(0.0, 100.0, [(20.0, 32.0)], f) == pytest.approx(32.0 + 70.0)
+    # two windows: 10 alone, 24 shared (20 of work), 6 alone, the last 64 of work x 1.2 in the second
+    assert shared_end(0.0, 100.0, [(10.0, 34.0), (40.0, 1000.0)], f) == pytest.approx(40.0 + 64.0 * f)
+    assert 1.0 < NCCL_SLOWDOWN < 1.41  # arXiv 2507.03114: 18.9 % on average, 40 % at most
+    assert all(g.calibration.nccl_slowdown == NCCL_SLOWDOWN for g in GPUS.values() if g.calibration)

@@ -11,7 +11,8 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - launch_us: the least time any kernel takes on the stream (launch overhead; LAUNCH_FLOOR_US);
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);
-- attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes).
+- attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes);
+- nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (shared_end).
 Two shape terms need no constant of their own (plan/compute.py): a GEMM's output store and a
 FlashAttention block's Q load and output store run after the main loop, at HBM speed.
 `--gpu-efficiency` replaces all of it with one flat fraction (the old roofline).
@@ -37,6 +38,15 @@ TILES = ((128, 256, 1.0), (256, 128, 1.0), (128, 128, 0.9), (64, 128, 0.75))
 FA3_TILE = (128, 128)
 FA2_TILE = (128, 64)
 
+# Compute that shares the GPU with NCCL's kernels runs slower while they run: NCCL's channels are
+# CTAs on the same SMs and its copies use the same HBM. Overlapping GPT and Llama training steps'
+# compute with their collectives on 4 A100 and 4 H100 (and two AMD GPUs), a 2025 study measures an
+# average compute slowdown of 18.9 % (at most 40 %) against the same compute alone
+# ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
+# arXiv 2507.03114, 2025). That average over the four GPUs is the one public figure found, not
+# one per GPU: every preset takes it (B200 was not measured).
+NCCL_SLOWDOWN = 1.189
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -48,6 +58,7 @@ class Calibration:
     tiles: tuple[tuple[int, int, float], ...] = TILES
     launch_us: float = 0.0
     attn_tile: tuple[int, int] = FA3_TILE
+    nccl_slowdown: float = NCCL_SLOWDOWN
 
 
 @dataclass(frozen=True)
@@ -125,3 +136,23 @@ def capacity_text(n_bytes: float) -> str:
     """A GPU's memory in both units, so neither reads as a mistake: the H100's 81,559 MiB is
     "85.5 GB (79.6 GiB)" (GB = 10^9 bytes, as every figure traceforge prints; GiB = 2^30)."""
     return f"{n_bytes / 1e9:,.1f} GB ({n_bytes / 2**30:,.1f} GiB)"
+
+
+def shared_end(start: float, micros: float, busy: list[tuple[float, float]], slowdown: float) -> float:
+    """When compute of `micros` alone, started at `start`, ends while NCCL kernels run in the
+    sorted, disjoint intervals `busy` (start, end): inside them it progresses at 1/slowdown, so
+    only the part that actually overlaps communication is slowed."""
+    t, left = start, micros
+    for a, b in busy:
+        if b <= t:
+            continue
+        if a > t:  # alone until the next interval
+            if left <= a - t:
+                return t + left
+            left -= a - t
+            t = a
+        if left * slowdown <= b - t:  # done inside the interval
+            return t + left * slowdown
+        left -= (b - t) / slowdown
+        t = b
+    return t + left
