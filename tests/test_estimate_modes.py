@@ -14,7 +14,7 @@ from test_timeline import COLL, COMP, RECV, SEND, node, write_set
 from traceforge.report import replay as replay_module
 from traceforge.report.build import build_report
 from traceforge.report.replay import replay
-from traceforge.report.timing_replay import LinkModel
+from traceforge.report.timing_replay import ALPHA_BETA, LinkModel
 
 # Scale-up 100 GB/s = 100,000 B/us, scale-out 1 GB/s = 1,000 B/us, 2 us latency on both.
 LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
@@ -110,10 +110,12 @@ def test_modes_agree_without_concurrent_communication(tmp_path):
 
 def test_modes_agree_on_a_pure_data_parallel_set(make_set):
     """tp=1 pp=1 dp=2, no overlap: every transfer is on the one DP group, so a stream per group
-    is the one slot per rank and nothing shares a link."""
+    is the one slot per rank and nothing shares a link (both modes on the alpha-beta links: the
+    hardware mode's NCCL model would time the transfers differently)."""
     _, out, _ = make_set("demo", tp=1, pp=1, dp=2, global_batch=8)
-    a = build_report(out, gpus_per_node=1, jobs=1, estimate="astra-sim").estimate
-    h = build_report(out, gpus_per_node=1, jobs=1, estimate="hardware").estimate
+    link = LinkModel(gpu=ALPHA_BETA)
+    a = build_report(out, gpus_per_node=1, link=link, jobs=1, estimate="astra-sim").estimate
+    h = build_report(out, gpus_per_node=1, link=link, jobs=1, estimate="hardware").estimate
     assert h.critical.total == pytest.approx(a.critical.total, rel=1e-9)
     assert h.critical.exposed_comm == pytest.approx(a.critical.exposed_comm, rel=1e-9)
 
@@ -138,12 +140,13 @@ def test_class_reduction_stays_exact_in_hardware_mode(make_set, monkeypatch):
 def test_overlap_flags_help_in_hardware_mode(make_set):
     """TP on NVLink, DP across nodes, several buckets: --overlap-grad-reduce hides bucket
     reductions behind the last backward in hardware mode, so its step is shorter than without
-    (and shorter than astra-sim's with it)."""
+    (and shorter than astra-sim's with it). Both modes on the alpha-beta links."""
     base = dict(tp=2, pp=1, dp=2, layers=8, hidden=1024, ffn_hidden=4096, heads=8, seq_len=1024, global_batch=8,
                 bucket_mb=4)
     _, plain, _ = make_set("demo", **base)
     _, overlap, _ = make_set("demo", **base, overlap_grad_reduce=True)
-    step = {(k, m): build_report(d, gpus_per_node=2, jobs=1, estimate=m).estimate.critical.total
+    link = LinkModel(gpu=ALPHA_BETA)
+    step = {(k, m): build_report(d, gpus_per_node=2, link=link, jobs=1, estimate=m).estimate.critical.total
             for k, d in (("plain", plain), ("overlap", overlap)) for m in ("astra-sim", "hardware")}
     assert step["overlap", "hardware"] < step["plain", "hardware"]
     # without overlap the buckets queue after the backward either way: the modes agree; with it,

@@ -16,14 +16,16 @@ from traceforge.spec import build_spec
 
 # Two GPUs per node: data-parallel groups of a 16-GPU layout cross nodes.
 LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2)
+NCCL_LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2, nics_per_node=2, gpu="h100")
 
 
 @pytest.mark.parametrize("dp_mode", ["ddp", "zero1", "zero2", "dist-opt", "zero3", "hsdp"])
-def test_bound_never_exceeds_the_replay_across_nodes(dp_mode):
+@pytest.mark.parametrize("link", [LINK, NCCL_LINK], ids=["alpha-beta", "nccl"])
+def test_bound_never_exceeds_the_replay_across_nodes(dp_mode, link):
     fixed = {"dp_mode": dp_mode, "micro_batch": 1, "recompute": "none"}
     result = search(Base("demo", None, {"order": "megatron", "global_batch": 16}),
                     Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16),
-                    fixed, LINK, None, top=1, every=True, quiet=True)
+                    fixed, link, None, top=1, every=True, quiet=True)
     assert result.candidates, "no candidate replayed"
     for r in result.candidates:
         assert r.bound_us <= r.estimate.step_us + 1e-6, (r.values, r.bound_us, r.estimate.step_us)

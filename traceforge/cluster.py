@@ -60,6 +60,10 @@ FIELDS: tuple[ClusterField, ...] = (
     ClusterField("scale_out_bw", float, "Scale-out (inter-node) bandwidth per GPU per direction, GB/s = 10^9 bytes/s.",
                  "GB/s", MIN_BW_GBPS, MAX_BW_GBPS),
     ClusterField("scale_out_latency", float, "Scale-out link latency, ns.", "ns", 0.0, MAX_LATENCY_NS),
+    ClusterField("nics_per_node", int, "Scale-out NICs per node, sharing the node's scale-out bandwidth (GPUs per node "
+                 "x --scale-out-bw) evenly; a group with k members on a node rings through min(k, NICs) of them "
+                 "(the hardware estimate's NCCL model).",
+                 "NICs", 1, MAX_GPUS_PER_NODE),
     ClusterField("scale_out_topology", str, "Scale-out topology (ASTRA-sim bundle): switch, ring or fullyconnected.",
                  report=False),
 )
@@ -107,6 +111,7 @@ class Cluster:
     scale_out_bw: float = 50.0
     scale_out_latency: float = 1000.0
     scale_out_topology: str = "switch"
+    nics_per_node: int = 8
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -33,7 +33,6 @@ from traceforge.plan.ops import NodeType, Op, ProgramBuilder
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
 from traceforge.planner.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers
-from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
@@ -54,10 +53,9 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
             cost = float(op.duration_micros)
         elif op.type == NodeType.COLL:
             assert op.comm_type is not None and op.group is not None
-            wire = wire_bytes(int(op.comm_type), op.comm_size, sizes[op.group])
-            cost = min(link.micros(wire, False), link.micros(wire, True))
+            cost = link.floor_micros(int(op.comm_type), op.comm_size, sizes[op.group], None)
         elif op.type == NodeType.SEND:
-            cost = min(link.micros(op.comm_size, False), link.micros(op.comm_size, True))
+            cost = link.floor_send(op.comm_size, None)
         else:
             cost = 0.0
         end.append(max((end[d] for d in op.deps), default=0.0) + cost)

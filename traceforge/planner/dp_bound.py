@@ -31,7 +31,6 @@ from traceforge.model import model_chunks, placement, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
-from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
@@ -76,7 +75,15 @@ def _cost(link: LinkModel, ctype: Coll, size: float, n: int, inter: bool) -> flo
     """The replay's charge for one collective, at least (hardware mode divides the bandwidth)."""
     if n < 2 or size <= 0:
         return 0.0
-    return link.micros(wire_bytes(int(ctype), int(size), n), inter)
+    return link.floor_micros(int(ctype), int(size), n, inter)
+
+
+def _unit_latency(link: LinkModel, group_size: int, inter: bool) -> float:
+    """At most the latency of one more all-gather or reduce-scatter of a unit: the alpha-beta
+    latency, or NCCL's least latency of any collective of the group (a tiny one)."""
+    if link.nccl is None:
+        return link.inter_latency_us if inter else link.intra_latency_us
+    return min(link.floor_micros(int(c), 1, group_size, inter) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER))
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
             # each unit: gathered for its forward and its backward, its gradient reduce-scattered
             aggregate = (2 * _cost(link, Coll.ALL_GATHER, units * e / size, size, crosses)
                          + _cost(link, Coll.REDUCE_SCATTER, units * g, size, crosses))
-            latency = link.inter_latency_us if crosses else link.intra_latency_us
+            latency = _unit_latency(link, size, crosses)
             more_units = max(0, len(params.layers) - 1) if aggregate > 0 else 0  # every layer is a unit
             per_mb[group] = aggregate + 3 * more_units * latency
             if spec.dp_mode == "hsdp":

@@ -101,7 +101,9 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     except SpecError as exc:
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
-    result = search(query.base(), model, query.spec_flags, LinkModel.from_cluster(cluster), memory, query.top,
+    # NCCL's model times the candidates' collectives when it has tables for the GPU.
+    link = LinkModel.from_cluster(cluster, str(raw.get("gpu", "h100")))
+    result = search(query.base(), model, query.spec_flags, link, memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
                     overhead, reserve)
     if shard is None:

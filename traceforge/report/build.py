@@ -22,6 +22,7 @@ from traceforge.emit.combine import job_of_rank
 from traceforge.errors import UserError
 from traceforge.layout import Layout
 from traceforge.memory.manifest import manifest_memory, manifest_spec
+from traceforge.nccl_model import GPU_GENERATION, NCCL_VERSION
 from traceforge.output import atomic_output_dir
 from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.report.experts import ExpertGroup, expert_groups
@@ -171,8 +172,12 @@ class Report:
                     "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
                                     "latency_ns": d.latency} for d in self.network.dims],
                     "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
-        return {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps,
-                "intra_latency_us": self.link.intra_latency_us, "inter_latency_us": self.link.inter_latency_us}
+        doc: dict[str, Any] = {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps,
+                               "intra_latency_us": self.link.intra_latency_us, "inter_latency_us": self.link.inter_latency_us}
+        if self.estimate_mode == HARDWARE and self.link.nccl is not None:
+            doc.update(model=f"NCCL {NCCL_VERSION} cost model ({self.link.nccl.generation})",
+                       nics_per_node=self.link.nics_per_node)
+        return doc
 
     def to_json(self) -> dict:
         wire = sum(sum(d.per_rank("wire")) for d in self.dims)
@@ -335,6 +340,15 @@ def build_report(
     t0 = time.perf_counter()
     ts = load_trace_set(Path(directory), prefix, jobs)
     seconds["scan"] = time.perf_counter() - t0
+    gpu_note = None
+    if mode == HARDWARE and link.gpu is None:  # NCCL's tables for the set's GPU, when it names one they cover
+        gpu = ((ts.manifest or {}).get("spec") or {}).get("gpu")
+        if gpu in GPU_GENERATION:
+            link = replace(link, gpu=gpu)
+        else:
+            gpu_note = (f"hardware estimate: collectives on the alpha-beta link model, as "
+                        f"{'the set names no GPU' if gpu is None else f'NCCL has no tables for GPU {gpu!r}'} "
+                        f"(NCCL's model covers {', '.join(GPU_GENERATION)})")
     t0 = time.perf_counter()
     dims = dimension_traffic(ts, gpus_per_node)
     edges = traffic_edges(ts)
@@ -342,6 +356,8 @@ def build_report(
     seconds["traffic"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
                     notes=list(ts.notes), seconds=seconds)
+    if gpu_note and timeline:
+        report.notes.append(gpu_note)
 
     report.memory, why_not = manifest_memory(ts.manifest)
     if why_not:

@@ -10,8 +10,11 @@ flight per rank. This one follows what the GPU does (docs/estimate-modes.md has 
   group role and one send at a time per peer role, in issue (node id) order, while different
   groups' transfers proceed together. Compute keeps one stream; recvs need none (as astra-sim).
 - Links. A transfer is on the scale-out tier when its group (or pair) spans nodes, else on the
-  scale-up tier, as LinkModel charges it. It pays the tier's latency once (not shared) and its
-  wire bytes at the tier's bandwidth divided by the number of transfers in their bytes phase
+  scale-up tier. Its latency and unshared rate are NCCL's cost model's for its group's span
+  (LinkModel.nccl_collective / nccl_send: the latency, and wire bytes over the bandwidth part)
+  when the link names a GPU NCCL covers, else the tier's alpha-beta latency and bandwidth. It
+  pays the latency once (not shared) and its wire bytes at that rate divided by the number of
+  transfers in their bytes phase
   that share a (rank, tier, direction) with it, the most crowded one it touches: a collective
   sends and receives on every member, a send out of the sender and into the receiver. Rates are
   recomputed whenever a transfer starts or ends its bytes (a fluid, processor-sharing model).
@@ -86,6 +89,7 @@ class StreamReplay(_Replay):
         self.active: dict[tuple[int, int], _Transfer] = {}
         self.coll_bound: dict[tuple[int, int], tuple[int, ...]] = {}  # (class, group role) -> its members' loads
         self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
+        self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -108,13 +112,20 @@ class StreamReplay(_Replay):
     def collective_transfer(self, c: int, i: int, t0: float) -> None:
         cp = self.classes[c]
         mates, n, inter = self.coll_info[(c, cp.roles[i])]
-        wire = wire_bytes(int(cp.p.ctypes[i]), cp.sizes[i], n)
+        ctype, size = int(cp.p.ctypes[i]), cp.sizes[i]
+        wire = wire_bytes(ctype, size, n)
         own = (load_id(c, inter, OUT), load_id(c, inter, IN))
         bound = self.coll_bound.get((c, cp.roles[i]))
         if bound is None:
             bound = self.coll_bound[(c, cp.roles[i])] = tuple(
                 load_id(m, inter, d) for m in sorted({m for m, _ in mates}) for d in (OUT, IN))
-        self._begin(c, i, t0, wire, inter, own, bound)
+        timing = None
+        if self.link.nccl is not None:
+            key = (ctype, size, n, self.coll_nodes[(c, cp.roles[i])])
+            timing = self.nccl_times.get(key)
+            if timing is None:
+                timing = self.nccl_times[key] = self.link.nccl_collective(*key)
+        self._begin(c, i, t0, wire, inter, own, bound, timing)
 
     def send_transfer(self, c: int, i: int, t: float) -> None:
         cp = self.classes[c]
@@ -127,16 +138,28 @@ class StreamReplay(_Replay):
                 own += (load_id(self.color[dst], inter, IN),)
             route = self.send_route[(c, cp.roles[i])] = (inter, own)
         inter, own = route
-        self._begin(c, i, t, float(cp.sizes[i]), inter, own, own)
+        size = cp.sizes[i]
+        timing = self.link.nccl_send(size, inter) if self.link.nccl is not None else None
+        self._begin(c, i, t, float(size), inter, own, own, timing)
 
     def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
-               bound: tuple[int, ...]) -> None:
+               bound: tuple[int, ...], timing: tuple[float, float] | None = None) -> None:
+        """Start a transfer of `wire` bytes on its tier. timing: NCCL's (latency, bandwidth part)
+        in us when its model times the transfer: the bytes then flow at wire / that part,
+        shared as any other; else the tier's alpha-beta latency and bandwidth."""
         link = self.link
-        latency = link.inter_latency_us if inter else link.intra_latency_us
-        if wire <= 0:
-            self.done_at(c, i, t + latency)
-            return
-        bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
+        if timing is not None:
+            latency, part = timing
+            if wire <= 0 or part <= 0:
+                self.done_at(c, i, t + latency + max(part, 0.0))
+                return
+            bandwidth = wire / part
+        else:
+            latency = link.inter_latency_us if inter else link.intra_latency_us
+            if wire <= 0:
+                self.done_at(c, i, t + latency)
+                return
+            bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
         key = (c, i)
         self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, 0.0, t)  # rate 0 until _rerate
         affected = {key}

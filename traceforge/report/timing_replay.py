@@ -30,12 +30,28 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from traceforge.cluster import Cluster
+from traceforge.nccl_model import GPU_GENERATION, SEND_RECV, NcclMachine
+from traceforge.nccl_model import best as nccl_best
 from traceforge.report.collective_cost import AstraNetwork
-from traceforge.report.ring import wire_bytes
+from traceforge.report.ring import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BARRIER,
+    BROADCAST,
+    GATHER,
+    REDUCE,
+    REDUCE_SCATTER,
+    REDUCE_SCATTER_BLOCK,
+    SCATTER,
+    nccl_test_size,
+    wire_bytes,
+)
 from traceforge.report.scan import COLL, COMP, RECV, SEND, RankProgram
 from traceforge.report.traceset import TraceSet
 from traceforge.report.traffic import crosses_nodes, node_of
@@ -43,6 +59,14 @@ from traceforge.report.traffic import crosses_nodes, node_of
 # The estimate's two resource models (docs/estimate-modes.md).
 ASTRA_SIM, HARDWARE = "astra-sim", "hardware"
 MODES = (ASTRA_SIM, HARDWARE)
+
+# LinkModel.gpu for the alpha-beta model in the hardware mode too, whatever GPU the set names.
+ALPHA_BETA = "alpha-beta"
+
+# traceforge's collective types -> NCCL's (traceforge/nccl_model.py).
+NCCL_COLL = {ALL_REDUCE: "AllReduce", ALL_GATHER: "AllGather", REDUCE_SCATTER: "ReduceScatter",
+             REDUCE_SCATTER_BLOCK: "ReduceScatter", BROADCAST: "Broadcast", REDUCE: "Reduce", ALL_TO_ALL: "AllToAll",
+             GATHER: "Gather", SCATTER: "Scatter"}
 
 # Replays bigger than this many nodes (classes x nodes per program) are refused.
 REPLAY_NODE_LIMIT = 4_000_000
@@ -69,38 +93,114 @@ class ReplayTooBig(Exception):
 
 @dataclass(frozen=True)
 class LinkModel:
-    """The alpha-beta view of a traceforge.cluster.Cluster (from_cluster), in the replay's
-    microseconds: a collective or send pays its link class's latency once plus wire bytes over
-    the class's bandwidth (GB/s = 10^9 bytes/s per GPU per direction)."""
+    """The machine's links (from_cluster), in the replay's microseconds: bandwidths in GB/s =
+    10^9 bytes/s per GPU per direction, latencies per link.
+
+    Two ways to time a transfer. The alpha-beta view (micros): its link class's latency once
+    plus wire bytes over the class's bandwidth; the astra-sim mode's and the only one without a
+    GPU. With `gpu` naming a GPU NCCL has tables for (a100, h100, h200, b200), the hardware mode
+    times collectives and sends as NCCL's cost model does (traceforge/nccl_model.py): the node's
+    scale-out bandwidth (GPUs per node x inter_gbps) split over nics_per_node NICs, a group
+    with k members on a node ringing through min(k, NICs) of them, NVLink at what NCCL reaches,
+    NCCL's latencies and choice of algorithm and protocol (docs/collective-model.md)."""
 
     intra_gbps: float = Cluster.scale_up_bw
     inter_gbps: float = Cluster.scale_out_bw
     intra_latency_us: float = Cluster.scale_up_latency / 1e3
     inter_latency_us: float = Cluster.scale_out_latency / 1e3
     gpus_per_node: int = Cluster.gpus_per_node
+    nics_per_node: int = Cluster.nics_per_node
+    gpu: str | None = None  # NCCL's tables for this GPU time the hardware mode; None: the set's, ALPHA_BETA: none
 
     def __post_init__(self) -> None:  # the cluster's bounds, so an estimate is never Infinity
         self.cluster()
 
     @classmethod
-    def from_cluster(cls, cluster: Cluster) -> LinkModel:
+    def from_cluster(cls, cluster: Cluster, gpu: str | None = None) -> LinkModel:
         return cls(cluster.scale_up_bw, cluster.scale_out_bw, cluster.scale_up_latency / 1e3,
-                   cluster.scale_out_latency / 1e3, cluster.gpus_per_node)
+                   cluster.scale_out_latency / 1e3, cluster.gpus_per_node, cluster.nics_per_node,
+                   gpu if gpu in GPU_GENERATION else None)
 
     def cluster(self) -> Cluster:
         return Cluster(self.gpus_per_node, scale_up_bw=self.intra_gbps, scale_up_latency=self.intra_latency_us * 1e3,
-                       scale_out_bw=self.inter_gbps, scale_out_latency=self.inter_latency_us * 1e3)
+                       scale_out_bw=self.inter_gbps, scale_out_latency=self.inter_latency_us * 1e3,
+                       nics_per_node=self.nics_per_node)
 
     def micros(self, wire: float, inter: bool) -> float:
         if inter:
             return self.inter_latency_us + wire / (self.inter_gbps * 1e3)
         return self.intra_latency_us + wire / (self.intra_gbps * 1e3)
 
+    @cached_property
+    def nccl(self) -> NcclMachine | None:
+        """NCCL's view of this machine, when the GPU is one NCCL's tables know."""
+        if self.gpu not in GPU_GENERATION:
+            return None
+        return NcclMachine.for_gpu(self.gpu, gpus_per_node=self.gpus_per_node, scale_up_bw=self.intra_gbps,
+                                   nics_per_node=self.nics_per_node,
+                                   nic_bw=self.inter_gbps * self.gpus_per_node / self.nics_per_node)
+
+    def nccl_collective(self, ctype: int, size: int, n: int, nodes: int) -> tuple[float, float]:
+        """(latency, bandwidth part) in us of one collective of comm_size `size` on n members
+        spanning `nodes` nodes, as NCCL's model times it (needs self.nccl)."""
+        m = self.nccl
+        assert m is not None
+        if n < 2:
+            return 0.0, 0.0
+        coll, nbytes = nccl_call(ctype, size, n)
+        c = nccl_best(m, coll, nbytes, n, nodes)
+        return c.latency_us, c.bandwidth_us
+
+    def nccl_send(self, size: int, inter: bool) -> tuple[float, float]:
+        """(latency, bandwidth part) in us of one send, as NCCL's model times it."""
+        m = self.nccl
+        assert m is not None
+        c = nccl_best(m, SEND_RECV, int(size), 2, 2 if inter else 1)
+        return c.latency_us, c.bandwidth_us
+
+    def floor_micros(self, ctype: int, size: int, n: int, inter: bool | None) -> float:
+        """At most what the hardware replay charges one collective (its cost with the links to
+        itself): the alpha-beta charge, or with NCCL's model the least over the placements the
+        group could have (inter: it spans nodes; None: unknown)."""
+        if n < 2:
+            return 0.0
+        if self.nccl is None:
+            wire = wire_bytes(ctype, size, n)
+            return min(self.micros(wire, x) for x in ((False, True) if inter is None else (inter,)))
+        return min(sum(self.nccl_collective(ctype, size, n, nodes)) for nodes in self._placements(n, inter))
+
+    def floor_send(self, size: int, inter: bool | None) -> float:
+        """At most what the hardware replay charges one send (see floor_micros)."""
+        choices = (False, True) if inter is None else (inter,)
+        if self.nccl is None:
+            return min(self.micros(size, x) for x in choices)
+        return min(sum(self.nccl_send(size, x)) for x in choices)
+
+    def _placements(self, n: int, inter: bool | None) -> list[int]:
+        """Node counts a group of n can span evenly: one node if it fits (unless it spans
+        nodes), else n / k for every k members per node that divides n."""
+        out = [1] if inter is not True and n <= self.gpus_per_node else []
+        if inter is not False:
+            out += [n // k for k in range(1, min(n, self.gpus_per_node) + 1) if n % k == 0 and n // k > 1]
+        return out or [max(1, -(-n // self.gpus_per_node))]
+
+
+def nccl_call(ctype: int, size: int, n: int) -> tuple[str, int]:
+    """The NCCL collective and its nBytes for a traceforge collective of comm_size `size` on n
+    members (AllGather's comm_size is the shard; NCCL counts the gathered output)."""
+    if ctype == BARRIER:  # torch's barrier: an AllReduce of one element
+        return NCCL_COLL[ALL_REDUCE], 4
+    return NCCL_COLL.get(ctype, NCCL_COLL[ALL_REDUCE]), nccl_test_size(ctype, size, n)
+
+
+def nodes_spanned(members, gpus_per_node: int) -> int:
+    return len({node_of(r, gpus_per_node) for r in members})
+
 
 def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
     """Class of each rank: equal program, link classes and (recursively) neighbour classes."""
     world = ts.world
-    crossing = {g: crosses_nodes(m, gpus_per_node) for g, m in ts.groups.items()}
+    crossing = {g: nodes_spanned(m, gpus_per_node) for g, m in ts.groups.items()}  # NCCL's time depends on it
 
     first: dict[tuple, int] = {}
     color = []
@@ -226,6 +326,7 @@ class _Replay:
         # Per (class, group role): the (class, role) of every member, group size, link class.
         self.coll_info: dict[tuple[int, int], tuple[set, int, bool]] = {}
         self.coll_members: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.coll_nodes: dict[tuple[int, int], int] = {}  # nodes each group spans
         self.coll_us: dict[tuple[int, int, int, int], float] = {}
         for c, cp in enumerate(self.classes):
             for role in cp.coll_lists:
@@ -234,6 +335,7 @@ class _Replay:
                 mates = {(color[m], self._group_role(m, g)) for m in members}
                 self.coll_info[(c, role)] = (mates, len(members), crosses_nodes(members, self.gpn))
                 self.coll_members[(c, role)] = tuple(members)
+                self.coll_nodes[(c, role)] = nodes_spanned(members, self.gpn)
 
     def annotate(self, result: ReplayResult) -> None:
         """Add what this resource model knows beyond times (the hardware mode: its streams)."""
