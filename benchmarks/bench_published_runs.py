@@ -41,7 +41,8 @@ SELENE = ["--gpu", "a100", "--gpus-per-node", "8", "--scale-up-bw", "300", "--sc
           "--scale-up-latency", "700", "--scale-out-latency", "2000"]
 # Jean Zay (Le Scao et al. 2022 §3.4.1): 8 A100 80GB per node on "4 NVLink" links (4 x 25 GB/s),
 # 4 x 100 Gb/s Omni-Path per node = 6.25 GB/s per GPU.
-JEAN_ZAY = ["--gpu", "a100", "--gpus-per-node", "8", "--scale-up-bw", "100", "--scale-out-bw", "6.25"]
+JEAN_ZAY = ["--gpu", "a100", "--gpus-per-node", "8", "--scale-up-bw", "100", "--scale-out-bw", "6.25",
+            "--nics-per-node", "4"]
 # MosaicML's A100 tables: "1600 Gbps node-node interconnect (RoCE)" = 25 GB/s per GPU; NVSwitch nodes.
 MOSAIC_A100 = ["--gpu", "a100", "--gpus-per-node", "8", "--scale-up-bw", "300", "--scale-out-bw", "25"]
 # H100 runs that state no more than "DGX H100": the tool's defaults (NVSwitch 400 GB/s, 400 Gb/s NIC per GPU).
@@ -354,8 +355,10 @@ def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[st
         # --allow-oom: a published run ran, whatever the memory model says (its verdict is a column)
         run(tf + ["generate", *r.flags(), *extra, "--allow-oom", "--astra-sim", "-o", out, "--force",
                   "-j", str(child_jobs)])
+        # the NICs are report's to know (ASTRA-sim's network file has no place for them)
+        nics = r.machine[r.machine.index("--nics-per-node"):][:2] if "--nics-per-node" in r.machine else []
         doc = json.loads(run(tf + ["report", out, "--json", "--timeline-ranks", "1", "-j", str(child_jobs),
-                                   *estimate]))
+                                   *estimate, *nics]))
         if not doc.get("timeline"):  # e.g. more distinct rank programs than report replays
             notes = [n for n in doc.get("notes", []) if "timeline" in n]
             raise RuntimeError("; ".join(notes) or "report gave no timeline")
