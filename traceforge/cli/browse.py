@@ -242,7 +242,7 @@ def export(
                                        "docs/replay.md)."),
     out_dir: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder (json: <prefix>.<rank>.json files and comm_group.json; goal: "
-                                  "<prefix>.goal; simai: <prefix>.simai.txt; param: rank-<r>.json, PARAM's --trace-path)."),
+                                  "<prefix>.goal; simai: <prefix>.simai.txt; param: rank-<rank>.json, PARAM's --trace-path)."),
     rank: int | None = typer.Option(None, "--rank", "-r", help="json: this rank only; without --out, to stdout."),
     prefix: str | None = typer.Option(None, "--prefix", help="Trace file prefix (default: the one prefix the folder holds)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
