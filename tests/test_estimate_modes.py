@@ -205,3 +205,50 @@ def test_bad_estimate_flags_are_one_line(make_set):
     _, out, _ = make_set("demo")
     one_line_error(invoke("report", out, "--estimate", "ns3"), "--estimate", "astra-sim", "hardware")
     one_line_error(invoke("report", out, "--estimate", "hardware", "--astra-model"), "--astra-model")
+
+
+def test_compute_beside_nccl_is_slowed_only_while_its_transfers_run(tmp_path, monkeypatch):
+    """bucket_then_tp with a long DP bucket: B1 runs before any collective (alone), B2 and B3 run
+    while the bucket's AllReduce is in flight (1/slowdown as fast: 10 us of work take 10 x
+    slowdown), the optimizer waits for the bucket (alone again). With the slowdown at 1, every
+    node takes its duration."""
+    import dataclasses
+
+    from traceforge.hardware import GPUS, NCCL_SLOWDOWN
+    from traceforge.report import streams
+
+    d = bucket_then_tp(tmp_path, dp_bytes=10**9, tp_bytes=1000)
+    link = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0, gpus_per_node=2,
+                     nics_per_node=2, gpu="h100")
+    ts = build_report(d, gpus_per_node=2, link=link, timeline=False, jobs=1).traces
+    shared = replay(ts, link, mode="hardware")
+    c = shared.color[0]
+    took = [shared.finish[c][i] - shared.start[c][i] for i in (0, 2, 4, 5)]
+    assert took == pytest.approx([10.0, 10.0 * NCCL_SLOWDOWN, 10.0 * NCCL_SLOWDOWN, 5.0])
+    alone_gpus = {name: dataclasses.replace(g, calibration=dataclasses.replace(g.calibration, nccl_slowdown=1.0))
+                  if g.calibration else g for name, g in GPUS.items()}
+    monkeypatch.setattr(streams, "GPUS", alone_gpus)
+    alone = replay(ts, link, mode="hardware")
+    assert [alone.finish[c][i] - alone.start[c][i] for i in (0, 2, 4, 5)] == [10.0, 10.0, 10.0, 5.0]
+    assert alone.makespan <= shared.makespan
+
+
+def test_slowed_compute_runs_one_node_at_a_time(make_set):
+    """A compute node whose end moves (a transfer starts or ends during it) ends once: the next
+    compute on its rank starts no earlier, and each node takes between its duration and its
+    duration x slowdown (a node that sped up must not also end at its first, stale time)."""
+    from traceforge.hardware import NCCL_SLOWDOWN
+
+    _, out, _ = make_set("demo", sequence_parallel=True, dp_mode="zero1")
+    report = build_report(out, gpus_per_node=4, jobs=1)
+    rep = report.replay
+    slowed = 0
+    for c, program in enumerate(rep.programs):
+        comp = [i for i, kind in enumerate(program.types.tolist()) if kind == COMP]
+        spans = sorted((rep.start[c][i], rep.finish[c][i], float(program.durations[i])) for i in comp)
+        for (_, end, _), (start, _, _) in zip(spans, spans[1:], strict=False):
+            assert start >= end - 1e-9
+        for start, end, micros in spans:
+            assert micros - 1e-9 <= end - start <= micros * NCCL_SLOWDOWN + 1e-9
+            slowed += end - start > micros + 1e-9
+    assert slowed  # the set's TP and DP traffic does overlap some compute

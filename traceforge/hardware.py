@@ -12,7 +12,8 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);
 - attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes);
-- nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (shared_end).
+- nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (the hardware
+  replay, report/streams.py, runs a rank's compute 1/nccl_slowdown as fast while its transfers move bytes).
 Two shape terms need no constant of their own (plan/compute.py): a GEMM's output store and a
 FlashAttention block's Q load and output store run after the main loop, at HBM speed.
 `--gpu-efficiency` replaces all of it with one flat fraction (the old roofline).
@@ -136,23 +137,3 @@ def capacity_text(n_bytes: float) -> str:
     """A GPU's memory in both units, so neither reads as a mistake: the H100's 81,559 MiB is
     "85.5 GB (79.6 GiB)" (GB = 10^9 bytes, as every figure traceforge prints; GiB = 2^30)."""
     return f"{n_bytes / 1e9:,.1f} GB ({n_bytes / 2**30:,.1f} GiB)"
-
-
-def shared_end(start: float, micros: float, busy: list[tuple[float, float]], slowdown: float) -> float:
-    """When compute of `micros` alone, started at `start`, ends while NCCL kernels run in the
-    sorted, disjoint intervals `busy` (start, end): inside them it progresses at 1/slowdown, so
-    only the part that actually overlaps communication is slowed."""
-    t, left = start, micros
-    for a, b in busy:
-        if b <= t:
-            continue
-        if a > t:  # alone until the next interval
-            if left <= a - t:
-                return t + left
-            left -= a - t
-            t = a
-        if left * slowdown <= b - t:  # done inside the interval
-            return t + left * slowdown
-        left -= (b - t) / slowdown
-        t = b
-    return t + left

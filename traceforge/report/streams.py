@@ -41,6 +41,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
+from traceforge.hardware import GPUS
 from traceforge.report.ring import wire_bytes
 from traceforge.report.scan import COLL, SEND
 from traceforge.report.timing_replay import LinkModel, ReplayResult, _Replay
@@ -66,6 +67,15 @@ class _Transfer:
     seq: int = 0  # its pending bytes-done event (older ones are stale)
 
 
+@dataclass(slots=True)
+class _Compute:
+    node: int
+    left: float  # us of work at full speed
+    last: float  # when left was last brought up to date
+    speed: float  # 1, or 1/slowdown beside a transfer
+    seq: int  # its pending end event (older ones are stale)
+
+
 class StreamReplay(_Replay):
     """A _Replay whose communication runs on per-communicator streams over shared tiers."""
 
@@ -87,6 +97,18 @@ class StreamReplay(_Replay):
         self.load = [0] * (4 * len(self.classes))
         self.bound_by: list[set[tuple[int, int]]] = [set() for _ in self.load]  # load -> transfers it bounds
         self.active: dict[tuple[int, int], _Transfer] = {}
+        # Compute beside NCCL's kernels: with a GPU the compute model calibrates, a rank's compute
+        # runs 1/slowdown as fast while any of its transfers is in its bytes phase (a fluid
+        # model, as the link shares: its end is rescheduled when that changes).
+        cal = GPUS[link.gpu].calibration if link.gpu in GPUS else None
+        self.slowdown = cal.nccl_slowdown if cal is not None else 1.0
+        self.flying = [0] * len(self.classes)  # per class: its transfers in their bytes phase
+        self.computing: list[_Compute | None] = [None] * len(self.classes)
+        # per class: compute node -> the seq of its one current end event, -1 once it ended (a
+        # rescheduled end leaves its older events queued; they are skipped whenever they come up)
+        self.end_seq: list[dict[int, int]] = [{} for _ in self.classes]
+        if self.slowdown > 1.0:
+            self.start_compute, self.stale = self._start_compute, self._stale
         self.coll_bound: dict[tuple[int, int], tuple[int, ...]] = {}  # (class, group role) -> its members' loads
         self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
         self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
@@ -162,6 +184,7 @@ class StreamReplay(_Replay):
             bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
         key = (c, i)
         self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, 0.0, t)  # rate 0 until _rerate
+        self._flying(c, 1, t)
         affected = {key}
         load, bound_by = self.load, self.bound_by
         for k in own:
@@ -193,6 +216,7 @@ class StreamReplay(_Replay):
         if x is None or x.seq != seq:
             return
         del self.active[key]
+        self._flying(c, -1, t)
         affected: set[tuple[int, int]] = set()
         load, bound_by = self.load, self.bound_by
         for k in x.own:
@@ -203,6 +227,38 @@ class StreamReplay(_Replay):
         affected.discard(key)
         self._rerate(affected, t)
         heapq.heappush(self.events, (t + x.latency, self.tick(), c, key[1]))  # done_at, once per transfer
+
+    # -- compute beside NCCL's kernels ---------------------------------------------------
+    def _start_compute(self, c: int, i: int, t: float) -> None:
+        self.computing[c] = x = _Compute(i, float(self.classes[c].durations[i]), t, 0.0, 0)
+        self._pace(c, x, t)
+
+    def _pace(self, c: int, x: _Compute, t: float) -> None:
+        """Bring the running compute's work up to t and schedule its end at its current speed."""
+        x.left = max(0.0, x.left - x.speed * (t - x.last))
+        x.last, x.speed = t, 1.0 / self.slowdown if self.flying[c] else 1.0
+        x.seq = self.end_seq[c][x.node] = self.tick()
+        heapq.heappush(self.events, (t + x.left / x.speed, x.seq, c, x.node))
+
+    def _flying(self, c: int, step: int, t: float) -> None:
+        before = self.flying[c]
+        self.flying[c] = before + step
+        x = self.computing[c]
+        if x is not None and (before == 0) != (before + step == 0):
+            self._pace(c, x, t)
+
+    def _stale(self, c: int, i: int, seq: int) -> bool:
+        """An end event of compute node i that was rescheduled since; its current one clears."""
+        want = self.end_seq[c].get(i)
+        if want is None:
+            return False  # not a compute node's end
+        if want != seq:
+            return True
+        self.end_seq[c][i] = -1  # ended: any event of it still queued is stale
+        x = self.computing[c]
+        if x is not None and x.node == i:
+            self.computing[c] = None
+        return False
 
     def annotate(self, result: ReplayResult) -> None:
         result.streams, result.stream_names = self.stream_of, self.stream_names

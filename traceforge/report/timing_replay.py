@@ -27,7 +27,7 @@ import gc
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -328,6 +328,10 @@ class _Replay:
         self.coll_members: dict[tuple[int, int], tuple[int, ...]] = {}
         self.coll_nodes: dict[tuple[int, int], int] = {}  # nodes each group spans
         self.coll_us: dict[tuple[int, int, int, int], float] = {}
+        # Compute beside NCCL's kernels (streams.py sets both): start_compute(c, i, t) schedules a
+        # compute node's end itself, stale(c, i, seq) says an end event was rescheduled since.
+        self.start_compute: Callable[[int, int, float], None] | None = None
+        self.stale: Callable[[int, int, int], bool] | None = None
         for c, cp in enumerate(self.classes):
             for role in cp.coll_lists:
                 g = ts.scans[cp.rank].group_roles[role]
@@ -431,7 +435,10 @@ class _Replay:
         kind = cp.types[i]
         if kind == COMP:
             self.start[c][i] = t
-            self.done_at(c, i, t + cp.durations[i])
+            if self.start_compute is None:
+                self.done_at(c, i, t + cp.durations[i])
+            else:
+                self.start_compute(c, i, t)
         elif kind == SEND:
             self.issue[c][i] = self.start[c][i] = t
             self.send_transfer(c, i, t)
@@ -509,12 +516,14 @@ class _Replay:
         classes, finish, start, busy_all, queues_all = self.classes, self.finish, self.start, self.busy, self.queues
         ready_all, indeg_all, recv_waiters = self.ready_at, self.indeg, self.recv_waiters
         became_ready, release_comm, on_event, finish_recv = self.became_ready, self.release_comm, self.on_event, self.finish_recv
-        post_recv, acquire_comm = self.post_recv, self.acquire_comm
+        post_recv, acquire_comm, start_compute, stale = self.post_recv, self.acquire_comm, self.start_compute, self.stale
         makespan = 0.0
         while events:
             t, seq, c, i = heappop(events)
             if i < 0:
                 on_event(c, i, seq, t)
+                continue
+            if stale is not None and stale(c, i, seq):
                 continue
             finish[c][i] = t
             if t > makespan:
@@ -542,7 +551,10 @@ class _Replay:
                         else:
                             busy[0] = True
                             start[c][j] = r = ready_at[j]
-                            heappush(events, (r + cp.durations[j], tick(), c, j))
+                            if start_compute is None:
+                                heappush(events, (r + cp.durations[j], tick(), c, j))
+                            else:
+                                start_compute(c, j, r)
                     elif types[j] == RECV:  # became_ready's other cases, without its dispatch
                         post_recv(c, j, ready_at[j])
                     elif types[j] in (SEND, COLL):
@@ -554,7 +566,10 @@ class _Replay:
                 if q:
                     j = heappop(q)
                     start[c][j] = t
-                    heappush(events, (t + cp.durations[j], tick(), c, j))
+                    if start_compute is None:
+                        heappush(events, (t + cp.durations[j], tick(), c, j))
+                    else:
+                        start_compute(c, j, t)
                 else:
                     busy_all[c][0] = False
             elif kind in (SEND, COLL):
