@@ -43,6 +43,7 @@ from traceforge import schema as S
 from traceforge.errors import UserError
 from traceforge.output import atomic_output_dir
 from traceforge.read.reader import attrs, find_rank_files, iter_nodes, load_groups
+from traceforge.report.experts import connected_ranks
 
 # The PARAM commit this export is checked against (docs/replay.md).
 PARAM_COMMIT = "1e115ffc62c6d048405d9b963191736c13811b1d"
@@ -74,25 +75,6 @@ def _dim(a: dict) -> str:
     return str(a.get(S.DIM) or "")
 
 
-def _components(edges: set[tuple[int, int]]) -> list[tuple[int, ...]]:
-    """The ranks the pairs connect, as sorted groups (union-find)."""
-    parent: dict[int, int] = {}
-
-    def find(x: int) -> int:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in edges:
-        parent[find(a)] = find(b)
-    out: dict[int, list[int]] = defaultdict(list)
-    for x in parent:
-        out[find(x)].append(x)
-    return sorted(tuple(sorted(v)) for v in out.values())
-
-
 def plan_groups(files: dict[int, Path], groups: dict[str, tuple[int, ...]]) -> Plan:
     """Pass one: the dims each group serves and the point-to-point groups."""
     uses: dict[str, set[str]] = defaultdict(set)
@@ -121,7 +103,7 @@ def plan_groups(files: dict[int, Path], groups: dict[str, tuple[int, ...]]) -> P
         by_members.setdefault((tuple(sorted(members)), desc[g]), g)
     next_id = max((int(g) for g in groups if g.isdecimal()), default=0) + 1
     for dim in sorted(edges):
-        for members in _components(edges[dim]):
+        for members in connected_ranks(edges[dim]):
             gid = by_members.get((members, dim))
             if gid is None:
                 gid, next_id = str(next_id), next_id + 1

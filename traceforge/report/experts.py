@@ -10,6 +10,7 @@ receives (1.0 = perfectly even).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 EXPERT_DIMS = ("ep", "epx", "epn")
@@ -28,7 +29,9 @@ class ExpertGroup:
                 "mean_link_bytes_per_step": self.mean_link, "imbalance_factor": self.imbalance}
 
 
-def _components(pairs: list[tuple[int, int]]) -> list[list[int]]:
+def connected_ranks(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """The ranks an iterable of (rank, rank) pairs connects, as sorted groups in sorted order
+    (union-find): the members of each group found from its traffic."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -45,7 +48,7 @@ def _components(pairs: list[tuple[int, int]]) -> list[list[int]]:
     groups: dict[int, list[int]] = defaultdict(list)
     for x in list(parent):
         groups[find(x)].append(x)
-    return sorted(sorted(g) for g in groups.values())
+    return sorted(tuple(sorted(g)) for g in groups.values())
 
 
 def expert_groups(edges: dict[tuple[str, int, int], float]) -> list[ExpertGroup]:
@@ -54,7 +57,7 @@ def expert_groups(edges: dict[tuple[str, int, int], float]) -> list[ExpertGroup]
         if dim in EXPERT_DIMS and src != dst and value > 0:
             links[(src, dst)] += value
     out = []
-    for members in _components(list(links)):
+    for members in connected_ranks(links):
         inside = set(members)
         mine = {pair: v for pair, v in links.items() if pair[0] in inside}
         received: dict[int, float] = defaultdict(float)
@@ -62,6 +65,6 @@ def expert_groups(edges: dict[tuple[str, int, int], float]) -> list[ExpertGroup]
             received[dst] += value
         (src, dst), top = max(mine.items(), key=lambda kv: (kv[1], -kv[0][0], -kv[0][1]))
         mean_in = sum(received.values()) / len(members)
-        out.append(ExpertGroup(tuple(members), (src, dst, top), sum(mine.values()) / len(mine),
+        out.append(ExpertGroup(members, (src, dst, top), sum(mine.values()) / len(mine),
                                max(received.values()) / mean_in if mean_in else 1.0))
     return out
