@@ -73,7 +73,6 @@ class _Compute:
     left: float  # us of work at full speed
     last: float  # when left was last brought up to date
     speed: float  # 1, or 1/slowdown beside a transfer
-    seq: int  # its pending end event (older ones are stale)
 
 
 class StreamReplay(_Replay):
@@ -112,6 +111,7 @@ class StreamReplay(_Replay):
         self.coll_bound: dict[tuple[int, int], tuple[int, ...]] = {}  # (class, group role) -> its members' loads
         self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
         self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
+        self.nccl_send_times: dict[tuple[int, bool], tuple[float, float]] = {}  # the same per (send size, inter)
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -161,7 +161,11 @@ class StreamReplay(_Replay):
             route = self.send_route[(c, cp.roles[i])] = (inter, own)
         inter, own = route
         size = cp.sizes[i]
-        timing = self.link.nccl_send(size, inter) if self.link.nccl is not None else None
+        timing = None
+        if self.link.nccl is not None:  # NCCL's pick over its algorithms, once per size and tier
+            timing = self.nccl_send_times.get((size, inter))
+            if timing is None:
+                timing = self.nccl_send_times[(size, inter)] = self.link.nccl_send(size, inter)
         self._begin(c, i, t, float(size), inter, own, own, timing)
 
     def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
@@ -230,15 +234,15 @@ class StreamReplay(_Replay):
 
     # -- compute beside NCCL's kernels ---------------------------------------------------
     def _start_compute(self, c: int, i: int, t: float) -> None:
-        self.computing[c] = x = _Compute(i, float(self.classes[c].durations[i]), t, 0.0, 0)
+        self.computing[c] = x = _Compute(i, float(self.classes[c].durations[i]), t, 0.0)
         self._pace(c, x, t)
 
     def _pace(self, c: int, x: _Compute, t: float) -> None:
         """Bring the running compute's work up to t and schedule its end at its current speed."""
         x.left = max(0.0, x.left - x.speed * (t - x.last))
         x.last, x.speed = t, 1.0 / self.slowdown if self.flying[c] else 1.0
-        x.seq = self.end_seq[c][x.node] = self.tick()
-        heapq.heappush(self.events, (t + x.left / x.speed, x.seq, c, x.node))
+        seq = self.end_seq[c][x.node] = self.tick()
+        heapq.heappush(self.events, (t + x.left / x.speed, seq, c, x.node))
 
     def _flying(self, c: int, step: int, t: float) -> None:
         before = self.flying[c]
