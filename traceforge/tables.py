@@ -46,7 +46,7 @@ def fit_table(console: Console, table: Table, how: Fit, width: int | None = None
         if not console.is_terminal:
             return []  # as the caller built it: piped output does not change with this module
         width = console.width
-    _one_line(table, how)
+    _one_line(table)
     if width_of(console, table) <= width:
         return []
     for column in table.columns:
@@ -86,9 +86,9 @@ def print_fitted(console: Console, table: Table, how: Fit, what: str = "--json")
                       "shows them)", markup=False)
 
 
-def _one_line(table: Table, how: Fit) -> None:
+def _one_line(table: Table) -> None:
     """Every column keeps its cells on one line (rich would otherwise fold a header letter by
-    letter); only the columns `how.wrap` names may wrap, and only once the table is too wide."""
+    letter); the columns a Fit lets wrap are reopened later, once the table is too wide."""
     for column in table.columns:
         column.no_wrap = True
 

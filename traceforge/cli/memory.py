@@ -71,11 +71,10 @@ def memory(**kwargs: Any) -> None:
 def verdict_line(report: MemoryReport) -> str:
     """The band of the fullest stage and the verdict, in GB (10^9 bytes)."""
     worst = report.worst
-    floor = worst.peak - (worst.reserved - worst.allocated)
     verdict = "does NOT fit" if report.verdict == DOES_NOT_FIT else report.verdict
     return (f"peak {worst.peak / GB:,.1f} GB on stage {worst.stage} ({worst.peak_when}) of {capacity_text(report.gpu_memory_bytes)}: "
             f"{verdict}; allocated {worst.allocated / GB:,.1f} GB "
-            f"(torch.cuda.max_memory_allocated), {floor / GB:,.1f} GB with the CUDA context and NCCL, "
+            f"(torch.cuda.max_memory_allocated), {worst.without_reserve / GB:,.1f} GB with the CUDA context and NCCL, "
             f"{worst.peak / GB:,.1f} GB with the allocator's reserve (GB = 10^9 bytes)")
 
 

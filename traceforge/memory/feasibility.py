@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from traceforge.errors import SpecError
-from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, StageMemory, memory_report
+from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, memory_report
 from traceforge.spec import Spec
 
 GB = 1e9
@@ -53,16 +53,12 @@ def fixes(spec: Spec, report: MemoryReport) -> list[str]:
     return []
 
 
-def _reserve(stage: StageMemory) -> int:
-    return stage.reserved - stage.allocated
-
-
 def refusal(spec: Spec, report: MemoryReport) -> str:
     worst = report.worst
     found = fixes(spec, report)
     advice = f"it fits with {' or '.join(found)}, or a larger --pp or --cp" if found else "raise --tp, --pp or --cp"
     return (f"stage {worst.stage} needs {worst.peak / GB:,.1f} GB per GPU at its peak ({worst.peak_when}; "
-            f"{(worst.peak - _reserve(worst)) / GB:,.1f} GB without the allocator's reserve), more than the "
+            f"{worst.without_reserve / GB:,.1f} GB without the allocator's reserve), more than the "
             f"{report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB: {advice} "
             f"(see 'traceforge memory'; --allow-oom writes it anyway)")
 
@@ -70,8 +66,8 @@ def refusal(spec: Spec, report: MemoryReport) -> str:
 def tight_note(report: MemoryReport) -> str:
     """The warning for a tight spec: what fits and what does not."""
     worst = max((s for s in report.stages if s.verdict != FITS), key=lambda s: s.peak)
-    return (f"memory is tight: stage {worst.stage} needs {(worst.peak - _reserve(worst)) / GB:,.1f} GB per GPU "
-            f"without the allocator's reserve, {worst.peak / GB:,.1f} GB with it ({_reserve(worst) / GB:,.1f} GB, "
+    return (f"memory is tight: stage {worst.stage} needs {worst.without_reserve / GB:,.1f} GB per GPU "
+            f"without the allocator's reserve, {worst.peak / GB:,.1f} GB with it ({worst.allocator_reserve / GB:,.1f} GB, "
             f"an allowance, not a measurement), of the {report.gpu}'s {report.gpu_memory_bytes / GB:,.1f} GB; "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces the reserve (see 'traceforge memory')")
 

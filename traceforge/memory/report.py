@@ -79,6 +79,16 @@ class StageMemory:
     reserved: int = 0  # allocated + the allocator's reserve: torch.cuda.max_memory_reserved
     verdict: str = FITS
 
+    @property
+    def allocator_reserve(self) -> int:
+        """The allocator's reserve: an allowance, not a measurement."""
+        return self.reserved - self.allocated
+
+    @property
+    def without_reserve(self) -> int:
+        """The peak less the allocator's reserve: allocated, the CUDA context and NCCL."""
+        return self.peak - self.allocator_reserve
+
     def to_json(self) -> dict[str, int | bool | str]:
         keys = ("stage", "weights", "gradients", "optimizer", "activations", "buffers", "overhead", "peak", "fits")
         return {**{k: getattr(self, k) for k in keys}, "allocated_bytes": self.allocated,

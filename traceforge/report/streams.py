@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from traceforge.hardware import GPUS
 from traceforge.report.ring import wire_bytes
-from traceforge.report.scan import COLL, SEND
+from traceforge.report.scan import COLL, COMP, SEND
 from traceforge.report.timing_replay import LinkModel, ReplayResult, _Replay
 from traceforge.report.traceset import TraceSet
 
@@ -73,6 +73,7 @@ class _Compute:
     left: float  # us of work at full speed
     last: float  # when left was last brought up to date
     speed: float  # 1, or 1/slowdown beside a transfer
+    seq: int = 0  # its one current end event (a rescheduled end leaves older ones queued)
 
 
 class StreamReplay(_Replay):
@@ -103,9 +104,6 @@ class StreamReplay(_Replay):
         self.slowdown = cal.nccl_slowdown if cal is not None else 1.0
         self.flying = [0] * len(self.classes)  # per class: its transfers in their bytes phase
         self.computing: list[_Compute | None] = [None] * len(self.classes)
-        # per class: compute node -> the seq of its one current end event, -1 once it ended (a
-        # rescheduled end leaves its older events queued; they are skipped whenever they come up)
-        self.end_seq: list[dict[int, int]] = [{} for _ in self.classes]
         if self.slowdown > 1.0:
             self.start_compute, self.stale = self._start_compute, self._stale
         self.coll_bound: dict[tuple[int, int], tuple[int, ...]] = {}  # (class, group role) -> its members' loads
@@ -241,8 +239,8 @@ class StreamReplay(_Replay):
         """Bring the running compute's work up to t and schedule its end at its current speed."""
         x.left = max(0.0, x.left - x.speed * (t - x.last))
         x.last, x.speed = t, 1.0 / self.slowdown if self.flying[c] else 1.0
-        seq = self.end_seq[c][x.node] = self.tick()
-        heapq.heappush(self.events, (t + x.left / x.speed, seq, c, x.node))
+        x.seq = self.tick()
+        heapq.heappush(self.events, (t + x.left / x.speed, x.seq, c, x.node))
 
     def _flying(self, c: int, step: int, t: float) -> None:
         before = self.flying[c]
@@ -252,16 +250,14 @@ class StreamReplay(_Replay):
             self._pace(c, x, t)
 
     def _stale(self, c: int, i: int, seq: int) -> bool:
-        """An end event of compute node i that was rescheduled since; its current one clears."""
-        want = self.end_seq[c].get(i)
-        if want is None:
-            return False  # not a compute node's end
-        if want != seq:
-            return True
-        self.end_seq[c][i] = -1  # ended: any event of it still queued is stale
+        """An end event of a compute node that is not the class's running node's current end (a
+        rank computes one node at a time, and every compute end is scheduled by _pace)."""
+        if self.classes[c].types[i] != COMP:
+            return False
         x = self.computing[c]
-        if x is not None and x.node == i:
-            self.computing[c] = None
+        if x is None or x.node != i or x.seq != seq:
+            return True
+        self.computing[c] = None
         return False
 
     def annotate(self, result: ReplayResult) -> None:
