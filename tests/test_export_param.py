@@ -247,3 +247,13 @@ def test_force_replaces_its_own_export(make_set, tmp_path):
     assert export(out, tmp_path / "p").exit_code == 0
     assert export(out, tmp_path / "p").exit_code != 0  # not empty
     assert export(out, tmp_path / "p", "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("gone", [0, 3, 7], ids=["first", "middle", "last"])
+def test_a_set_missing_any_rank_is_refused_in_one_line(make_set, tmp_path, gone):
+    """The manifest says 8 ranks: a missing last rank is as missing as a middle one."""
+    _, out, _ = make_set()
+    (out / f"workload.{gone}.et").unlink()
+    done = export(out, tmp_path / "p")
+    assert done.exit_code == 2 and f"no workload.{gone}.et" in done.output
+    assert len(done.output.strip().splitlines()) == 1 and not (tmp_path / "p").exists()

@@ -40,7 +40,7 @@ from traceforge import wire
 from traceforge._proto import traceforge_et_pb2 as pb
 from traceforge.check.run import load_comm_groups
 from traceforge.errors import UserError
-from traceforge.read.reader import attrs, find_rank_files, iter_nodes, manifest_world_size
+from traceforge.read.reader import attrs, every_rank_file, iter_nodes
 
 ALGORITHMS = ("ring", "recursive-doubling", "halving-doubling")
 TAG_LIMIT = 500_000_000  # ASTRA-sim's tags, and check's rule, stay below this
@@ -221,11 +221,7 @@ def _collective(label: str, name: str, rank: int, members: list[int], ctype: int
 
 def rank_files(directory: Path, prefix: str | None) -> tuple[str, dict[int, Path], GroupTable]:
     """The set's files, every rank 0..P-1 present, and its groups."""
-    prefix, files = find_rank_files(Path(directory), prefix)
-    world = manifest_world_size(Path(directory), prefix) or max(files) + 1
-    missing = [r for r in range(world) if r not in files]
-    if missing:
-        raise UserError(f"{directory}: no {prefix}.{missing[0]}.et; the expansion needs every rank 0..{world - 1}")
+    prefix, files, world = every_rank_file(Path(directory), prefix, "the expansion")
     groups, _ = load_comm_groups(Path(directory), None)
     return prefix, files, GroupTable(groups, world)
 

@@ -42,7 +42,7 @@ from typing import TextIO
 from traceforge import schema as S
 from traceforge.errors import UserError
 from traceforge.output import atomic_output_dir
-from traceforge.read.reader import attrs, find_rank_files, iter_nodes, load_groups
+from traceforge.read.reader import attrs, every_rank_file, iter_nodes, load_groups
 from traceforge.report.experts import connected_ranks
 
 # The PARAM commit this export is checked against (docs/replay.md).
@@ -277,11 +277,7 @@ def export_param(directory: Path, out: Path, *, prefix: str | None = None,
                  force: bool = False) -> tuple[list[Path], dict[str, int]]:
     """Write OUT/rank-<r>.json for every rank, all or nothing. Returns the files and counts
     (ranks, ops, waits, groups)."""
-    prefix, files = find_rank_files(Path(directory), prefix)
-    if sorted(files) != list(range(len(files))):
-        missing = next(r for r in range(len(files) + 1) if r not in files)
-        raise UserError(f"{directory}: PARAM replays ranks 0..N-1 and rank {missing} has no trace file; "
-                        "export a whole set")
+    prefix, files, _ = every_rank_file(Path(directory), prefix, "PARAM's replay")
     groups = load_groups(Path(directory))
     if groups is None:
         raise UserError(f"{directory}: no comm_group.json; PARAM builds its process groups from it "

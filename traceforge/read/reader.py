@@ -213,3 +213,14 @@ def manifest_world_size(directory: Path, prefix: str) -> int | None:
         raise TraceReadError(f"{Path(directory) / MANIFEST_FILE}: world_size {world:,} is above the {MAX_WORLD_SIZE:,} "
                              "ranks traceforge reads; fix or remove the manifest")
     return world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
+
+
+def every_rank_file(directory: Path, prefix: str | None, needed_by: str) -> tuple[str, dict[int, Path], int]:
+    """(prefix, {rank: path}, world) of a set that holds every rank 0..world-1, world as its
+    manifest declares it (else the highest rank + 1); one line naming the first missing rank."""
+    prefix, files = find_rank_files(Path(directory), prefix)
+    world = manifest_world_size(Path(directory), prefix) or max(files) + 1
+    missing = [r for r in range(world) if r not in files]
+    if missing:
+        raise TraceReadError(f"{directory}: no {prefix}.{missing[0]}.et; {needed_by} needs every rank 0..{world - 1}")
+    return prefix, files, world
