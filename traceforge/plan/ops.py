@@ -277,7 +277,7 @@ class ProgramBuilder:
         """blocking: the next op waits for the transfer to complete; the sends posted with it
         (one batch) do not. batched: posted in one batch with the receives still pending, so
         it waits for none of them (as recv)."""
-        deps = self._cursor + tuple(self._unreceived(batched)) if self._pending else self._cursor
+        deps = self._cursor + tuple(self._unreceived(batched))
         op_id = self._add(f"send_{name}", NodeType.SEND, deps, dim, comm_size=size, peer=peer, tag=tag,
                           dtype=dtype or self.dtype)
         if blocking:

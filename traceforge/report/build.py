@@ -342,7 +342,9 @@ def build_report(
     seconds["scan"] = time.perf_counter() - t0
     gpu_note = None
     if mode == HARDWARE and link.gpu is None:  # NCCL's tables for the set's GPU, when it names one they cover
-        gpu = ((ts.manifest or {}).get("spec") or {}).get("gpu")
+        recorded = (ts.manifest or {}).get("spec")  # a forged manifest may hold anything here
+        gpu = recorded.get("gpu") if isinstance(recorded, dict) else None
+        gpu = gpu if isinstance(gpu, str) else None
         if gpu in GPU_GENERATION:
             link = replace(link, gpu=gpu)
         else:

@@ -7,7 +7,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+from traceforge.schema import ELEMENT_BYTES, TORCH_DTYPE
+
+# Bytes per element of the spec's dtypes, from the one table of element sizes the traces carry.
+DTYPE_BYTES = {name: ELEMENT_BYTES[torch_name] for name, torch_name in TORCH_DTYPE.items()}
 
 
 @dataclass(frozen=True)
