@@ -9,6 +9,7 @@ together, and check's default replay must find a set that would hang on real har
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import combinations
 
 import pytest
@@ -18,8 +19,9 @@ from oracle import ancestors, depends_on, load_set, unfinished
 
 from traceforge.check.run import check_trace_set
 from traceforge.plan import program as planner
-from traceforge.plan.pipeline import MEGATRON_SCHEDULES
 from traceforge.spec import build_spec
+from traceforge.spec import schedules as rules
+from traceforge.spec.schedules import MEGATRON_SCHEDULES
 
 COMP, SEND, RECV = 4, 5, 6
 P, M = 4, 8
@@ -166,7 +168,7 @@ def test_blocking_sends_outside_a_batch_deadlock_the_v_schedules(tmp_path, monke
     from traceforge.emit.writer import write_trace_set
 
     spec = build_spec("demo", overrides=dict(TINY, schedule="zbv"))
-    monkeypatch.setattr(planner, "MEGATRON_SCHEDULES", (*MEGATRON_SCHEDULES, "zbv"))
+    monkeypatch.setitem(rules.SCHEDULES, "zbv", dataclasses.replace(rules.SCHEDULES["zbv"], framework="megatron"))
     planner._cached.cache_clear()
     try:
         write_trace_set(spec, tmp_path, jobs=1)

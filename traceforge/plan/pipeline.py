@@ -27,10 +27,6 @@ import functools
 from traceforge.spec import Spec
 
 Pass = tuple[str, int, int]  # (kind, chunk, micro-batch)
-# Megatron's schedules (schedules.py): without --overlap-p2p-comm each step's sends and the next
-# step's receives go out as one batch that the next compute waits for. The others are
-# torch.distributed.pipelining's, whose runtime never waits on a send before the step's end.
-MEGATRON_SCHEDULES = ("1f1b", "interleaved")
 
 
 def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[Pass]:

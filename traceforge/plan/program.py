@@ -30,12 +30,13 @@ from traceforge.plan.embedding import (
 )
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NEXT, PREV, Coll, NodeType, Program, ProgramBuilder
-from traceforge.plan.pipeline import MEGATRON_SCHEDULES, p2p_tag, schedule
+from traceforge.plan.pipeline import p2p_tag, schedule
 from traceforge.plan.sync import SyncCollectives
 from traceforge.plan.tensor import TensorParallel, fp8_amax_reduction
 from traceforge.schema import TORCH_DTYPE
 from traceforge.spec import Spec
 from traceforge.spec.routing import BALANCED
+from traceforge.spec.schedules import SCHEDULES
 
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
 
@@ -87,13 +88,15 @@ class StagePlanner:
         # Megatron without --overlap-p2p-comm: a pass's sends and the next pass's receives are
         # one batch the next compute waits for (p2p_communication._communicate, wait_on_reqs).
         # torch.distributed.pipelining waits on its sends only when the step ends.
-        self.batched_p2p = spec.schedule in MEGATRON_SCHEDULES and not spec.overlap_p2p_comm
-        self.sends_wait_for_step_end = spec.schedule not in MEGATRON_SCHEDULES
+        self.rule = SCHEDULES[spec.schedule]
+        megatron = self.rule.framework == "megatron"
+        self.batched_p2p = megatron and not spec.overlap_p2p_comm
+        self.sends_wait_for_step_end = not megatron
         # Megatron unbatched (--overlap-p2p-comm: p2p_communication._p2p_ops) posts in parity
         # order: even stages send first, odd ones receive first, so two neighbours' ops on one
         # communicator pair up. Odd stages therefore post the next pass's receive before this
         # pass's sends (same dependencies, earlier in the file).
-        self.receive_first = spec.schedule in MEGATRON_SCHEDULES and spec.overlap_p2p_comm and stage % 2 == 1
+        self.receive_first = megatron and spec.overlap_p2p_comm and stage % 2 == 1
         self._preposted: set[tuple[int, int, bool]] = set()  # (chunk, micro-batch, backward) received early
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
@@ -225,7 +228,7 @@ class StagePlanner:
         while k < len(passes):
             kind, c, mb = passes[k]
             chunk = self.chunks[c]
-            if self.spec.schedule == "gpipe" and kind == "B" and passes[k - 1][0] == "F":
+            if self.rule.drain_forward_sends and kind == "B" and passes[k - 1][0] == "F":
                 self.b.wait_async()  # ScheduleGPipe waits for its forward sends before the backwards
             if kind == "W":
                 since = len(ops)

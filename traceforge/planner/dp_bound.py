@@ -33,13 +33,14 @@ from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParall
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
+from traceforge.spec.schedules import UNSPLIT_BACKWARD
 from traceforge.spec_cache import ignoring
 
 # Microseconds a recorded segment may lose to rounding (compute durations are whole
 # microseconds with the error carried forward, so a chain of them is within 1 us of exact).
 ROUNDING_US = 1.0
 # Schedules whose stages end on a full backward (no weight-gradient pass split off).
-UNSPLIT = ("1f1b", "gpipe", "interleaved")
+UNSPLIT = UNSPLIT_BACKWARD
 
 
 @dataclass(frozen=True)

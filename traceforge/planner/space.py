@@ -26,8 +26,9 @@ from typing import Any
 
 from traceforge.model import split_counts
 from traceforge.spec import SHARDED_OPTIMIZER_MODES, Spec
+from traceforge.spec.schedules import SCHEDULES as SCHEDULE_RULES
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
+SCHEDULES = tuple(SCHEDULE_RULES)
 RECOMPUTE = ("none", "selective", "full")
 DP_MODES = ("ddp", "zero1", "zero2", "dist-opt", "zero3", "hsdp")
 OVERLAPPED_GRAD_MODES = ("ddp", *SHARDED_OPTIMIZER_MODES)
@@ -63,18 +64,20 @@ def _fixed(fixed: Mapping[str, Any], name: str, values: list) -> list:
 def schedules(layers: int, pp: int, fixed: Mapping[str, Any]) -> list[tuple[str, int]]:
     """(schedule, virtual stages) pairs for pp stages; chunk counts that split the layers (or the
     layers with the embedding and loss accounted) into whole chunks."""
-    # Only 1f1b and gpipe run without a pipeline (the others interleave or split its stages).
-    names = _fixed(fixed, "schedule", list(SCHEDULES) if pp > 1 else ["1f1b", "gpipe"])
+    # Without a pipeline only the schedules that run on one stage (the others interleave or split
+    # its stages); with one, every schedule, its own stage rules checked by the validator.
+    names = _fixed(fixed, "schedule", [name for name in SCHEDULES if pp > 1 or SCHEDULE_RULES[name].min_pp == 1])
     out: list[tuple[str, int]] = []
     for name in names:
-        if name in ("interleaved", "interleaved-zb"):
+        chunk_rule = SCHEDULE_RULES[name].chunks if name in SCHEDULE_RULES else "one"
+        if chunk_rule == "virtual":
             # Up to one layer per chunk, the embedding's and the loss's chunks then holding no layer
             # (Megatron builds such a chunk: get_num_layers_to_build asserts only >= 0 layers).
             chunks = [v for v in range(2, (layers + 2) // pp + 1)
                       if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0]
             out += [(name, v) for v in _fixed(fixed, "virtual_stages", chunks)]
         else:
-            out.append((name, 2 if name in ("zbv", "dualpipev") else 1))
+            out.append((name, 2 if chunk_rule == "v" else 1))
     return out
 
 

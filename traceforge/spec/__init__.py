@@ -39,7 +39,7 @@ from traceforge.spec.parallelism import (
     normalize_order,
     requested_order,
 )
-from traceforge.spec.schedule import V_SHAPED
+from traceforge.spec.schedules import V_SHAPED
 
 __all__ = [
     "DERIVED_DEFAULTS", "DP_MODE_ALIASES", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",

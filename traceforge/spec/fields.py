@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceforge.schema import ELEMENT_BYTES, TORCH_DTYPE
+from traceforge.spec.schedules import SCHEDULES
 
 # Bytes per element of the spec's dtypes, from the one table of element sizes the traces carry.
 DTYPE_BYTES = {name: ELEMENT_BYTES[torch_name] for name, torch_name in TORCH_DTYPE.items()}
@@ -83,7 +84,7 @@ FIELDS: tuple[Field, ...] = (
           ("none", "selective", "full")),
     Field("schedule", str, "Pipeline schedule: 1f1b, gpipe, interleaved (Megatron), zb-h1, interleaved-zb, zbv (zero bubble), "
           "dualpipev (DeepSeek); see docs/pipeline-schedules.md.",
-          ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")),
+          tuple(SCHEDULES)),
     Field("virtual_stages", int, "Model chunks per stage for --schedule interleaved or interleaved-zb "
           "(Megatron's virtual pipeline size; zbv and dualpipev use 2)."),
     Field("layers_per_stage", list, "Layers on each stage, comma-separated (e.g. 7,8,...,8,7); default: even, shortfall from the outer stages."),

@@ -9,10 +9,7 @@ from typing import Any
 from traceforge.errors import SpecError
 from traceforge.spec.limits import MAX_NODES_PER_RANK, MAX_TAG, estimated_nodes_per_rank
 from traceforge.spec.raw import Raw
-
-# The schedules that place two model chunks per stage in a V: stage s holds virtual stages s and
-# 2p-1-s, so the first stage also holds the last.
-V_SHAPED = ("zbv", "dualpipev")
+from traceforge.spec.schedules import SCHEDULES, V_SHAPED
 
 
 def normalize(r: Raw, v: dict) -> dict:
@@ -74,8 +71,8 @@ def _virtual_stages(r: Raw, schedule: str, pp: int, m: int) -> int:
     if schedule == "dualpipev" and m < 2 * pp:
         raise SpecError(f"schedule dualpipev needs num_microbatches >= 2*pp = {2 * pp} (got {m}), "
                         "as PyTorch's ScheduleDualPipeV requires")
-    if schedule != "1f1b" and schedule != "gpipe" and pp < 2:
-        raise SpecError(f"schedule {schedule} needs pp >= 2 pipeline stages")
+    if pp < SCHEDULES[schedule].min_pp:
+        raise SpecError(f"schedule {schedule} needs pp >= {SCHEDULES[schedule].min_pp} pipeline stages")
     return vs
 
 
