@@ -54,7 +54,8 @@ COMMS = "record_param_comms"
 PARAM_DTYPE = {S.BFLOAT16: "bfloat16", S.FLOAT16: "half", S.FLOAT32: "float", S.INT32: "int", S.INT64: "long",
                S.BOOL: "bool", S.FP8_E4M3: "uint8", S.FP8_E5M2: "uint8"}
 # Chakra collective type -> the collective_name PyTorch records (paramToCommName maps it).
-COLL_NAME = {0: "allreduce", 2: "_allgather_base", 6: "all_to_allv", 7: "_reduce_scatter_base"}
+COLL_NAME = {S.pb.ALL_REDUCE: "allreduce", S.pb.ALL_GATHER: "_allgather_base", S.pb.ALL_TO_ALL: "all_to_allv",
+             S.pb.REDUCE_SCATTER: "_reduce_scatter_base"}
 WAIT = "wait"
 
 
@@ -121,12 +122,12 @@ def elements(nbytes: int, dtype: str) -> int:
 
 def _sizes(ctype: int, n: int, g: int) -> tuple[int, int, list[int] | None]:
     """(in, out, equal split or None) elements of a collective of n elements on g ranks."""
-    if ctype == 0:
+    if ctype == S.pb.ALL_REDUCE:
         return n, n, None
-    if ctype == 2:
+    if ctype == S.pb.ALL_GATHER:
         return n, n * g, None
     padded = -(-n // g) * g
-    if ctype == 7:
+    if ctype == S.pb.REDUCE_SCATTER:
         return padded, padded // g, None
     return padded, padded, [padded // g] * g
 
