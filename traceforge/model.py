@@ -11,13 +11,21 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+from traceforge.anatomy import (
+    AttentionCore,
+    Op,
+    embedding_ops,
+    final_norm_op,
+    is_moe_layer,
+    layer_anatomy,
+    local_tokens,
+    output_ops,
+    padded_vocab,
+)
 from traceforge.spec import V_SHAPED, Spec
 from traceforge.spec_cache import ignoring
 
-
-def padded_vocab(spec: Spec) -> int:
-    multiple = 128 * spec.tp
-    return -(-spec.vocab // multiple) * multiple
+__all__ = ["is_moe_layer", "local_tokens", "padded_vocab"]  # the anatomy's, as the model's users name them
 
 
 @dataclass(frozen=True)
@@ -33,71 +41,18 @@ class LayerParams:
         return self.split // tp + self.replicated
 
 
-def is_moe_layer(spec: Spec, layer: int) -> bool:
-    """Megatron's --moe-layer-freq pattern, after DeepSeek's first k dense layers."""
-    return spec.experts > 0 and layer >= spec.moe_first_dense_layers and layer % spec.moe_layer_freq == 0
-
-
-def mlp_params(spec: Spec, ffn_hidden: int | None = None) -> int:
-    """One MLP (or one expert of inner size ffn_hidden): gpt fc1 W+b and fc2 W; llama gate, up, down."""
-    h, f = spec.hidden, ffn_hidden or spec.ffn_hidden
-    return h * f + f + f * h if spec.arch == "gpt" else 3 * h * f
-
-
-def qkv_channels(spec: Spec) -> tuple[int, int, int]:
-    """Channels of the full (all heads) query, key and value: GQA, or MLA's up-projected ones
-    (keys carry a nope and a rope part, DeepSeek-V2 section 2.1)."""
-    if spec.mla:
-        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-        return spec.heads * qk, spec.heads * qk, spec.heads * spec.v_head_dim
-    return spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.kv_heads * spec.head_dim
-
-
-def attention_output_channels(spec: Spec) -> int:
-    """Channels of attention's output, into the output projection: every query head's values
-    (under GQA the value channels of qkv_channels count only the shared KV heads')."""
-    return spec.heads * (spec.v_head_dim if spec.mla else spec.head_dim)
-
-
-def mla_latent_channels(spec: Spec) -> int:
-    """What MLA's column-parallel up projections take per token: the query latent (or, with the
-    query not compressed, the hidden state itself, which linear_q_proj takes), the KV latent and
-    the shared rope key. With sequence parallelism this is what the TP group gathers (Megatron's
-    multi_latent_attention.py _qkv_down_projection gathers the compressed q and kv, and
-    q_compressed = hidden_states without a q_lora_rank)."""
-    return (spec.q_lora_rank or spec.hidden) + spec.kv_lora_rank + spec.qk_rope_head_dim
-
-
-def attention_params(spec: Spec) -> tuple[int, int]:
-    """(TP-split, TP-replicated) parameters of one attention block, its input norm included."""
-    h = spec.hidden
-    q, k, v = qkv_channels(spec)
-    if spec.mla:
-        # Megatron MLASelfAttention: the down projections (and their norms) are duplicated on
-        # every TP rank; the up projections are column-parallel, the output row-parallel.
-        ql, kl = spec.q_lora_rank, spec.kv_lora_rank
-        q_params = ql * q if ql else h * q
-        split = q_params + kl * (k - spec.heads * spec.qk_rope_head_dim + v) + v * h
-        down = (h * ql + ql if ql else 0) + h * (kl + spec.qk_rope_head_dim) + kl
-        return split, down + h
-    if spec.arch == "gpt":
-        # QKV W+b, proj W (split); proj b and one LayerNorm w+b (replicated).
-        return h * (q + k + v) + (q + k + v) + q * h, h + 2 * h
-    # Llama: Q, K, V, O without biases (split); the RMSNorm weight (replicated).
-    return h * (q + k + v) + q * h, h
-
-
 def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
-    h = spec.hidden
-    attention, replicated = attention_params(spec)
-    replicated += 3 * h if spec.arch == "gpt" else h  # MLP norm (and fc2 bias for gpt)
-    if is_moe_layer(spec, layer):
-        # The router (h x E) is replicated on every TP rank; each EP rank holds E/ep experts;
-        # shared experts are an ordinary tensor-parallel MLP every token passes through.
-        shared = spec.shared_experts * mlp_params(spec, spec.moe_ffn_hidden)
-        routed = spec.experts // spec.ep * mlp_params(spec, spec.moe_ffn_hidden)
-        return LayerParams(attention + shared, replicated + h * spec.experts, routed)
-    return LayerParams(attention + mlp_params(spec), replicated)
+    """The layer's weights in the anatomy, summed: TP-split, replicated, and routed experts'."""
+    weights = layer_anatomy(spec, is_moe_layer(spec, layer), shapes=False).weights()
+    return LayerParams(sum(w.elements for w in weights if w.split and not w.expert),
+                       sum(w.elements for w in weights if not w.split),
+                       sum(w.elements for w in weights if w.expert))
+
+
+def _one_expert(spec: Spec) -> int:
+    """Parameters of one routed expert (the anatomy's local experts' over their count)."""
+    moe = layer_params(spec, next(i for i in range(spec.layers) if is_moe_layer(spec, i)))
+    return moe.expert // (spec.experts // spec.ep)
 
 
 def _even_with_outer_shortfall(layers: int, p: int) -> list[int]:
@@ -259,24 +214,24 @@ class StageParams:
         return sum(self.expert.values())
 
 
+def _per_rank(spec: Spec, ops: tuple[Op, ...] | list[Op]) -> int:
+    return sum(w.per_rank(spec.tp) for op in ops for w in op.weights)
+
+
 @ignoring(*NOT_READ_BY_STAGE_LAYOUT)
 def stage_params(spec: Spec, stage: int) -> StageParams:
-    t, h = spec.tp, spec.hidden
+    t = spec.tp
     chunks = model_chunks(spec, stage)
     layers = tuple(layer for chunk in chunks for layer in chunk.layers)
     params = {layer: layer_params(spec, layer) for layer in layers}
     first, last = any(c.first for c in chunks), any(c.last for c in chunks)
-    word = padded_vocab(spec) * h // t
-    final_norm = 2 * h if spec.arch == "gpt" else h
-    embedding = 0
-    if first:
-        positions = spec.max_position_embeddings * h if spec.arch == "gpt" else 0  # learned, replicated
-        embedding = word + positions
+    final_norm = _per_rank(spec, [final_norm_op(spec, shapes=False)])
+    embedding = _per_rank(spec, embedding_ops(spec, shapes=False)) if first else 0
     head = 0
     if last:
         # Untied: its own output layer. Tied with the embedding elsewhere: a second copy of the
         # word embedding. Tied on the embedding's own stage (p == 1, or a V): that copy serves.
-        output = 0 if (spec.tied_embeddings and first) else word
+        output = 0 if (spec.tied_embeddings and first) else _per_rank(spec, output_ops(spec, shapes=False))
         head = output + final_norm
     replicated = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
     return StageParams(
@@ -285,32 +240,44 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
     )
 
 
+def _edge_params(spec: Spec) -> int:
+    """The embedding, final norm and (untied) output layer, whole, over the unpadded vocabulary;
+    one copy of tied embeddings."""
+    ops = [*embedding_ops(spec, spec.vocab, shapes=False), final_norm_op(spec, shapes=False)]
+    if not spec.tied_embeddings:
+        ops += output_ops(spec, spec.vocab, shapes=False)
+    return sum(w.elements for op in ops for w in op.weights)
+
+
 def total_params(spec: Spec) -> int:
     """Psi: all parameters of the model (one copy of tied embeddings, unpadded vocabulary)."""
-    h = spec.hidden
     n = 0
     for layer in range(spec.layers):
         lp = layer_params(spec, layer)
         n += lp.split + lp.replicated + lp.expert * spec.ep
-    n += spec.vocab * h + (2 * h if spec.arch == "gpt" else h)  # word embedding, final norm
-    if spec.arch == "gpt":
-        n += spec.max_position_embeddings * h
-    if not spec.tied_embeddings:
-        n += spec.vocab * h
-    return n
+    return n + _edge_params(spec)
 
 
 def active_params(spec: Spec) -> int:
     """Parameters one token passes through: total_params with only top_k routed experts per
     MoE layer (shared experts, router and embeddings included, as DeepSeek and Qwen count)."""
-    unused = spec.experts - spec.top_k
     moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
-    return total_params(spec) - moe_layers * unused * mlp_params(spec, spec.moe_ffn_hidden)
+    if not moe_layers:
+        return total_params(spec)
+    return total_params(spec) - moe_layers * (spec.experts - spec.top_k) * _one_expert(spec)
 
 
-def local_tokens(spec: Spec) -> int:
-    """Tokens of one micro-batch on one rank before any TP sharding: b*s/cp."""
-    return spec.micro_batch * spec.seq_len // spec.cp
+def attention_flops_per_token(spec: Spec) -> int:
+    """Model FLOPs of attention's score and value products per token over every layer, forward
+    and backward, as publications count them (the anatomy's AttentionCore)."""
+    moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
+    total = 0
+    for moe, count in ((False, spec.layers - moe_layers), (True, moe_layers)):
+        if count:
+            cores = [w for op in layer_anatomy(spec, moe, shapes=False).ops() for w in op.work
+                     if isinstance(w, AttentionCore)]
+            total += count * sum(core.model_flops_per_token(spec.seq_len) for core in cores)
+    return total
 
 
 def activation_bytes(spec: Spec) -> int:
@@ -336,54 +303,13 @@ class Param:
 
 
 def layer_param_list(spec: Spec, layer: int) -> list[Param]:
-    """A layer's parameters per TP rank in the order Megatron registers them (the TE layer spec:
-    each LayerNorm fused into the linear after it; an MoE layer's pre-MLP norm on its own):
-    the attention (attention_param_list), then the MLP's linear_fc1 (norm first) and
-    linear_fc2, or the norm, the router, the local experts' fc1 and fc2 and the shared experts'
-    fc1 and fc2 (moe_layer.py builds router, experts, shared_experts in that order). (Megatron-LM
-    core/transformer/{transformer_layer,attention,mlp}.py; TransformerEngine registers a
-    LayerNormLinear's norm weight and bias before its weight and bias.) Sums to
+    """A layer's parameters per TP rank in the order Megatron registers them: the anatomy's
+    weights (traceforge/anatomy/: each block names its registration order; TE registers a
+    LayerNormLinear's norm weight and bias before its weight and bias). Sums to
     layer_params(...).per_rank(t), and its experts' to layer_params(...).expert / t
     (tests/test_model_params.py)."""
-    h, t, gpt = spec.hidden, spec.tp, spec.arch == "gpt"
-    norm = [Param("norm_weight", h)] + ([Param("norm_bias", h)] if gpt else [])
-    out = attention_param_list(spec, norm)
-
-    def fc1(prefix: str, f: int, expert: bool = False) -> list[Param]:
-        weight = h * f // t if gpt else 2 * h * f // t  # Llama's gate and up projections in one weight
-        return [Param(f"{prefix}fc1_weight", weight, expert)] + ([Param(f"{prefix}fc1_bias", f // t, expert)] if gpt else [])
-
-    if is_moe_layer(spec, layer):
-        f, local = spec.moe_ffn_hidden, spec.experts // spec.ep
-        out += norm + [Param("router_weight", spec.experts * h)]
-        for e in range(local):
-            out += fc1(f"expert{e}_", f, expert=True)
-        out += [Param(f"expert{e}_fc2_weight", f * h // t, expert=True) for e in range(local)]
-        if spec.shared_experts:  # one TP-split MLP of shared_experts x moe_ffn_hidden (SharedExpertMLP)
-            shared = spec.shared_experts * f
-            out += fc1("shared_", shared) + [Param("shared_fc2_weight", shared * h // t)]
-        return out + ([Param("fc2_bias", h)] if gpt else [])  # one replicated output bias, as layer_params counts
-    f = spec.ffn_hidden
-    out += norm + fc1("", f)
-    return out + [Param("fc2_weight", f * h // t)] + ([Param("fc2_bias", h)] if gpt else [])
-
-
-def attention_param_list(spec: Spec, norm: list[Param]) -> list[Param]:
-    """The attention block's parameters per TP rank, its input norm included, in registration
-    order: linear_proj, then linear_qkv with the norm fused before it; MLA (multi_latent_attention.py):
-    the input norm on its own, linear_proj, the query's down projection and its norm with the up
-    projection (or one linear_q_proj), the key/value down projection, its norm with the up
-    projection. Down projections and their norms are whole on every TP rank."""
-    h, t, gpt = spec.hidden, spec.tp, spec.arch == "gpt"
-    q, k, v = qkv_channels(spec)
-    if spec.mla:
-        ql, kl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
-        query = ([Param("q_down_weight", h * ql), Param("q_norm_weight", ql), Param("q_up_weight", ql * q // t)]
-                 if ql else [Param("q_weight", h * q // t)])
-        return [*norm, Param("proj_weight", v * h // t), *query, Param("kv_down_weight", h * (kl + rope)),
-                Param("kv_norm_weight", kl), Param("kv_up_weight", kl * (k - spec.heads * rope + v) // t)]
-    out = [Param("proj_weight", q * h // t)] + ([Param("proj_bias", h)] if gpt else [])
-    return out + norm + [Param("qkv_weight", h * (q + k + v) // t)] + ([Param("qkv_bias", (q + k + v) // t)] if gpt else [])
+    t = spec.tp
+    return [Param(w.name, w.per_rank(t), w.expert) for w in layer_anatomy(spec, is_moe_layer(spec, layer), shapes=False).weights()]
 
 
 def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
@@ -394,19 +320,19 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
     # embedding is then one parameter there, as in stage_params, with no other stage to share it.
     emb_stage, head_stage = embedding_stages(spec)
     together = emb_stage == head_stage
-    h, shared = spec.hidden, spec.tied_embeddings and not together
-    word = padded_vocab(spec) * h // spec.tp
+    shared = spec.tied_embeddings and not together
+    t = spec.tp
+
+    def edge(unit: str, ops: tuple[Op, ...] | list[Op]) -> list[tuple[str, Param]]:
+        return [(unit, Param(w.name, w.per_rank(t), shared_embedding=shared and w.split)) for op in ops for w in op.weights]
+
     out: list[tuple[str, Param]] = []
     if chunk.first:
-        out.append(("embed", Param("word_embeddings", word, shared_embedding=shared)))
-        if spec.arch == "gpt":
-            out.append(("embed", Param("position_embeddings", spec.max_position_embeddings * h)))
+        out += edge("embed", embedding_ops(spec, shapes=False))
     for layer in chunk.layers:
         out += [(f"L{layer}", p) for p in layer_param_list(spec, layer)]
     if chunk.last:
-        out.append(("head", Param("final_norm_weight", h)))
-        if spec.arch == "gpt":
-            out.append(("head", Param("final_norm_bias", h)))
+        out += edge("head", [final_norm_op(spec, shapes=False)])
         if not (spec.tied_embeddings and together):  # tied on the embedding's own stage: the embedding serves
-            out.append(("head", Param("output_layer", word, shared_embedding=shared)))
+            out += edge("head", output_ops(spec, shapes=False))
     return out

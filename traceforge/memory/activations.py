@@ -6,19 +6,10 @@ activations, 34sbh + 5as^2b per layer, of which 10sbh (layer-norm inputs, the in
 attention and MLP, two dropout masks) is replicated on every TP rank unless sequence
 parallelism shards it, and 24sbh + 5as^2b (Q, K, V, the projection input, the MLP's two
 inner tensors, the attention scores) is split by t. We count the same tensors, each in its
-own size, so that the formula's successors follow from the spec:
-- GQA: K and V have kv_heads*head_dim channels; MLA: the compressed latents (on the rank's
-  sequence shard under SP, never split by heads) plus the up-projected per-head Q, K, V;
-- SwiGLU (llama): fc1 keeps 2f channels (gate and up) and fc2's input f; GELU (gpt): f and f;
-- dropout masks (1 byte each) only for gpt; Llama trains without dropout;
-- FlashAttention keeps no s^2 scores, only its fp32 log-sum-exp per head; unfused attention
-  keeps the softmax output (and gpt's dropout mask and output), dropped by selective recompute;
+own size, as each layer's anatomy lists them (traceforge/anatomy/: ``Saved`` per op, with the
+recompute policy that drops it), so that the formula's successors follow from the spec (GQA,
+MLA, SwiGLU, FlashAttention's log-sum-exp, MoE's dispatched copies, CP's s/cp tokens):
 - full recompute keeps only each layer's input and rebuilds one layer during its backward;
-- MoE: the router's fp32 probabilities, and per token copy (top_k copies, times the routing
-  imbalance of the busiest EP rank) the permuted input, gathered whole on every TP rank, and the
-  TP rank's share of the expert's inner tensors and its output (which the probabilities'
-  gradient needs); shared experts as an MLP;
-- CP: every tensor holds the rank's s/cp tokens;
 - the first chunk keeps the int64 token ids (and gpt's embedding dropout mask); the last the
   final norm's input and output and the fp32 logits the cross-entropy keeps (V/t per token).
 Transient tensors (alive only while one pass runs) are counted apart, so the schedule walk
@@ -32,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.model import Chunk, attention_output_channels, is_moe_layer, local_tokens, padded_vocab, qkv_channels
+from traceforge.anatomy import FULL, SELECTIVE, is_moe_layer, layer_anatomy, local_tokens, padded_vocab
+from traceforge.model import Chunk
 from traceforge.spec import Spec
 from traceforge.spec.routing import Routing
 from traceforge.spec_cache import ignoring
@@ -71,52 +63,14 @@ def routing_imbalance(spec: Spec) -> float:
 
 
 def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, float, float, float]:
-    """Bytes per local token of one layer on one GPU: (stored without recompute, attention
-    scores that selective recompute drops, forward transient, backward transient)."""
-    h, t, e = spec.hidden, spec.tp, spec.act_bytes
-    rep = t if spec.sequence_parallel else 1  # what SP shards across the TP group
-    gpt = spec.arch == "gpt"
-    q, k, v = qkv_channels(spec)
-    out = attention_output_channels(spec)  # channels into the output projection
-    stored = 2 * e * h / rep  # the two norms' inputs
-    stored += e * h / rep  # attention input (norm output)
-    if spec.mla:
-        latent = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
-        # latents and their norms' inputs, on the rank's sequence shard under SP (Megatron's
-        # _qkv_down_projection keeps them [s/TP]; the up projections gather them, saving the shard)
-        stored += e * (latent + spec.q_lora_rank + spec.kv_lora_rank) / rep
-    stored += e * (q + k + v + out) / t
-    scores = 0.0
-    if spec.attention == "flash":
-        stored += FP32 * spec.heads / t  # log-sum-exp per head
-    else:  # softmax output (and gpt's dropout mask and output) over the keys each query sees
-        scores = spec.heads / t * spec.seq_len * (e + (MASK + e if gpt else 0))
-    stored += (MASK * h / rep) if gpt else 0  # attention's output dropout mask
-    stored += e * h / rep  # MLP (or router) input
-    stored += (MASK * h / rep) if gpt else 0  # MLP's output dropout mask
-    f_inner = 2 if gpt else 3  # gpt: GELU input and output; llama: fc1's 2f (gate, up) and fc2's f
-    widest = 2 * spec.ffn_hidden if not gpt else spec.ffn_hidden
-    if moe:
-        ffn = spec.moe_ffn_hidden
-        received = spec.top_k * imbalance  # token copies per local token the TP group's experts get
-        copies = received / t  # this GPU's share once the experts' output is reduce-scattered
-        stored += FP32 * spec.experts / rep  # router probabilities
-        # The dispatcher all-gathers the received copies over TP (token_dispatcher.py,
-        # gather_from_sequence_parallel_region) and TE's expert linears keep that whole input;
-        # the inner tensors are TP-split, the output reduce-scattered back.
-        stored += e * (received * h + copies * (f_inner * ffn + h))
-        stored += e * f_inner * spec.shared_experts * ffn / t
-        widest = max(int(received * h + copies * (h + 2 * ffn)), 2 * spec.shared_experts * ffn // t)
-        dispatch = copies * e * h * 2  # AllToAll send and receive buffers
-    else:
-        stored += e * f_inner * spec.ffn_hidden / t
-        widest //= t
-        dispatch = 0.0
-    gathered = e * h if spec.sequence_parallel and t > 1 else 0  # TE's all-gathered input of a linear
-    raw_scores = e * spec.heads / t * spec.seq_len if spec.attention == "unfused" else 0  # Q K^T before softmax
-    forward = max(gathered, raw_scores, dispatch)
-    backward = e * (widest + h) + gathered  # gradient of the widest tensor and of the hidden state
-    return stored, scores, forward, backward
+    """Bytes per local token of one layer on one GPU, from its anatomy (traceforge/anatomy/):
+    (stored without recompute, what selective recompute drops, forward transient, backward
+    transient)."""
+    anatomy = layer_anatomy(spec, moe, imbalance)
+    saved = anatomy.saved()
+    stored = sum(s.per_token for s in saved if s.dropped_by == FULL)
+    scores = sum(s.per_token for s in saved if s.dropped_by == SELECTIVE)
+    return stored, scores, anatomy.forward_transient, anatomy.backward_transient
 
 
 # Memoized on the fields it reads (the planner asks for every stage of every pipeline depth,

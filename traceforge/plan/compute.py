@@ -30,10 +30,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from traceforge.anatomy import (
+    ACTIVATION,
+    CROSS_ENTROPY,
+    NORM,
+    RESIDUAL,
+    AttentionCore,
+    Linear,
+    Lookup,
+    Op,
+    Work,
+    embedding_ops,
+    final_norm_op,
+    layer_anatomy,
+    output_ops,
+)
 from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.times import load_kernel_times
-from traceforge.model import attention_output_channels, local_tokens, padded_vocab, qkv_channels
 from traceforge.spec import DTYPE_BYTES, Spec
 
 CAUSAL_FRACTION = 0.5
@@ -149,18 +163,18 @@ NOTHING = Cost(0, 0, 0.0)
 
 
 @dataclass(frozen=True)
-class Linear:
+class Gemms:
     """A linear layer's three GEMMs: forward, input gradient (dgrad), weight gradient (wgrad)."""
 
     fwd: Cost
     dgrad: Cost
     wgrad: Cost
 
-    def __add__(self, other: Linear) -> Linear:
-        return Linear(self.fwd + other.fwd, self.dgrad + other.dgrad, self.wgrad + other.wgrad)
 
-
-NO_LINEAR = Linear(NOTHING, NOTHING, NOTHING)
+# The compute nodes the programs run (plan/layer.py, expert.py, embedding.py), by block: what an
+# anatomy op's group may name.
+GROUPS = frozenset({"norm", "qkv", "core", "proj", "fc1", "act", "fc2", "router", "experts", "shared", "output",
+                    "embed", "head"})
 
 
 class CostModel:
@@ -177,69 +191,71 @@ class CostModel:
         self.measured = load_kernel_times(spec.kernel_times) if spec.kernel_times else None
         self.model_micros: dict[Kernel, float] = {}  # the model's time of every kernel priced
         self.layer_dtype = FP8_DTYPE if spec.fp8 != "none" else spec.dtype
-        s, t = spec, spec.tp
-        T = local_tokens(s)  # tokens per micro-batch on this rank (b*s/cp)
-        # The residual stream (dropout, residual adds, norms) is sequence-sharded under SP.
-        T_sp = T // t if s.sequence_parallel else T
-        h, f = s.hidden, s.ffn_hidden
-        q_dim, k_dim, v_dim = qkv_channels(s)
-        out_dim = attention_output_channels(s)
-        gated = 2 if s.arch == "llama" else 1  # SwiGLU's gate and up projections
-
-        if s.mla:
-            # DeepSeek-V2 MLA: duplicated down projections (on this rank's sequence shard with
-            # SP), column-parallel up projections of the query and of keys (nope part) and values.
-            ql, kl, rope = s.q_lora_rank, s.kv_lora_rank, s.qk_rope_head_dim
-            q_proj = (self.linear(T_sp, h, ql) + self.linear(T, ql, q_dim // t)) if ql else self.linear(T, h, q_dim // t)
-            qkv = (q_proj + self.linear(T_sp, h, kl + rope)
-                   + self.linear(T, kl, (k_dim - s.heads * rope + v_dim) // t))
-        else:
-            qkv = self.linear(T, h, (q_dim + k_dim + v_dim) // t)
-        proj = self.linear(T, out_dim // t, h)
-        fc1 = self.linear(T, h, gated * f // t)
-        fc2 = self.linear(T, f // t, h)
-        self.qkv, self.qkv_dgrad, self.qkv_wgrad = qkv.fwd, qkv.dgrad, qkv.wgrad
-        self.proj, self.proj_dgrad, self.proj_wgrad = proj.fwd, proj.dgrad, proj.wgrad
-        self.fc1, self.fc1_dgrad, self.fc1_wgrad = fc1.fwd, fc1.dgrad, fc1.wgrad
-        self.fc2, self.fc2_dgrad, self.fc2_wgrad = fc2.fwd, fc2.dgrad, fc2.wgrad
-        # Before each sublayer: the previous one's bias-dropout-add, then this one's norm.
-        residual, residual_bwd = self._residual(T_sp * h)
-        self.norm = residual + self.elementwise("layernorm", T_sp * h)
-        self.norm_bwd = self.elementwise("layernorm_bwd", T_sp * h) + residual_bwd
-        self.act, self.act_bwd = self._activation(T * f // t)
-        self.core, self._core_bwd = self._attention(T, q_dim, v_dim)
-        self.ring_fwd, self.ring_bwd = self._ring(T, q_dim, k_dim, v_dim) if s.cp > 1 and s.cp_comm_type == "p2p" else ((), ())
+        # Every op of the layer kinds and the model's edges (traceforge/anatomy/), priced into the
+        # compute node its group names (GROUPS); the programs (plan/layer.py) place the nodes.
+        self.groups: dict[tuple[str, str], tuple[Cost, Cost, Cost]] = {}
+        blocks = list(layer_anatomy(spec, False).blocks)
+        if spec.experts:
+            blocks.append(layer_anatomy(spec, True).block("moe"))
+        for block in blocks:
+            self._price_ops(block.name, block.ops)
+        self._price_ops("edges", (*embedding_ops(spec), final_norm_op(spec), *output_ops(spec)))
+        self.norm, self.norm_bwd, _ = self.groups["attention", "norm"]
+        self.qkv, self.qkv_dgrad, self.qkv_wgrad = self.groups["attention", "qkv"]
+        self.core, self._core_bwd, _ = self.groups["attention", "core"]
+        self.proj, self.proj_dgrad, self.proj_wgrad = self.groups["attention", "proj"]
+        self.fc1, self.fc1_dgrad, self.fc1_wgrad = self.groups["mlp", "fc1"]
+        self.act, self.act_bwd, _ = self.groups["mlp", "act"]
+        self.fc2, self.fc2_dgrad, self.fc2_wgrad = self.groups["mlp", "fc2"]
+        core = next(w for op in layer_anatomy(spec, False).block("attention").group("core") for w in op.work
+                    if isinstance(w, AttentionCore))
+        ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
+        self.ring_fwd, self.ring_bwd = self._ring(core.tokens, core.q, core.k, core.v) if ring else ((), ())
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
-        # (MoE with TP runs with SP, so a rank routes its sequence shard; plan/expert.py agrees.)
-        moe_tokens = T // t if t > 1 else T
-        routed = moe_tokens * s.top_k  # dispatched token copies per rank
-        mf = s.moe_ffn_hidden
-        router = self.linear(moe_tokens, h, s.experts, s.dtype) if s.experts else NO_LINEAR
-        self.router, self.router_bwd = router.fwd, router.dgrad + router.wgrad
-        experts = (self.linear(routed * t, h, gated * mf // t) + self.linear(routed * t, mf // t, h)) if s.experts else NO_LINEAR
-        expert_act, expert_act_bwd = self._activation(routed * mf) if s.experts else (NOTHING, NOTHING)
-        self.experts = experts.fwd + expert_act
-        self.experts_dgrad = experts.dgrad + expert_act_bwd
-        self.experts_wgrad = experts.wgrad
-        # Shared experts: one tensor-parallel MLP of inner size shared*moe_ffn over every token.
-        sf = s.shared_experts * mf
-        shared = (self.linear(T, h, gated * sf // t) + self.linear(T, sf // t, h)) if sf else NO_LINEAR
-        shared_act, shared_act_bwd = self._activation(T * sf // t) if sf else (NOTHING, NOTHING)
-        self.shared = shared.fwd + shared_act
-        self.shared_dgrad = shared.dgrad + shared_act_bwd
-        self.shared_wgrad = shared.wgrad
-        # Model edges: embedding lookup; final norm, LM head (vocab-parallel) and fp32 cross-entropy.
-        vocab = padded_vocab(s) // t
-        self.embed = self.elementwise("embedding", T * h)
-        # The word embedding is no fused linear: its dense gradient is added to the main grad.
-        self.embed_bwd = (self.elementwise("zero_fill", vocab * h) + self.elementwise("embedding_bwd", T * h)
-                          + self.elementwise("grad_accumulate", vocab * h, s.grad_dtype))
-        head = self.linear(T, h, vocab, s.dtype)
-        self.head = (self.elementwise("layernorm", T_sp * h) + head.fwd
-                     + self.elementwise("cross_entropy", T * vocab))
-        self.head_dgrad = (self.elementwise("cross_entropy_bwd", T * vocab) + head.dgrad
-                           + self.elementwise("layernorm_bwd", T_sp * h))
-        self.head_wgrad = head.wgrad
+        router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
+        self.router, self.router_bwd = router[0], router[1] + router[2]
+        self.experts, self.experts_dgrad, self.experts_wgrad = self.groups.get(("moe", "experts"), (NOTHING,) * 3)
+        self.shared, self.shared_dgrad, self.shared_wgrad = self.groups.get(("moe", "shared"), (NOTHING,) * 3)
+        # Model edges: embedding lookup (its dense gradient added to the main grad: no fused
+        # linear, so all of it is the weight-gradient node); final norm, LM head, cross-entropy.
+        self.embed, _, self.embed_bwd = self.groups["edges", "embed"]
+        self.head, self.head_dgrad, self.head_wgrad = self.groups["edges", "head"]
+
+    def _price_ops(self, block: str, ops: tuple[Op, ...]) -> None:
+        """Each op's work priced, forward in running order and backward in reverse, summed into
+        its group's (forward, input-gradient, weight-gradient) costs."""
+        for op in ops:
+            if op.group not in GROUPS:
+                raise ValueError(f"anatomy op {op.name!r} is priced into group {op.group!r}, which no program "
+                                 f"runs: use one of {sorted(GROUPS)} or place the new group in plan/layer.py")
+            parts = [self._work(w) for w in op.work]
+            fwd = sum((f for f, _, _ in parts), NOTHING)
+            dgrad = sum((d for _, d, _ in reversed(parts)), NOTHING)
+            wgrad = sum((w for _, _, w in reversed(parts)), NOTHING)
+            key = (block, op.group)
+            before = self.groups.get(key)
+            if before is None:
+                self.groups[key] = (fwd, dgrad, wgrad)
+            else:  # a later op of the group: after it forward, before it backward
+                self.groups[key] = (before[0] + fwd, dgrad + before[1], wgrad + before[2])
+
+    def _work(self, w: Work) -> tuple[Cost, Cost, Cost]:
+        """(forward, input gradient, weight gradient) of one piece of an op's work."""
+        s = self.spec
+        if isinstance(w, Linear):
+            linear = self.linear(w.m, w.k, w.n, None if w.layer_dtype else s.dtype)
+            return linear.fwd, linear.dgrad, linear.wgrad
+        if isinstance(w, AttentionCore):
+            return (*self._attention(w.tokens, w.q, w.v), NOTHING)
+        if isinstance(w, Lookup):
+            return self.elementwise("embedding", w.elements), NOTHING, (
+                self.elementwise("zero_fill", w.table) + self.elementwise("embedding_bwd", w.elements)
+                + self.elementwise("grad_accumulate", w.table, s.grad_dtype))
+        fwd, bwd = {RESIDUAL: self._residual, ACTIVATION: self._activation,
+                    NORM: lambda n: (self.elementwise("layernorm", n), self.elementwise("layernorm_bwd", n)),
+                    CROSS_ENTROPY: lambda n: (self.elementwise("cross_entropy", n), self.elementwise("cross_entropy_bwd", n)),
+                    }[w.kind](w.elements)
+        return fwd, bwd, NOTHING
 
     # -- kernels -----------------------------------------------------------------------
     def price(self, k: Kernel) -> Cost:
@@ -339,14 +355,14 @@ class CostModel:
             return self.price(Kernel(BMM, (batch, m, k, n), dtype or self.spec.dtype))
         return self.price(Kernel(GEMM, (m, k, n), dtype or self.spec.dtype))
 
-    def linear(self, tokens: int, k: int, n: int, dtype: str | None = None) -> Linear:
+    def linear(self, tokens: int, k: int, n: int, dtype: str | None = None) -> Gemms:
         """Input tokens x k times weight k x n: forward, input-gradient and weight-gradient GEMMs
         (a transformer layer's in FP8 under --fp8)."""
         dtype = dtype or self.layer_dtype
         wgrad = self.gemm(k, tokens, n, dtype=dtype)
         if not self.spec.gradient_accumulation_fusion:  # the weight gradient added to the main grad
             wgrad += self.elementwise("grad_accumulate", k * n, self.spec.grad_dtype)
-        return Linear(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), wgrad)
+        return Gemms(self.gemm(tokens, k, n, dtype=dtype), self.gemm(tokens, n, k, dtype=dtype), wgrad)
 
     def elementwise(self, kind: str, elements: int, dtype: str | None = None) -> Cost:
         return self.price(Kernel(kind, (elements,), dtype or self.spec.dtype))

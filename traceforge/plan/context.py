@@ -20,7 +20,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 
 from __future__ import annotations
 
-from traceforge.model import attention_output_channels, local_tokens, qkv_channels
+from traceforge.anatomy import attention_output_channels, local_tokens, qkv_channels
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec

@@ -3,7 +3,8 @@ and an MLP, or a mixture of experts, with the collectives each parallel dimensio
 
 from __future__ import annotations
 
-from traceforge.model import is_moe_layer, local_tokens, mla_latent_channels
+from traceforge.anatomy import mla_latent_channels
+from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import CostModel
 from traceforge.plan.context import context_parallel
 from traceforge.plan.expert import MixtureOfExperts

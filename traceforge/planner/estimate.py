@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from traceforge.layout import Layout
-from traceforge.model import active_params, attention_output_channels, qkv_channels
+from traceforge.model import active_params, attention_flops_per_token
 from traceforge.plan.ops import NodeType, Program
 from traceforge.plan.program import build_program
 from traceforge.report.replay import replay
@@ -45,10 +45,10 @@ def model_flops_per_step(spec: Spec) -> float:
     6 x active parameters per token for the weights, and causal attention's score and value
     products, 3 x s x (query + output channels) per layer and token (forward and backward):
     every query head has its own value product, shared key/value heads or not (Megatron-LM
-    training.py num_floating_point_operations counts query_projection_size for both)."""
-    q_dim, out_dim = qkv_channels(spec)[0], attention_output_channels(spec)
+    training.py num_floating_point_operations counts query_projection_size for both). Both
+    from the layers' anatomy (model.active_params, model.attention_flops_per_token)."""
     tokens = spec.global_batch * spec.seq_len
-    return tokens * (6.0 * active_params(spec) + 3.0 * spec.layers * spec.seq_len * (q_dim + out_dim))
+    return tokens * (6.0 * active_params(spec) + attention_flops_per_token(spec))
 
 
 # What a RankProgram reads of every op, each column fetched by a C-level map of attrgetter over

@@ -1,0 +1,73 @@
+"""One description of each layer kind, everything else derives from.
+
+A transformer layer is an attention block (MHA/GQA or MLA, ``attention.py``) and an MLP block
+(a dense MLP or a mixture of experts, ``mlp.py``); the model's edges are the embedding and the
+LM head with its loss (``edges.py``). Each block lists its operations in running order
+(``parts.Op``): the work each runs with its shapes, the parameters it owns, and the tensors
+its forward keeps for the backward. From this one description:
+
+- the parameters (model.py: ``layer_params``, ``layer_param_list``, ``total_params``,
+  ``active_params``, and from them the gradient buffers and the memory model's states);
+- the compute (plan/compute.py: ``CostModel`` prices every op's work, forward and backward);
+- the kept activations (memory/activations.py: ``layer_activations`` sums ``Saved``);
+- the model FLOPs (planner/estimate.py: ``model_flops_per_step``).
+
+Adding a layer feature is one edit here: see docs/design.md, "Adding a layer feature".
+"""
+
+from __future__ import annotations
+
+import functools
+
+from traceforge.anatomy.attention import attention_block
+from traceforge.anatomy.edges import embedding_ops, final_norm_op, output_ops
+from traceforge.anatomy.mlp import dense_mlp_block, moe_block
+from traceforge.anatomy.parts import (
+    ACTIVATION,
+    CROSS_ENTROPY,
+    FULL,
+    NORM,
+    RESIDUAL,
+    SELECTIVE,
+    AttentionCore,
+    Block,
+    LayerAnatomy,
+    Linear,
+    Lookup,
+    Op,
+    Pointwise,
+    Saved,
+    Weight,
+    Work,
+)
+from traceforge.anatomy.sizes import (
+    Sizes,
+    attention_output_channels,
+    is_moe_layer,
+    local_tokens,
+    mla_latent_channels,
+    padded_vocab,
+    qkv_channels,
+)
+from traceforge.spec import Spec
+
+__all__ = [
+    "ACTIVATION", "CROSS_ENTROPY", "FULL", "NORM", "RESIDUAL", "SELECTIVE", "AttentionCore", "Block", "LayerAnatomy",
+    "Linear", "Lookup", "Op", "Pointwise", "Saved", "Sizes", "Weight", "Work", "attention_output_channels",
+    "embedding_ops", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens", "mla_latent_channels",
+    "output_ops", "padded_vocab", "qkv_channels",
+]
+
+
+@functools.lru_cache(maxsize=64)
+def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0, shapes: bool = True) -> LayerAnatomy:
+    """One layer on one GPU: attention, then a dense MLP or (moe) a mixture of experts whose
+    kept tensors are sized for `imbalance` (the busiest EP rank's copies over the mean).
+    shapes=False: no tokens, reading no batch field (for the weights alone; Sizes.of)."""
+    z = Sizes.of(spec, shapes)
+    mlp = moe_block(spec, z, imbalance) if moe else dense_mlp_block(spec, z)
+    attention = attention_block(spec, z)
+    gathered = z.e * z.h if spec.sequence_parallel and z.t > 1 else 0  # TE's all-gathered input of a linear
+    forward = max(gathered, attention.forward_transient, mlp.forward_transient)
+    backward = z.e * (mlp.widest + z.h) + gathered  # gradient of the widest tensor and of the hidden state
+    return LayerAnatomy((attention, mlp), forward, backward)
