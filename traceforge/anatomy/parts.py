@@ -130,9 +130,13 @@ class Block:
     widest: float = 0.0
 
     def weights(self) -> list[Weight]:
+        if not self.registration:
+            return [w for op in self.ops for w in op.weights]
         by_name = {op.name: op for op in self.ops}
-        order = [by_name[name] for name in self.registration] if self.registration else self.ops
-        return [w for op in order for w in op.weights]
+        unplaced = {name for name, op in by_name.items() if op.weights} - set(self.registration)
+        if unplaced:  # its parameters would be lost: name it in the block's registration order
+            raise ValueError(f"block {self.name}: ops {sorted(unplaced)} have no place in its registration order")
+        return [w for name in self.registration if name in by_name for w in by_name[name].weights]
 
     def group(self, name: str) -> list[Op]:
         return [op for op in self.ops if op.group == name]
