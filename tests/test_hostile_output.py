@@ -173,12 +173,22 @@ def test_jobs_are_capped_at_the_cores():
 # -- signals and closed or full streams: real processes ------------------------------------------
 
 ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
-SLOW = ["generate", "-p", "llama3-70b", "--steps", "2", "-j", "2", "-o", "out"]
+# 16,384 ranks of demo: planned in a moment, then seconds of writing (a signal lands mid-write).
+SLOW = ["generate", "-p", "demo", "--dp", "4096", "--global-batch", "4096", "-j", "2", "-o", "out"]
+
+
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's SIGINT at its default, as in a terminal's foreground: a shell starts background
+    jobs (a CI script's `&`) with SIGINT ignored, the child inherits that, and Python then
+    never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start(tmp_path: Path, args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "traceforge", *args], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
 
 
 def _wait_for_partial(tmp_path: Path, proc: subprocess.Popen) -> None:
@@ -215,6 +225,7 @@ def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
     proc = _start(tmp_path, SLOW)
     _wait_for_partial(tmp_path, proc)
     workers = _children(proc.pid)
+    assert workers  # mid-write: the workers are running
     proc.send_signal(getattr(signal, sig))
     _, stderr = proc.communicate(timeout=60)
     assert "Traceback" not in stderr
@@ -225,9 +236,8 @@ def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
         assert _hidden(tmp_path) == []
     else:  # nothing could clean up; the next run on the same OUT does
         assert _hidden(tmp_path)
-        done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-q", "-o", "out"], cwd=tmp_path,
-                              env=ENV, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        done = invoke("generate", "-q", "-o", tmp_path / "out")
+        assert done.exit_code == 0, done.stderr
         assert _hidden(tmp_path) == []
 
 

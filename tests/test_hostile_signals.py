@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(ROOT))
-SLOW = ["generate", "-p", "llama3-70b", "--steps", "2", "-j", "2", "-o", "out"]
+# 16,384 ranks of demo: planned in a moment, then seconds of writing (a signal lands mid-write).
+SLOW = ["generate", "-p", "demo", "--dp", "4096", "--global-batch", "4096", "-j", "2", "-o", "out"]
 
 
 def _start(tmp_path: Path) -> subprocess.Popen:
