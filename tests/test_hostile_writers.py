@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -375,6 +376,17 @@ def test_merge_never_replaces_another_tools_side_file(home, tmp_path, name):
 # -- plan --merge (a command added since): its shard files are side files too ---------------------
 
 
+@pytest.fixture(scope="module")
+def plan_shards(tmp_path_factory) -> Path:
+    """Both shards of one plan, written once: each test forges its own copy."""
+    out = tmp_path_factory.mktemp("plan") / "s"
+    for k in (0, 1):
+        assert invoke("plan", "--gpus", "8", "--dp-mode", "ddp", "--recompute", "none", "--shard", f"{k}/2",
+                      "-o", out, "-q").exit_code == 0
+    assert invoke("plan", "--merge", out, "-q").exit_code == 0  # unforged, they merge
+    return out
+
+
 @pytest.mark.parametrize("forge, field", [
     (lambda d: d["rows"][0].update(bound_ms="x"), "rows[0].bound_ms"),
     (lambda d: d["rows"][0].update(tp=-3), "rows[0].tp"),
@@ -382,10 +394,9 @@ def test_merge_never_replaces_another_tools_side_file(home, tmp_path, name):
     (lambda d: d["rows"][0].update(exposed_ms=[1]), "rows[0].exposed_ms"),
     (lambda d: d["rows"][0].update(step_ms=float("inf")), "Infinity"),
 ])
-def test_forged_plan_shard_row_is_one_line(tmp_path, forge, field):
+def test_forged_plan_shard_row_is_one_line(plan_shards, tmp_path, forge, field):
     out = tmp_path / "s"
-    for k in (0, 1):
-        assert invoke("plan", "--gpus", "8", "--shard", f"{k}/2", "-o", out, "-q").exit_code == 0
+    shutil.copytree(plan_shards, out)
     path = out / "plan-shard-0-of-2.json"
     doc = json.loads(path.read_text())
     forge(doc)
