@@ -5,10 +5,9 @@ traffic per job; bad placements are refused with nothing written."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_runner import invoke, one_line_error
 from oracle import consistency_problems, load_set, unfinished
 
 from traceforge._proto import traceforge_et_pb2 as pb
@@ -92,10 +91,6 @@ def test_combined_set_passes_check_and_report_splits_per_job(make_set, tmp_path)
         assert job["scale_up"] + job["scale_out"] == pytest.approx(total)
 
 
-def _run(args, tmp_path):
-    return subprocess.run([sys.executable, "-m", "traceforge", *args], capture_output=True, text=True, cwd=tmp_path)
-
-
 @pytest.mark.parametrize("doc, match", [
     ([[0, 1, 2, 3, 4, 5, 6, 7]], "places 1 jobs but 2 trace sets"),
     ([list(range(8)), list(range(8, 15))], "job 1 has 8 ranks but its list names 7"),
@@ -108,9 +103,7 @@ def test_bad_placements_are_refused_and_nothing_is_written(make_set, tmp_path, d
     path = tmp_path / "place.json"
     path.write_text(json.dumps(doc))
     out = tmp_path / "out"
-    done = _run(["combine", str(a), str(b), "-o", str(out), "--placement", str(path)], tmp_path)
-    assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and match in done.stderr
+    one_line_error(invoke("combine", a, b, "-o", out, "--placement", path), match)
     assert not out.exists()
 
 

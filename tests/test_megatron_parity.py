@@ -4,11 +4,10 @@ checks (docs/megatron-parity.md). Expectations are worked out here from the spec
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
+from cli_runner import invoke
 from oracle import load_set
 from test_traffic import M, megatron_buckets
 
@@ -180,9 +179,8 @@ def test_missing_cp_and_ep_are_inserted_where_megatron_puts_them(tmp_path):
     moe = dict(arch="llama", experts=4, top_k=2, ep=2, sequence_parallel=True, pp=1, dp=4)
     assert build_spec("demo", overrides=dict(moe, order="tp-dp-pp")).order == "tp-ep-dp-pp"  # right before dp
     assert build_spec("demo", overrides=dict(moe, cp=2, dp=2, order="tp-dp-pp")).order == "tp-cp-ep-dp-pp"
-    run = subprocess.run([sys.executable, "-m", "traceforge", "generate", "--cp", "2", "--pp", "1", "--dp", "4",
-                          "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+    run = invoke("generate", "--cp", "2", "--pp", "1", "--dp", "4", "-o", tmp_path / "out")
+    assert run.exit_code == 0, run.stderr
     assert "order tp-cp-pp-dp (cp inserted after tp, as Megatron)" in " ".join(run.stdout.split())
 
 

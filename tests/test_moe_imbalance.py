@@ -5,12 +5,11 @@ imbalance factor, and refusals of bad routing input."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+from cli_runner import invoke, one_line_error
 from oracle import COMP, RECV, SEND, TAG_LIMIT, load_set
 
 from traceforge.errors import SpecError
@@ -137,16 +136,14 @@ def test_cli_refuses_a_bad_routing_file_and_writes_nothing(tmp_path):
     path = tmp_path / "bad.npy"
     np.save(path, np.full((M, LAYERS, EP, EP), -3))
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "traceforge", "generate", "-o", str(out), "--moe-routing", f"trace:{path}"]
+    args = ["generate", "-o", out, "--moe-routing", f"trace:{path}"]
     for key, value in SMALL.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             args.append(flag if value else "--untied-embeddings")
         else:
             args += [flag, str(value)]
-    done = subprocess.run(args, capture_output=True, text=True)
-    assert done.returncode == 2
-    assert len(done.stderr.strip().splitlines()) == 1 and "negative token count" in done.stderr
+    one_line_error(invoke(*args), "negative token count")
     assert not out.exists()
 
 
