@@ -463,11 +463,13 @@ def test_module_paths_the_docs_name_exist(doc):
 
 
 # A tracker reference, in any case: the word issue (or issues) followed by a number, with or without
-# a "#"; a bare "#" and a number; or a ticket named without its number (its possessive, or "as
-# the issue" asks, fixes, says or wants). Words like "issue order" are not references; a pull
-# request of another project cited as a source (Megatron-LM's PR and its number) is not ours.
-TRACKER_REFERENCE = re.compile(r"\bissues?\s*#?\s*\d+|(?<![&\w/])(?<!PR )#\d+\b"
-                               r"|\bthe issue(?:'s|\s+(?:asks|fixes|says|wants))\b", re.IGNORECASE)
+# a "#", "no." or "number", or joined to it ("issue-N", a test named test_issue_N, a URL's
+# issues/N); a ticket or GitHub's gh-N; a bare "#" and a number; or a ticket named without its
+# number (its possessive, or "as the issue" asks, fixes, says or wants). Words like "issue order"
+# are not references; a pull request of another project cited as a source (Megatron-LM's PR and
+# its number) is not ours.
+TRACKER_REFERENCE = re.compile(r"(?<![a-z])issues?(?:\s*(?:#|no\.?|number)|[-_/])?\s*\d+|\b(?:ticket|gh)[\s#_-]*\d+"
+                               r"|(?<![&\w/])(?<!PR )#\d+\b|\bthe issue(?:'s|\s+(?:asks|fixes|says|wants))\b", re.IGNORECASE)
 
 
 def tracker_references(text: str) -> list[str]:
@@ -477,17 +479,22 @@ def tracker_references(text: str) -> list[str]:
 def test_the_tracker_guard_catches_every_spelling():
     word, n = "issue", 22  # built here, so that this file holds no reference itself
     for text in (f"see {word} {n}", f"({word.title()} {n}, item 4)", f"{word.upper()} {n}", f"{word}s 19 and 20",
-                 f"{word} #{n}", f"fixes #{n}", f"the {word}'s target", f"as the {word} fixes them"):
+                 f"{word} #{n}", f"{word.title()} No. {n}", f"{word} number {n}", f"{word}-{n}", f"{word}{n}",
+                 f"def test_{word}_{n}_holds", f"github.com/o/r/{word}s/{n}", f"TICKET {n}", f"gh-{n}",
+                 f"fixes #{n}", f"(#{n})", f"the {word}'s target", f"as the {word} fixes them"):
         assert tracker_references(text), text
-    for text in (f"in {word} order", f"rep.{word}[c][1]", f"Megatron-LM PR #{n}", f"&#{n}79;", "docs/design.md#architecture"):
+    for text in (f"in {word} order", f"rep.{word}[c][1]", f"{word}d 3 sends", f"tissue {n}", f"Megatron-LM PR #{n}",
+                 f"&#{n}79;", "docs/design.md#architecture"):
         assert not tracker_references(text), text
 
 
 def test_no_reference_to_issues_outside_the_repo():
     """Code, tests, docs, scripts and benchmarks say what they mean and point at docs in this
     repository, never at tracker numbers (CONTRIBUTING)."""
-    files = [*(ROOT / "tests").glob("*.py"), *PACKAGE.rglob("*.py"), *DOCS, *(ROOT / "docs").rglob("*.md"),
-             *(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), ROOT / "pyproject.toml"]
+    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "tests").rglob("*.md"), *PACKAGE.rglob("*.py"), *DOCS,
+             *(ROOT / "docs").rglob("*.md"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "examples").glob("*.yaml"), ROOT / ".ci" / "run", ROOT / "pyproject.toml"]
+    assert ROOT / "tests" / "test_docs_examples.py" in files and ROOT / "CONTRIBUTING.md" in files
     offenders = sorted({f"{p.relative_to(ROOT)}: {ref!r}" for p in files if "_proto" not in p.parts
                         for ref in tracker_references(p.read_text(encoding="utf-8"))})
     assert not offenders, offenders
