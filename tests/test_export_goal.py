@@ -136,7 +136,7 @@ def expected_bytes(colls, algorithm: str) -> Fraction:
 SETS = {
     "pp-zero3": dict(dp_mode="zero3"),
     "interleaved": dict(tp=1, pp=4, dp=2, layers=8, num_microbatches=4, schedule="interleaved", virtual_stages=2),
-    "moe-cp": dict(arch="llama", layers=4, hidden=256, ffn_hidden=512, heads=8, kv_heads=8, vocab=1000, seq_len=256,
+    "moe-cp": dict(arch="llama", layers=2, hidden=256, ffn_hidden=512, heads=8, kv_heads=8, vocab=1000, seq_len=256,
                    tied_embeddings=False, experts=8, tp=2, sequence_parallel=True, dp=4, ep=4, cp=2, order="megatron",
                    num_microbatches=2, moe_layer_freq=2),
     "dp3": dict(dp=3, num_microbatches=2),  # groups of 3: the power-of-two algorithms fall back to ring
