@@ -1,5 +1,6 @@
 """The layer anatomy (traceforge/anatomy/) is the one description the parameters, the compute,
-the kept activations and the model FLOPs derive from: each checked against hand arithmetic."""
+the kept activations and the model FLOPs derive from: each checked against hand arithmetic, and
+one feature (the per-head q/k norm) shown to reach all four from its one edit."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 
 from traceforge.anatomy import FULL, SELECTIVE, Block, Op, Weight, layer_anatomy
 from traceforge.memory.activations import layer_activations
-from traceforge.model import layer_params, total_params
-from traceforge.plan.compute import CostModel
+from traceforge.model import layer_param_list, layer_params, total_params
+from traceforge.plan.compute import CostModel, Kernel
 from traceforge.planner.estimate import model_flops_per_step
-from traceforge.spec import build_spec
+from traceforge.spec import SpecError, build_spec
 
 
 def test_a_gpt_layer_holds_12h2_plus_13h_parameters():
@@ -65,3 +66,56 @@ def test_a_weighted_op_missing_from_the_registration_order_is_refused():
                   ("proj",))
     with pytest.raises(ValueError, match="gate"):
         block.weights()
+
+
+# -- one feature, one edit: the per-head q/k norm ---------------------------------------------------
+
+def _on_off(**overrides):
+    base = dict(arch="llama", kv_heads=2, **overrides)
+    return build_spec("demo", overrides={**base, "qk_norm": True}), build_spec("demo", overrides=base)
+
+
+def test_qk_norm_adds_two_head_dim_weights_per_layer():
+    on, off = _on_off()
+    d = on.head_dim  # 512 / 8 = 64
+    params = {p.name: p.elements for p in layer_param_list(on, 0)}
+    assert params["q_layernorm_weight"] == params["k_layernorm_weight"] == d == 64
+    assert "q_layernorm_weight" not in {p.name for p in layer_param_list(off, 0)}
+    # whole on every TP rank (every rank normalizes its own heads with the one weight)
+    assert layer_params(on, 0).replicated - layer_params(off, 0).replicated == 2 * 64
+    assert total_params(on) - total_params(off) == 4 * 2 * 64  # 4 layers
+    # registered after linear_qkv (Megatron's SelfAttention builds q_layernorm, k_layernorm last)
+    names = [p.name for p in layer_param_list(on, 0)]
+    assert names.index("q_layernorm_weight") == names.index("qkv_weight") + 1
+
+
+def test_qk_norm_runs_two_norm_kernels_in_the_qkv_node():
+    on, off = _on_off()
+    # T = 512 tokens, t = 2: Q has 8 x 64 channels, K 2 x 64; per rank 131072 and 32768 elements.
+    q_elems, k_elems = 512 * 512 // 2, 512 * 128 // 2
+    cost_on, cost_off = CostModel(on), CostModel(off)
+    assert {Kernel("layernorm", (q_elems,), "bf16"), Kernel("layernorm", (k_elems,), "bf16"),
+            Kernel("layernorm_bwd", (q_elems,), "bf16"), Kernel("layernorm_bwd", (k_elems,), "bf16")} <= cost_on.kernels.keys()
+    # a norm is 5 FLOPs per element forward and 8 backward (compute.ELEMENTWISE)
+    assert cost_on.qkv.flops - cost_off.qkv.flops == 5 * (q_elems + k_elems)
+    assert cost_on.qkv_dgrad.flops - cost_off.qkv_dgrad.flops == 8 * (q_elems + k_elems)
+    assert cost_on.qkv_wgrad == cost_off.qkv_wgrad and cost_on.core == cost_off.core
+
+
+def test_qk_norm_keeps_q_and_k_before_their_norms():
+    on, off = _on_off()
+    # 512 tokens x 2 bytes x (512 + 128) channels / t 2, unless full recompute drops the layer
+    assert layer_activations(on, False).stored - layer_activations(off, False).stored == 512 * 2 * 640 // 2
+    full_on, full_off = _on_off(recompute="full")
+    assert layer_activations(full_on, False).stored == layer_activations(full_off, False).stored
+
+
+def test_qk_norm_adds_its_weights_to_the_model_flops():
+    on, off = _on_off()
+    tokens = on.global_batch * on.seq_len
+    assert model_flops_per_step(on) - model_flops_per_step(off) == tokens * 6 * 4 * 2 * 64
+
+
+def test_qk_norm_with_latent_attention_is_refused():
+    with pytest.raises(SpecError, match="qk_norm"):
+        build_spec("deepseek-v3", overrides={"qk_norm": True})

@@ -94,9 +94,20 @@ def attention_block(spec: Spec, z: Sizes) -> Block:
     raw_scores = e * spec.heads / t * spec.seq_len if spec.attention == "unfused" else 0
     if spec.mla:
         projections = _mla_projections(spec, z)
-        ops = (input_norm(z), *projections, _core(spec, z), proj)
-        return Block("attention", ops, ("norm", "proj", *(op.name for op in projections)), raw_scores)
+        mla = (input_norm(z), *projections, _core(spec, z), proj)
+        return Block("attention", mla, ("norm", "proj", *(op.name for op in projections)), raw_scores)
     qkv = Op("qkv", "qkv", (Linear(T, h, (q + k + v) // t),),
              (Weight("qkv_weight", h * (q + k + v)),) + ((Weight("qkv_bias", q + k + v),) if z.gpt else ()))
-    return Block("attention", (input_norm(z), qkv, _core(spec, z), proj), ("proj", "norm", "qkv"), raw_scores)
+    ops = [input_norm(z), qkv]
+    if spec.qk_norm:
+        # Megatron's q_layernorm and k_layernorm (Qwen3's q_norm, k_norm): one norm of head_dim
+        # channels over every query and key head, whole on every TP rank, registered after
+        # linear_qkv; each keeps its input (Q and K before the norm).
+        d = spec.head_dim
+        weights = tuple(Weight(f"{x}_layernorm_{part}", d, split=False) for x in "qk"
+                        for part in (("weight", "bias") if z.gpt else ("weight",)))
+        ops.append(Op("qk_norm", "qkv", (Pointwise(NORM, T * q // t), Pointwise(NORM, T * k // t)), weights,
+                      (Saved("q and k before their norms", e * (q + k) / t),)))
+    ops += [_core(spec, z), proj]
+    return Block("attention", tuple(ops), ("proj", "norm", "qkv", "qk_norm"), raw_scores)
 

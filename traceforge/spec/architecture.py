@@ -31,6 +31,10 @@ def normalize(r: Raw, _: dict) -> dict:
         raise SpecError("multi-head latent attention (kv_lora_rank) is modelled for arch llama (no biases, SwiGLU): use --arch llama")
     elif kv_heads != heads:
         raise SpecError(f"multi-head latent attention has no key/value head groups: drop kv_heads ({kv_heads}) or set it to heads ({heads})")
+    qk_norm = bool(r.get("qk_norm", False))
+    if qk_norm and kv_lora:
+        raise SpecError("qk_norm normalizes each head's query and key; multi-head latent attention normalizes its "
+                        "latents instead: drop --qk-norm or --kv-lora-rank")
     ffn_hidden = r.get("ffn_hidden", 4 * hidden)
     positions = r.get("max_position_embeddings", seq_len)
     if positions < seq_len:
@@ -39,4 +43,4 @@ def normalize(r: Raw, _: dict) -> dict:
     return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
                 kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
                 max_position_embeddings=positions,
-                tied_embeddings=r.get("tied_embeddings", arch == "gpt"))
+                tied_embeddings=r.get("tied_embeddings", arch == "gpt"), qk_norm=qk_norm)

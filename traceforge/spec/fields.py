@@ -49,6 +49,8 @@ FIELDS: tuple[Field, ...] = (
     Field("max_position_embeddings", int, "Rows of a gpt model's learned position-embedding table, Megatron's --max-position-embeddings (default seq_len; at least seq_len; no parameters with llama's rotary embeddings)."),
     Field("tied_embeddings", bool, "Share input embedding and LM head weights (default: gpt yes, llama no).",
           bool_flags=("--tied-embeddings", "--untied-embeddings")),
+    Field("qk_norm", bool, "A norm over each head's query and key after the QKV projection (Megatron's --qk-layernorm; "
+          "Qwen3's q_norm/k_norm; default off, on in the Qwen3 preset).", bool_flags=("--qk-norm", "--no-qk-norm")),
     # parallelism
     Field("tp", int, "Tensor-parallel size t."),
     Field("cp", int, "Context-parallel size (ring attention over sequence chunks; default 1)."),
@@ -166,6 +168,7 @@ class Spec:
     seq_len: int
     max_position_embeddings: int
     tied_embeddings: bool
+    qk_norm: bool
     tp: int
     cp: int
     ep: int
