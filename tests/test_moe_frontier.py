@@ -51,7 +51,7 @@ def test_deepseek_v3_parameter_count_matches_the_published_671b():
 def test_qwen3_235b_parameter_count_matches_the_published_total():
     spec = build_spec("qwen3-235b-a22b")
     h, layers, heads, kv, d, experts, moe_ffn, vocab = 4096, 94, 64, 4, 128, 128, 1536, 151936
-    attention = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * h  # q, k, v, o, two RMSNorms
+    attention = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * h + 2 * d  # q, k, v, o, two RMSNorms, q/k norms
     total = layers * (attention + h * experts + experts * 3 * h * moe_ffn) + 2 * vocab * h + h
     assert total_params(spec) == total
     assert abs(total - 235e9) / 235e9 < 1e-3  # Qwen3 report: 235B total, 22B activated

@@ -69,9 +69,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                         recompute="full"),
     # Qwen3-235B-A22B (Qwen team 2025, arXiv 2505.09388, table 2 and its config.json): 94 layers,
     # 64 query / 4 KV heads of 128 channels, 128 experts of 1536, top-8, no shared experts.
-    # The per-head q/k RMSNorms (2x128 weights a layer) are not modelled. Layout ours (not published).
+    # Its per-head q/k RMSNorms (q_norm, k_norm: 2x128 weights a layer) are --qk-norm. Layout ours (not published).
     "qwen3-235b-a22b": dict(_TRAINING, arch="llama", layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4,
-                            head_dim=128, vocab=151936, seq_len=4096, tied_embeddings=False, experts=128, top_k=8,
+                            head_dim=128, qk_norm=True, vocab=151936, seq_len=4096, tied_embeddings=False, experts=128, top_k=8,
                             moe_ffn_hidden=1536, tp=4, sequence_parallel=True, pp=8, dp=8, ep=8, order="megatron",
                             global_batch=512),
 }
