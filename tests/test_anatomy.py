@@ -10,6 +10,7 @@ from traceforge.anatomy import FULL, SELECTIVE, Block, Op, Weight, layer_anatomy
 from traceforge.memory.activations import layer_activations
 from traceforge.model import layer_param_list, layer_params, total_params
 from traceforge.plan.compute import CostModel, Kernel
+from traceforge.plan.program import build_program
 from traceforge.planner.estimate import model_flops_per_step
 from traceforge.spec import SpecError, build_spec
 
@@ -119,3 +120,18 @@ def test_qk_norm_adds_its_weights_to_the_model_flops():
 def test_qk_norm_with_latent_attention_is_refused():
     with pytest.raises(SpecError, match="qk_norm"):
         build_spec("deepseek-v3", overrides={"qk_norm": True})
+
+
+def test_qk_norm_gradients_are_reduced_over_tp_even_without_sp():
+    # Each TP rank normalizes its own heads with the one q/k norm weight, so its gradient differs
+    # across TP ranks: Megatron AllReduces it in the TP group (finalize_model_grads.py,
+    # _allreduce_layernorm_grads: sequence_parallel or qk_layernorm). demo: pp 2, so 2 layers a
+    # stage, 2 x 64 weights each, fp32 gradients: 2 x 2 x 64 x 4 bytes.
+    on, off = _on_off()
+    assert not on.sequence_parallel and on.tp == 2
+
+    def norm_grads(spec):
+        return [op.comm_size for op in build_program(spec, 0).ops if op.name.endswith("norm_grads")]
+
+    assert norm_grads(on) == [2 * 2 * 64 * 4]
+    assert norm_grads(off) == []

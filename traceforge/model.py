@@ -36,6 +36,7 @@ class LayerParams:
     split: int
     replicated: int
     expert: int = 0
+    per_head: int = 0  # of the replicated, those whose gradient differs across TP ranks even without SP
 
     def per_rank(self, tp: int) -> int:
         return self.split // tp + self.replicated
@@ -46,7 +47,8 @@ def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
     weights = layer_anatomy(spec, is_moe_layer(spec, layer), shapes=False).weights()
     return LayerParams(sum(w.elements for w in weights if w.split and not w.expert),
                        sum(w.elements for w in weights if not w.split),
-                       sum(w.elements for w in weights if w.expert))
+                       sum(w.elements for w in weights if w.expert),
+                       sum(w.elements for w in weights if w.per_head))
 
 
 def _one_expert(spec: Spec) -> int:
@@ -200,9 +202,11 @@ class StageParams:
     expert: dict[int, int]  # layer -> expert parameters per TP rank (0 for dense layers)
     embedding: int  # word (+ position) embedding on the first stage, per TP rank
     head: int  # output layer (or tied copy) + final norm on the last stage, per TP rank
-    # TP-replicated parameters whose gradients differ across TP ranks under sequence parallelism
-    # (norms, row-parallel biases, routers): Megatron AllReduces them in the TP group at end of step.
-    replicated: int
+    # TP-replicated parameters whose gradients differ across TP ranks: under sequence parallelism
+    # all of them (norms, row-parallel biases, routers), else those that see only the rank's heads
+    # (the q/k norms): Megatron AllReduces them in the TP group at end of step
+    # (finalize_model_grads.py, _allreduce_layernorm_grads).
+    tp_reduced: int
 
     @property
     def total(self) -> int:
@@ -233,10 +237,13 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
         # word embedding. Tied on the embedding's own stage (p == 1, or a V): that copy serves.
         output = 0 if (spec.tied_embeddings and first) else _per_rank(spec, output_ops(spec, shapes=False))
         head = output + final_norm
-    replicated = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
+    if spec.sequence_parallel:
+        tp_reduced = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
+    else:
+        tp_reduced = sum(lp.per_head for lp in params.values())
     return StageParams(
         layers, {layer: lp.per_rank(t) for layer, lp in params.items()},
-        {layer: lp.expert // t for layer, lp in params.items()}, embedding, head, replicated,
+        {layer: lp.expert // t for layer, lp in params.items()}, embedding, head, tp_reduced,
     )
 
 

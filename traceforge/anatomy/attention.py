@@ -102,9 +102,10 @@ def attention_block(spec: Spec, z: Sizes) -> Block:
     if spec.qk_norm:
         # Megatron's q_layernorm and k_layernorm (Qwen3's q_norm, k_norm): one norm of head_dim
         # channels over every query and key head, whole on every TP rank, registered after
-        # linear_qkv; each keeps its input (Q and K before the norm).
+        # linear_qkv; each keeps its input (Q and K before the norm). A rank's gradient of them
+        # comes from its own heads: per_head, AllReduced in the TP group even without SP.
         d = spec.head_dim
-        weights = tuple(Weight(f"{x}_layernorm_{part}", d, split=False) for x in "qk"
+        weights = tuple(Weight(f"{x}_layernorm_{part}", d, split=False, per_head=True) for x in "qk"
                         for part in (("weight", "bias") if z.gpt else ("weight",)))
         ops.append(Op("qk_norm", "qkv", (Pointwise(NORM, T * q // t), Pointwise(NORM, T * k // t)), weights,
                       (Saved("q and k before their norms", e * (q + k) / t),)))

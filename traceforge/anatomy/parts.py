@@ -83,12 +83,15 @@ Work = Linear | Pointwise | AttentionCore | Lookup
 class Weight:
     """One parameter tensor, whole (before the TP split). `split`: divided over the TP ranks
     (column- or row-parallel); otherwise every TP rank holds it whole. `expert`: a routed
-    expert's, reduced over the expert-DP group."""
+    expert's, reduced over the expert-DP group. `per_head`: whole on every TP rank but applied
+    to the rank's own heads, so its gradient differs across TP ranks even without sequence
+    parallelism (reduced in the TP group at the end of the step)."""
 
     name: str
     elements: int
     split: bool = True
     expert: bool = False
+    per_head: bool = False
 
     def per_rank(self, tp: int) -> int:
         return self.elements // tp if self.split else self.elements

@@ -343,9 +343,9 @@ class StagePlanner:
             self.run_passes(passes)
             b.ctx.phase, b.ctx.microbatch, b.ctx.layer = "step", None, None
             self.dp.end_of_backward()
-            if spec.sequence_parallel:
-                b.collective("norm_grads", Coll.ALL_REDUCE, self.params.replicated * spec.grad_bytes, "tp",
-                             dtype=TORCH_DTYPE[spec.grad_dtype])
+            # none without SP and per-head weights (a zero-byte collective is left out)
+            b.collective("norm_grads", Coll.ALL_REDUCE, self.params.tp_reduced * spec.grad_bytes, "tp",
+                         dtype=TORCH_DTYPE[spec.grad_dtype])
             tied_embedding_sync(b, spec, self.stage)
             self.sync.after_backward()
             self.sync.before_optimizer()
