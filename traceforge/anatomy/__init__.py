@@ -10,7 +10,9 @@ its forward keeps for the backward. From this one description:
   ``active_params``, and from them the gradient buffers and the memory model's states);
 - the compute (plan/compute.py: ``CostModel`` prices every op's work, forward and backward);
 - the kept activations (memory/activations.py: ``layer_activations`` sums ``Saved``);
-- the model FLOPs (planner/estimate.py: ``model_flops_per_step``).
+- the model FLOPs (planner/estimate.py: ``model_flops_per_step``);
+- the sizes of some messages: what SP gathers before attention's column-parallel entries
+  (plan/layer.py), the Q, K, V and output shards context parallelism moves (plan/context.py).
 
 Adding a layer feature is one edit here: see docs/design.md, "Adding a layer feature".
 """
@@ -45,7 +47,6 @@ from traceforge.anatomy.sizes import (
     attention_output_channels,
     is_moe_layer,
     local_tokens,
-    mla_latent_channels,
     padded_vocab,
     qkv_channels,
 )
@@ -54,8 +55,8 @@ from traceforge.spec import Spec
 __all__ = [
     "ACTIVATION", "CROSS_ENTROPY", "FULL", "NORM", "RESIDUAL", "SELECTIVE", "AttentionCore", "Block", "LayerAnatomy",
     "Linear", "Lookup", "Op", "Pointwise", "Saved", "Sizes", "Weight", "Work", "attention_output_channels",
-    "embedding_ops", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens", "mla_latent_channels",
-    "output_ops", "padded_vocab", "qkv_channels",
+    "attention_core", "embedding_ops", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens",
+    "output_ops", "padded_vocab", "qkv_channels", "qkv_gathers",
 ]
 
 
@@ -71,3 +72,16 @@ def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0, shapes: bool = 
     forward = max(gathered, attention.forward_transient, mlp.forward_transient)
     backward = z.e * (mlp.widest + z.h) + gathered  # gradient of the widest tensor and of the hidden state
     return LayerAnatomy((attention, mlp), forward, backward)
+
+
+def attention_core(spec: Spec) -> AttentionCore:
+    """The attention core's channels (the tokens left at 0: it reads no batch field)."""
+    return next(w for op in layer_anatomy(spec, False, shapes=False).block("attention").group("core") for w in op.work
+                if isinstance(w, AttentionCore))
+
+
+def qkv_gathers(spec: Spec) -> list[int]:
+    """Channels per token of each column-parallel entry of attention's QKV projections: the
+    hidden state once (MHA/GQA), or MLA's query latent (or hidden state) and KV latent with the
+    rope key."""
+    return [op.gathers for op in layer_anatomy(spec, False, shapes=False).block("attention").group("qkv") if op.gathers]

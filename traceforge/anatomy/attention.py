@@ -59,14 +59,16 @@ def _mla_projections(spec: Spec, z: Sizes) -> list[Op]:
         query = [Op("q_down", "qkv", (Linear(z.seq, h, ql),), (Weight("q_down_weight", h * ql, split=False),)),
                  Op("q_up", "qkv", (Linear(T, ql, q // t),),
                     (Weight("q_norm_weight", ql, split=False), Weight("q_up_weight", ql * q)),
-                    (Saved("query latent and its norm's input", e * 2 * ql / rep),))]
-    else:
-        query = [Op("q", "qkv", (Linear(T, h, q // t),), (Weight("q_weight", h * q),))]
+                    (Saved("query latent and its norm's input", e * 2 * ql / rep),), gathers=ql)]
+    else:  # linear_q_proj takes the hidden state itself
+        query = [Op("q", "qkv", (Linear(T, h, q // t),), (Weight("q_weight", h * q),), gathers=h)]
+    # The gathered KV latent carries the shared rope key along (Megatron's _qkv_down_projection
+    # gathers the compressed q and kv under SP).
     return query + [
         Op("kv_down", "qkv", (Linear(z.seq, h, kl + rope),), (Weight("kv_down_weight", h * (kl + rope), split=False),)),
         Op("kv_up", "qkv", (Linear(T, kl, kv_up // t),),
            (Weight("kv_norm_weight", kl, split=False), Weight("kv_up_weight", kl * kv_up)),
-           (Saved("key/value latent, its norm's input, the rope key", e * (2 * kl + rope) / rep),)),
+           (Saved("key/value latent, its norm's input, the rope key", e * (2 * kl + rope) / rep),), gathers=kl + rope),
     ]
 
 
@@ -97,7 +99,7 @@ def attention_block(spec: Spec, z: Sizes) -> Block:
         mla = (input_norm(z), *projections, _core(spec, z), proj)
         return Block("attention", mla, ("norm", "proj", *(op.name for op in projections)), raw_scores)
     qkv = Op("qkv", "qkv", (Linear(T, h, (q + k + v) // t),),
-             (Weight("qkv_weight", h * (q + k + v)),) + ((Weight("qkv_bias", q + k + v),) if z.gpt else ()))
+             (Weight("qkv_weight", h * (q + k + v)),) + ((Weight("qkv_bias", q + k + v),) if z.gpt else ()), gathers=h)
     ops = [input_norm(z), qkv]
     if spec.qk_norm:
         # Megatron's q_layernorm and k_layernorm (Qwen3's q_norm, k_norm): one norm of head_dim

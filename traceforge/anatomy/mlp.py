@@ -40,7 +40,7 @@ def dense_mlp_block(spec: Spec, z: Sizes) -> Block:
     out_weights, out_saved = _output(z)
     ops = (
         input_norm(z),
-        Op("fc1", "fc1", (Linear(T, h, z.gated * f // t),), _fc1_weights(z, "", f)),
+        Op("fc1", "fc1", (Linear(T, h, z.gated * f // t),), _fc1_weights(z, "", f), gathers=h),
         Op("act", "act", (Pointwise(ACTIVATION, T * f // t),), saved=(Saved("fc1 output", e * z.gated * f / t),)),
         Op("fc2", "fc2", (Linear(T, f // t, h),), (Weight("fc2_weight", f * h), *out_weights),
            (Saved("fc2 input", e * f / t), *out_saved)),
@@ -76,7 +76,7 @@ def moe_block(spec: Spec, z: Sizes, imbalance: float = 1.0) -> Block:
         ops.append(Op("shared", "shared",
                       (Linear(T, h, z.gated * sf // t), Pointwise(ACTIVATION, T * sf // t), Linear(T, sf // t, h)),
                       (*_fc1_weights(z, "shared_", sf), Weight("shared_fc2_weight", sf * h)),
-                      (Saved("shared experts' fc1 output and fc2 input", e * inner * sf / t),)))
+                      (Saved("shared experts' fc1 output and fc2 input", e * inner * sf / t),), gathers=h))
     out_weights, out_saved = _output(z)
     if out_weights:
         ops.append(Op("output", "output", (), out_weights, out_saved))

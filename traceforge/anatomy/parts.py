@@ -110,13 +110,17 @@ class Saved:
 @dataclass(frozen=True)
 class Op:
     """One step of a sublayer. `group`: the compute node it is priced into (CostModel's cost of
-    that name sums its ops, forward in order, backward in reverse)."""
+    that name sums its ops, forward in order, backward in reverse). `gathers`: channels per
+    token of a column-parallel entry's input, which every TP rank needs whole: under sequence
+    parallelism the TP group all-gathers them before it and reduce-scatters their gradient,
+    without it the gradient is all-reduced (plan/tensor.py)."""
 
     name: str
     group: str
     work: tuple[Work, ...] = ()
     weights: tuple[Weight, ...] = ()
     saved: tuple[Saved, ...] = ()
+    gathers: int = 0
 
 
 @dataclass(frozen=True)

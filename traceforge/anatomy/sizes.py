@@ -39,15 +39,6 @@ def attention_output_channels(spec: Spec) -> int:
     return spec.heads * (spec.v_head_dim if spec.mla else spec.head_dim)
 
 
-def mla_latent_channels(spec: Spec) -> int:
-    """What MLA's column-parallel up projections take per token: the query latent (or, with the
-    query not compressed, the hidden state itself, which linear_q_proj takes), the KV latent and
-    the shared rope key. With sequence parallelism this is what the TP group gathers (Megatron's
-    multi_latent_attention.py _qkv_down_projection gathers the compressed q and kv, and
-    q_compressed = hidden_states without a q_lora_rank)."""
-    return (spec.q_lora_rank or spec.hidden) + spec.kv_lora_rank + spec.qk_rope_head_dim
-
-
 @dataclass(frozen=True)
 class Sizes:
     """One micro-batch on one GPU: T = b*s/cp tokens; the residual stream's `seq` tokens (T/t

@@ -40,9 +40,11 @@ from traceforge.anatomy import (
     Lookup,
     Op,
     Work,
+    attention_core,
     embedding_ops,
     final_norm_op,
     layer_anatomy,
+    local_tokens,
     output_ops,
 )
 from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
@@ -207,10 +209,9 @@ class CostModel:
         self.fc1, self.fc1_dgrad, self.fc1_wgrad = self.groups["mlp", "fc1"]
         self.act, self.act_bwd, _ = self.groups["mlp", "act"]
         self.fc2, self.fc2_dgrad, self.fc2_wgrad = self.groups["mlp", "fc2"]
-        core = next(w for op in layer_anatomy(spec, False).block("attention").group("core") for w in op.work
-                    if isinstance(w, AttentionCore))
+        core = attention_core(spec)
         ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
-        self.ring_fwd, self.ring_bwd = self._ring(core.tokens, core.q, core.k, core.v) if ring else ((), ())
+        self.ring_fwd, self.ring_bwd = self._ring(local_tokens(spec), core.q, core.k, core.v) if ring else ((), ())
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
         self.router, self.router_bwd = router[0], router[1] + router[2]

@@ -20,7 +20,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 
 from __future__ import annotations
 
-from traceforge.anatomy import attention_output_channels, local_tokens, qkv_channels
+from traceforge.anatomy import attention_core, local_tokens
 from traceforge.plan.compute import CostModel
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
 from traceforge.spec import Spec
@@ -38,10 +38,11 @@ def shard_bytes(spec: Spec, channels: int) -> int:
 
 
 def attention_shards(spec: Spec) -> tuple[int, int, int, int]:
-    """Bytes of Q, K, V and the attention output on one rank, each with its own channels (GQA:
-    K and V of the kv heads; MLA: keys with the rope part, values and output of v_head_dim)."""
-    q, k, v = qkv_channels(spec)
-    out = attention_output_channels(spec)
+    """Bytes of Q, K, V and the attention output on one rank, each with the channels of the
+    anatomy's attention core (GQA: K and V of the kv heads; MLA: keys with the rope part, values
+    and output of v_head_dim)."""
+    core = attention_core(spec)
+    q, k, v, out = core.q, core.k, core.v, core.out
     return shard_bytes(spec, q), shard_bytes(spec, k), shard_bytes(spec, v), shard_bytes(spec, out)
 
 

@@ -3,7 +3,7 @@ and an MLP, or a mixture of experts, with the collectives each parallel dimensio
 
 from __future__ import annotations
 
-from traceforge.anatomy import mla_latent_channels
+from traceforge.anatomy import qkv_gathers
 from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import CostModel
 from traceforge.plan.context import context_parallel
@@ -18,12 +18,12 @@ class LayerTemplate:
         self.spec, self.tp, self.cost = spec, tp, cost
         self.cp = context_parallel(spec)
         self.moe = MixtureOfExperts(spec, tp, ep_rank)
-        # Attention's column-parallel entry: MLA gathers (and reduces the gradient of) its
-        # compressed latent rather than the hidden state.
+        # Attention's column-parallel entries (the anatomy's): the hidden state once, as every
+        # layer linear's; MLA gathers (and reduces the gradient of) its compressed latents.
         self.qkv_tp = tp
-        if spec.mla:
-            latent = local_tokens(spec) * mla_latent_channels(spec) * spec.act_bytes
-            self.qkv_tp = TensorParallel(latent, spec.tp, spec.sequence_parallel)
+        gathers = qkv_gathers(spec)
+        if gathers != [spec.hidden]:
+            self.qkv_tp = TensorParallel(local_tokens(spec) * sum(gathers) * spec.act_bytes, spec.tp, spec.sequence_parallel)
 
     def forward(self, b: ProgramBuilder, layer: int, recompute: bool = False) -> None:
         tp, cost = self.tp, self.cost
