@@ -29,14 +29,12 @@ def _check_written_set(args: list[str]) -> None:
         return
     from pathlib import Path
 
-    from oracle import consistency_problems, load_set, unfinished
+    from oracle import assert_sound
 
     out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-o", "--out")), "traces")
     if not (Path(out) / "manifest.json").is_file():
         return
-    ts = load_set(Path(out))
-    assert not consistency_problems(ts), consistency_problems(ts)[:5]
-    assert not unfinished(ts), unfinished(ts)[:5]
+    assert_sound(Path(out))
 
 
 def one_line_error(result: Result, *words: str, code: int = 2) -> str:

@@ -25,6 +25,7 @@ from oracle import (
     SEND,
     DecodedSet,
     ancestors,
+    assert_sound,
     by_step,
     collective_counter,
     collective_problems,
@@ -778,6 +779,17 @@ def test_oracle_catches_broken_sets(sets):
     dropped = dataclasses.replace(ts, nodes={**ts.nodes, 3: [n for n in ts.nodes[3] if n.type != COLL or n.dim != "tp"]})
     assert collective_problems(dropped) and unfinished(dropped)
 
+
+
+def test_a_set_already_judged_sound_is_judged_again_once_a_byte_differs(make_set):
+    """make_set and the CLI runner judge a byte-identical set once a session; a changed one anew."""
+    from mutate import drop, edit, of_type
+
+    _, out, _ = make_set("demo")  # judged sound
+    assert_sound(out)
+    edit(out, 3, lambda ns: drop(ns, of_type(ns, COLL)[0].id))  # rank 3 skips its first collective
+    with pytest.raises(AssertionError):
+        assert_sound(out)
 
 # -- bucketing and the GPT-3 175B worked check ----------------------------------------------------
 
