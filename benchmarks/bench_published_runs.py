@@ -181,23 +181,34 @@ def korthikanti(size: str, h: int, heads: int, layers: int, p: int, n: int, batc
 
 
 # ---- Smith et al. 2022, MT-NLG 530B, §2.4 ------------------------------------------------------
+# Megatron-DeepSpeed of 2021: no fused gradient accumulation (Megatron-LM added it in 83b1e42f,
+# 2022-02; the Megatron-DeepSpeed forks of 2021-22 never had it), and DeepSpeed's ZeRO-1 optimizer
+# with the pipeline engine accumulates each micro-batch's weight gradient into .grad in the model's
+# dtype and reduces it in that dtype (fp32 accumulation came with the BF16 optimizer of 2022:
+# deepspeedai/DeepSpeed#2352).
 def mtnlg(nodes: int, step: float, published: float) -> Run:
     s, layers, h, vocab, batch, n = 2048, 105, 20480, 51200, 1920, 8 * nodes
     spec = gpt(layers, h, 128, vocab, s, tp=8, pp=35, world=n, batch=batch, recompute="full", dp_mode="zero1",
-               dtype="bf16")
+               dtype="bf16", grad_dtype="bf16")
     return Run(f"MT-NLG 530B, {n} A100", "Smith et al. 2022, §2.4", spec, SELENE,
                megatron_eq3(batch, s, layers, h, vocab), "HFU", published, f"{published:.0f} TFLOP/s, {step} s/step",
-               extra=["--attention", "unfused"])
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
 
 
 # ---- BLOOM 176B (Le Scao et al. 2022 §3.4; BigScience training chronicles) ---------------------
+# bigscience-workshop/bigscience train/tr11-176B-ml: README (layout, the stage split [embed | 5],
+# 6 x 10, [5 | embed] that the even split with the outer shortfall gives, and the log line of
+# iteration 85,376 at GBS 2048: 104.70 s per iteration, "TFLOPs: 149.77" by eq. 3) and its slurm
+# script. DeepSpeed's BF16_Optimizer "accumulates grads in fp32" (the README): a separate add of
+# each weight gradient into an fp32 buffer per micro-batch, the fork having no fused accumulation.
 def bloom() -> Run:
-    s, layers, h, vocab, batch = 2048, 70, 14336, 250880, 2048
+    s, layers, h, vocab, batch, step = 2048, 70, 14336, 250880, 2048, 104.70
     spec = gpt(layers, h, 112, vocab, s, tp=4, pp=12, world=384, batch=batch, micro=2, recompute="full",
                dp_mode="zero1", dtype="bf16")
-    return Run("BLOOM 176B, 384 A100", "Le Scao et al. 2022, §3.4", spec, JEAN_ZAY,
-               megatron_eq3(batch, s, layers, h, vocab), "HFU", 150, "~150 TFLOP/s",
-               note="published figure rounded ('about 150')", extra=["--attention", "unfused"])
+    flops = megatron_eq3(batch, s, layers, h, vocab)
+    return Run("BLOOM 176B, 384 A100", "Le Scao et al. 2022, §3.4", spec, JEAN_ZAY, flops, "HFU",
+               flops / (step * 384) / 1e12, f"{step} s/step (149.77 TFLOP/s logged)",
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
 
 
 # ---- MosaicML llm-foundry MPT benchmarks (scripts/train/benchmarking/README.md) ----------------
@@ -395,14 +406,36 @@ def print_table(results: list[Result], estimate_name: str) -> None:
         mem = f"{r.memory_gb:.0f}{'' if r.fits else '!'}" if r.memory_gb is not None else "?"
         print(f"{left} {r.predicted:>9.1f} {100 * r.error:>+6.1f}%  {r.step_s:>7.2f} {r.compute:>5.0%} "
               f"{r.exposed:>5.0%} {r.idle:>5.0%} {mem:>7} {r.seconds:>5.0f}")
-    errors = [r.error for r in results if r.error is not None]
-    if errors:
-        within: Callable[[float], int] = lambda x: sum(abs(e) <= x for e in errors)  # noqa: E731
-        print(f"{len(errors)} runs: {within(0.10)} within +-10%, {within(0.15)} within +-15%; "
-              f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst {100 * max(map(abs, errors)):.1f}%")
+    for line in summary(results):
+        print(line)
     over = [r.name for r in results if r.fits is False]
     if over:
         print(f"mem GB: traceforge memory's peak per GPU; '!' = above the GPU's memory although the run ran: {len(over)}")
+
+
+def publication(source: str) -> str:
+    """A row's publication: its source up to the table or section it cites."""
+    return source.split(", ")[0]
+
+
+def summary(results: list[Result]) -> list[str]:
+    """The count within +-10 % and +-15 %, the mean |error| and the signed mean (positive: the
+    estimate too fast), over every run and per publication (signed mean / mean |error| / runs)."""
+    errors = [r.error for r in results if r.error is not None]
+    if not errors:
+        return []
+    within: Callable[[float], int] = lambda x: sum(abs(e) <= x for e in errors)  # noqa: E731
+    lines = [f"{len(errors)} runs: {within(0.10)} within +-10%, {within(0.15)} within +-15%; "
+             f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, "
+             f"signed mean {100 * sum(errors) / len(errors):+.1f}%, worst {100 * max(map(abs, errors)):.1f}%"]
+    by: dict[str, list[float]] = {}
+    for r in results:
+        if r.error is not None:
+            by.setdefault(publication(r.source), []).append(r.error)
+    lines.append("per publication (signed mean / mean |error|, runs): " + "; ".join(
+        f"{name} {100 * sum(e) / len(e):+.1f} / {100 * sum(map(abs, e)) / len(e):.1f}% ({len(e)})"
+        for name, e in by.items()))
+    return lines
 
 
 def print_markdown(results: list[Result]) -> None:
@@ -416,6 +449,9 @@ def print_markdown(results: list[Result]) -> None:
         print(f"| {r.name} | {r.source} | {r.layout} | {r.counting} | {r.published:.1f} | {r.predicted:.1f} | "
               f"{100 * (r.error or 0):+.1f}% | {r.compute:.0%} / {r.exposed:.0%} / {r.idle:.0%} | "
               f"{'' if r.memory_gb is None else f'{r.memory_gb:.0f}' + ('' if r.fits else ' (over)')} |")
+    print()
+    for line in summary(results):
+        print(line + "\n")
 
 
 def main() -> int:
