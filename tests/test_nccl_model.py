@@ -103,6 +103,26 @@ def test_fewer_nics_than_members_share_them():
     assert 8 * GB * 31 / 32 / (1000 * c.bandwidth_us) == pytest.approx(2 * 24.0)
 
 
+def test_shared_nics_give_each_member_its_share_of_the_node():
+    """Jean Zay: 8 A100 and 4 NICs of 100 Gb/s (12 GB/s at NCCL's speed) per node. Alone, a ring
+    with 2 members per node uses 2 NICs (24 GB/s); when every GPU of the node rings at once
+    (shared_nics), each member has half a NIC: 2 x 12 / 2 = 12 GB/s. A send: 12 alone, 6 shared.
+    A group with all 8 GPUs of a node uses all 4 NICs either way."""
+    alone = N.NcclMachine("ampere", 8, 100.0, 4, 12.5)
+    shared = N.NcclMachine("ampere", 8, 100.0, 4, 12.5, shared_nics=True)
+    for m, expect in ((alone, 2 * 12.0), (shared, 12.0)):
+        c = pick(m, N.ALL_GATHER, 8 * GB, 8, 4, N.RING, N.SIMPLE)
+        assert 8 * GB * 7 / 8 / (1000 * c.bandwidth_us) == pytest.approx(expect)
+    for m, expect in ((alone, 12.0), (shared, 6.0)):
+        assert N.best(m, N.SEND_RECV, GB, 2, 2).bandwidth_us == pytest.approx(GB / (1000 * expect))
+    for m in (alone, shared):
+        c = pick(m, N.ALL_GATHER, 8 * GB, 32, 4, N.RING, N.SIMPLE)
+        assert 8 * GB * 31 / 32 / (1000 * c.bandwidth_us) == pytest.approx(4 * 12.0)
+    # one NIC per GPU (DGX): sharing changes nothing
+    dgx = N.NcclMachine("ampere", 8, 300.0, 8, 25.0, shared_nics=True)
+    assert N.best(dgx, N.ALL_REDUCE, GB, 16, 2) == N.best(A100, N.ALL_REDUCE, GB, 16, 2)
+
+
 def test_alltoall_splits_nvlink_and_network():
     """16 A100 on 2 nodes: each GPU sends 7/16 of its buffer over NVLink (240 GB/s) and 8/16 over
     its NIC (24 GB/s), at once: the network part sets the time."""

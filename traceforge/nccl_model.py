@@ -144,6 +144,11 @@ class NcclMachine:
     nic_bw: float = 50.0
     nvswitch: bool = True  # NVLS needs an NVSwitch
     sharp: bool = False  # SHARP in the network: CollNet
+    # Every GPU of a node moves bytes across nodes at once (a training step's groups of one shape
+    # on every GPU: the replay's case). NCCL's model prices one collective alone, with the NICs
+    # near its members to itself; with fewer NICs than GPUs (Jean Zay: 4 for 8) the node's
+    # concurrent groups share them, each member getting its 1/gpus_per_node of the node's NICs.
+    shared_nics: bool = False
 
     def __post_init__(self) -> None:
         if self.generation not in GENERATIONS:
@@ -188,6 +193,14 @@ class NcclMachine:
         far as the node has them)."""
         return max(1, min(per_node, self.nics_per_node))
 
+    def nic_bw_for(self, per_node: int) -> float:
+        """GB/s across nodes for a group with `per_node` members on each node: its NICs at NCCL's
+        channel speed; with shared_nics no more than its members' share of the node's NICs."""
+        bw = self.nics_used(per_node) * self.nic_speed
+        if self.shared_nics:
+            bw = min(bw, per_node * self.nics_per_node * self.nic_speed / self.gpus_per_node)
+        return bw
+
 
 # DGX defaults (NVIDIA's DGX A100 / H100 / B200 datasheets: 8 GPUs; NVLink 600 / 900 / 1,800 GB/s
 # both ways; 8 compute NICs of 200 / 400 / 400 Gb/s).
@@ -226,7 +239,7 @@ def _ring_graph(m: NcclMachine, nodes: int, per_node: int) -> tuple[float, int]:
     if nodes == 1:
         return m.nvlink_bw, max(2, math.ceil(m.nvlink_links))
     nics = m.nics_used(per_node)
-    return min(m.nvlink_bw, nics * m.nic_speed) if per_node > 1 else nics * m.nic_speed, 2 * nics
+    return min(m.nvlink_bw, m.nic_bw_for(per_node)) if per_node > 1 else m.nic_bw_for(per_node), 2 * nics
 
 
 def candidates(m: NcclMachine, coll: str, nbytes: int, ranks: int, nodes: int) -> list[Choice]:
@@ -297,7 +310,7 @@ def candidates(m: NcclMachine, coll: str, nbytes: int, ranks: int, nodes: int) -
         if nvls_ok and nodes > 1 and coll == ALL_REDUCE:
             heads = m.nics_used(ppn)
             intra_alg = m.nvlink_bw * gen.nvls_efficiency * ppn / (ppn + 1)
-            inter_alg = heads * m.nic_speed * (1.0 if nodes <= 2 else 0.5)
+            inter_alg = m.nic_bw_for(ppn) * (1.0 if nodes <= 2 else 0.5)
             cap = heads * gen.nvls_tree_per_channel[idx2] * ranks / steps
             latency = HW_LATENCY["nvlink"][NVLS_TREE][p] + 2 * _log2i(nodes) * HW_LATENCY["net"][NVLS_TREE][p]
             add(NVLS_TREE, proto, latency, min(intra_alg, inter_alg, cap))
@@ -327,7 +340,7 @@ def _p2p(m: NcclMachine, coll: str, nbytes: int, ranks: int, nodes: int) -> Choi
         local, remote = (nbytes, 0.0) if nodes == 1 else (0.0, nbytes)
     else:  # spread evenly over the other members
         local, remote = nbytes * (ppn - 1) / ranks, nbytes * (ranks - ppn) / ranks
-    nic_share = m.nics_used(ppn) * m.nic_speed / ppn
+    nic_share = m.nic_bw_for(ppn) / ppn
     ns = max(local / m.nvlink_bw if local else 0.0, remote / nic_share if remote else 0.0)  # bytes over GB/s
     p = PROTOCOLS.index(SIMPLE)
     latency = BASE_LATENCY[RING][p]

@@ -101,7 +101,8 @@ class LinkModel:
     GPU. With `gpu` naming a GPU NCCL has tables for (a100, h100, h200, b200), the hardware mode
     times collectives and sends as NCCL's cost model does (traceforge/nccl_model.py): the node's
     scale-out bandwidth (GPUs per node x inter_gbps) split over nics_per_node NICs, a group
-    with k members on a node ringing through min(k, NICs) of them, NVLink at what NCCL reaches,
+    with k members on a node ringing through min(k, NICs) of them, at most its members' share
+    of the node's NICs (every GPU's groups move bytes at once), NVLink at what NCCL reaches,
     NCCL's latencies and choice of algorithm and protocol (docs/collective-model.md)."""
 
     intra_gbps: float = Cluster.scale_up_bw
@@ -138,7 +139,8 @@ class LinkModel:
             return None
         return NcclMachine.for_gpu(self.gpu, gpus_per_node=self.gpus_per_node, scale_up_bw=self.intra_gbps,
                                    nics_per_node=self.nics_per_node,
-                                   nic_bw=self.inter_gbps * self.gpus_per_node / self.nics_per_node)
+                                   nic_bw=self.inter_gbps * self.gpus_per_node / self.nics_per_node,
+                                   shared_nics=True)
 
     def nccl_collective(self, ctype: int, size: int, n: int, nodes: int) -> tuple[float, float]:
         """(latency, bandwidth part) in us of one collective of comm_size `size` on n members
