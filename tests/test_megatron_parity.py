@@ -159,6 +159,16 @@ def test_ulysses_all_to_all_context_parallelism(make_set):
         build_spec("demo", overrides=dict(cp_comm_type="all-gather"))
 
 
+def test_context_parallelism_needs_fused_attention():
+    """Megatron's DotProductAttention (scores materialized) asserts context_parallel_size == 1:
+    CP runs only in TransformerEngine's fused attention, whatever its comm type."""
+    for comm in ("p2p", "all-gather", "a2a"):
+        with pytest.raises(SpecError, match="fused attention"):
+            build_spec("demo", overrides=dict(CP, cp=2, cp_comm_type=comm, attention="unfused"))
+        assert build_spec("demo", overrides=dict(CP, cp=2, cp_comm_type=comm)).attention == "flash"
+    assert build_spec("demo", overrides=dict(attention="unfused")).cp == 1
+
+
 # -- 5. orders Megatron refuses, and the dimensions it would place ----------------------------
 
 def test_orders_megatron_refuses_unless_unchecked(make_set):

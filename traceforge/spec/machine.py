@@ -35,8 +35,12 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
         raise SpecError(f"gpu_efficiency must be in (0, 1], got {efficiency}")
     if tflops <= 0 or hbm <= 0:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
+    attention = r.get("attention", "flash")
+    if attention == "unfused" and v["cp"] > 1:  # Megatron's DotProductAttention asserts cp == 1
+        raise SpecError("context parallelism runs only in TransformerEngine's fused attention, not with the scores "
+                        "materialized: give --attention flash, or --cp 1")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
-                gpu_efficiency=None if efficiency is None else float(efficiency), attention=r.get("attention", "flash"),
+                gpu_efficiency=None if efficiency is None else float(efficiency), attention=attention,
                 bias_fusion=bool(r.get("bias_fusion", True)),
                 gradient_accumulation_fusion=bool(r.get("gradient_accumulation_fusion", True)))
 
