@@ -110,8 +110,9 @@ def test_legal_is_exactly_what_generate_accepts():
     assert considered == len(list(_leaves(model, fixed)))
     assert set(walked) == set(brute) and len(brute) > 50
     assert all(walked[k] == brute[k] for k in brute)
-    # and the search itself (its per-layout shares, subtree refusals counted) reports those counts
-    result = search(Base("demo", None, {"order": "megatron"}), model, fixed, LinkModel(), None, top=1, quiet=True)
+    # and the search itself (its per-layout shares, subtree refusals counted) reports those counts;
+    # with 1 byte of GPU memory none fits, so no layout is ruled out by a replayed step: all are validated
+    result = search(Base("demo", None, {"order": "megatron"}), model, fixed, LinkModel(), 1, top=1, quiet=True)
     assert (result.considered, result.legal) == (considered, len(brute))
 
 
@@ -165,6 +166,7 @@ def test_top_k_equals_brute_force_over_all_candidates():
     everything = search(base, model, fixed, link, None, top=5, every=True)
     best = search(base, model, fixed, link, None, top=5)
     assert best.replayed < everything.replayed  # the bound pruned something
+    assert best.legal < everything.legal and best.pruned > 0  # whole layouts too, before validating them
     assert [r.values for r in best.candidates] == [r.values for r in everything.candidates[:5]]
     assert [r.estimate.step_us for r in best.candidates] == sorted(r.estimate.step_us for r in everything.candidates)[:5]
 
@@ -181,6 +183,10 @@ def test_shard_and_merge_equal_one_run(tmp_path):
     merged = json.loads(invoke("plan", "--merge", tmp_path, "--json").stdout)
     for doc in (one, merged):
         doc.pop("seconds")
+    # legal and feasible count the candidates of the layouts validated: a shard, ranking fewer,
+    # rules fewer of its layouts out by their floor than one run does
+    assert merged["legal"] >= one.pop("legal") and merged["feasible"] >= one.pop("feasible")
+    merged.pop("legal"), merged.pop("feasible")
     assert merged == one
 
 

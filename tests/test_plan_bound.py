@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.planner.bound import _pipeline, step_lower_bound
+from traceforge.planner.bound import _pipeline, layout_floor, step_lower_bound
 from traceforge.planner.dp_bound import crossings, stage_floors
 from traceforge.planner.estimate import estimate
-from traceforge.planner.search import Base, search
+from traceforge.planner.search import Base, probe_specs, search
 from traceforge.planner.space import Model
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import build_spec
@@ -29,6 +29,57 @@ def test_bound_never_exceeds_the_replay_across_nodes(dp_mode, link):
     assert result.candidates, "no candidate replayed"
     for r in result.candidates:
         assert r.bound_us <= r.estimate.step_us + 1e-6, (r.values, r.bound_us, r.estimate.step_us)
+
+
+@pytest.mark.parametrize("link", [LINK, NCCL_LINK], ids=["alpha-beta", "nccl"])
+def test_a_layouts_floor_never_exceeds_the_bound_of_any_of_its_candidates(link):
+    """bound.layout_floor rules a whole layout (tp cp pp dp ep) out before it is validated: it must
+    be at most every legal candidate's bound (every micro-batch, schedule, split, recompute and
+    dp mode; the bound is at most the replay, tested above), and say something (not 0)."""
+    from traceforge.errors import SpecError
+    from traceforge.planner.space import walk
+
+    base = Base("demo", None, {"order": "megatron", "global_batch": 16})
+    model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
+    builder = base.builder()
+
+    def check(values, reads):
+        try:
+            return builder(values, reads)
+        except SpecError:
+            return None
+
+    floors: dict[tuple, float] = {}
+    checked = 0
+    for values, spec, _ in walk(model, {}, check):
+        if spec is None:
+            continue
+        layout = {k: values[k] for k in ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")}
+        key = tuple(layout.items())
+        if key not in floors:
+            floors[key] = layout_floor(probe_specs(builder, model, {}, layout), link)
+        assert floors[key] <= step_lower_bound(spec, link) + 1e-6, (values, floors[key])
+        checked += 1
+    assert checked > 1000 and len(floors) > 4 and all(f > 0 for f in floors.values())
+
+
+def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_hand():
+    """tp1 pp2 dp8 on demo (4 layers), global batch 16, micro-batch 1: 2 micro-batches, each
+    stage at least half of (embedding + 4 layers + head) forward and backward, per micro-batch."""
+    from traceforge.planner.bound import _pieces
+
+    spec = build_spec("demo", None, {"world_size": 16, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 1,
+                                     "order": "megatron", "recompute": "none"})
+    p = _pieces(spec, LINK)
+    per_microbatch = sum(p[k].forward + p[k].backward for k in ("embed", "head")) + 4 * (
+        p["dense"].forward + p["dense"].backward)
+    assert spec.num_microbatches == 2
+    assert layout_floor([spec], LINK) == pytest.approx(2 * per_microbatch / 2)
+    # the smallest over the micro-batch sizes given: one spec per size
+    two = build_spec("demo", None, {"world_size": 16, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 2,
+                                    "order": "megatron", "recompute": "none"})
+    assert layout_floor([spec, two], LINK) == min(layout_floor([spec], LINK), layout_floor([two], LINK))
+    assert layout_floor([], LINK) == 0.0
 
 
 def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
@@ -100,7 +151,10 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
                            "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-n", "2"],
                           capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    assert "--budget ran out with" in proc.stdout and "no layout is faster than" in proc.stdout
+    assert "--budget ran out:" in proc.stdout and "no layout is faster than" in proc.stdout
+    # and says how far from exact the best may be before the rows, in its first lines
+    answer = next(line for line in proc.stdout.splitlines() if line.startswith("answer:"))
+    assert proc.stdout.index(answer) < proc.stdout.index("┃") and "proven within" in answer
     bad = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--budget", "-1"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--budget" in bad.stderr
@@ -235,17 +289,23 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
 
 
 def test_when_validation_spends_the_budget_the_lowest_bound_affordable_candidate_is_ranked(monkeypatch):
-    """Past the deadline before any replay, the plan still ranks one: the first in bound order
-    whose cost is within the whole budget (not the cheapest, which may be any layout)."""
+    """Past the deadline before any replay, the plan still ranks one: layouts are validated in
+    floor order until one gives a candidate that fits, and the first of its candidates in bound
+    order whose cost is within the whole budget is replayed (not the cheapest, which may be any)."""
     import traceforge.planner.search as search_module
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 16})
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
     fixed = {"dp_mode": "ddp", "recompute": "none"}
     everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
-    lowest = min(everything.candidates, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
     monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", 1e-15)  # every replay affordable
     order = _note_replays(monkeypatch)
     cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=1e-9)  # spent while validating
-    assert order[0].values == lowest.values and len(cut.candidates) >= 1
-    assert cut.unreplayed > 0 and cut.floor_us is not None
+    assert len(order) == 1 and len(cut.candidates) == 1
+    layout = ("tp", "cp", "pp", "dp", "ep")
+    siblings = [r for r in everything.candidates if all(r.values[k] == order[0].values[k] for k in layout)]
+    lowest = min(siblings, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
+    assert len(siblings) > 1 and order[0].values == lowest.values
+    assert cut.unreplayed + cut.unsearched > 0 and cut.floor_us is not None
+    # the certificate holds: no candidate of the whole space beats min(floor, best found)
+    assert min(cut.floor_us, cut.candidates[0].estimate.step_us) <= min(r.estimate.step_us for r in everything.candidates)

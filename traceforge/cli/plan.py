@@ -219,7 +219,7 @@ def plan(**kwargs: Any) -> None:
         return
     ranked, counts, written = planner_run.plan(query, gpus, jobs, opts["quiet"], opts["write_top"], opts["out_dir"],
                                                opts["force"], opts["astra_sim"])
-    _print_plan(planner_run.title(query, gpus), gpus, ranked, counts, opts["as_json"])
+    _print_plan(planner_run.title(query, gpus), gpus, ranked, counts, opts["as_json"], planner_run.assumed(query))
     if written and not (opts["as_json"] and opts["quiet"]):  # the table's own line; with --json a note on stderr
         sets = min(opts["write_top"], len(ranked))  # write_top puts the sets first, then the files
         fewer = f", all {sets} that fit," if sets < opts["write_top"] else ""
@@ -228,18 +228,19 @@ def plan(**kwargs: Any) -> None:
             f"{' and ASTRA-sim bundle' if opts['astra_sim'] else ''}; {', '.join(written[sets:])}", markup=False, soft_wrap=True)
 
 
-def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool) -> None:
+def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool,
+                assumed: str | None = None) -> None:
     """A plan's answer: its JSON document, or the table."""
     from traceforge.planner.rows import json_document
 
     if as_json:
         print_json(json_document(gpus, counts, ranked))
-        if counts.get("unreplayed"):  # the document's keys are fixed: say it on stderr, as the table says it
-            err.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still "
-                      "rank: the candidates may not be the exact top K; --budget 0 replays until they are",
-                      markup=False, soft_wrap=True)
+        if counts.get("unreplayed") or counts.get("unsearched"):  # the document's keys are fixed: say it on stderr
+            best = ranked[0]["step_ms"] if ranked else float("inf")
+            err.print(f"note: --budget ran out: {_left(counts)}: {_distance(best, counts['floor_ms'])}; the candidates "
+                      "may not be the exact top K; --budget 0 replays until they are", markup=False, soft_wrap=True)
     else:
-        print_table(title, ranked, counts)
+        print_table(title, ranked, counts, assumed)
 
 
 def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]],
@@ -251,7 +252,7 @@ def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, di
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
     else:
         print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
-                          {v: c for v, _, _, c in best if c.get("unreplayed")})
+                          {v: c for v, _, _, c in best if c.get("unreplayed") or c.get("unsearched")})
 
 
 plan.__signature__ = inspect.Signature(_plan_options() + _machine_options() + _spec_options())  # type: ignore[attr-defined]
@@ -303,10 +304,16 @@ GROUP_NAMES = {"emb": "the first and last stage's embedding sync", "dps": "hsdp'
                "tpepp": "tp x ep x pp", "amax": "FP8 amax reduction"}
 
 
-def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]) -> None:
-    """The ranked candidates: layout, step and its split (compute, communication left exposed
+def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any], assumed: str | None = None) -> None:
+    """What the plan assumed and how far from exact its answer may be (first, before the rows),
+    then the ranked candidates: layout, step and its split (compute, communication left exposed
     per dimension, pipeline bubble and waiting), throughput and memory."""
     from traceforge.layout import GROUP_KINDS
+
+    if assumed:
+        out.print(f"{title}: {assumed}", markup=False, soft_wrap=True)
+    if ranked:
+        out.print(f"answer: {_answer(ranked[0]['step_ms'], counts)}", markup=False, soft_wrap=True)
 
     # every group whose communication any row leaves exposed (hsdp's dps/dpr carry its data parallelism)
     dims = [d for d in GROUP_KINDS if any(r["exposed_ms"].get(d, 0.0) > 0 for r in ranked)]
@@ -339,16 +346,19 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
               "and waiting for peers; GB = 10^9 bytes" + ("; peak GB ending in !: tight, it fits without the "
               "allocator's reserve but not with it (docs/memory.md)" if any(r["verdict"] == "tight" for r in ranked) else ""),
               markup=False, soft_wrap=True)
-    out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory; "
-              f"{counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False)
+    pruned = (f" (in the layouts validated; {counts['pruned']:,} of tp x cp x pp x dp x ep not, their floor above the "
+              "ranked)") if counts.get("pruned") else ""
+    out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory"
+              f"{pruned}; {counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False,
+              soft_wrap=True)
     if counts.get("too_big"):
         out.print(f"note: {counts['too_big']:,} feasible candidates have more nodes than the replay takes (4,000,000) "
                   "and were not ranked", markup=False)
-    if counts.get("unreplayed"):
+    if counts.get("unreplayed") or counts.get("unsearched"):
         best = ranked[0]["step_ms"] if ranked else float("inf")
-        out.print(f"note: --budget ran out with {counts['unreplayed']:,} candidates unreplayed that could still rank "
-                  f"(their lower bounds start at {_ms(counts['floor_ms'])} ms): {_distance(best, counts['floor_ms'])}; "
-                  "--budget 0 replays until the ranking is exact", markup=False, soft_wrap=True)
+        out.print(f"note: --budget ran out: {_left(counts)} (their lower bounds start at {_ms(counts['floor_ms'])} ms): "
+                  f"{_distance(best, counts['floor_ms'])}; --budget 0 replays until the ranking is exact",
+                  markup=False, soft_wrap=True)
     if ranked:
         out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
     sys.stdout.flush()
@@ -375,6 +385,25 @@ def merge_ties(rows: list[list[str]], columns: Iterable[int]) -> list[tuple[int,
         column = None
         merged.append((rank, rank, list(row)))
     return merged
+
+
+def _left(counts: dict[str, Any]) -> str:
+    """What a spent budget left that could still rank: candidates unreplayed, layouts unvalidated."""
+    parts = [f"{counts['unreplayed']:,} candidates unreplayed" if counts.get("unreplayed") else "",
+             f"{counts['unsearched']:,} layouts (tp x cp x pp x dp x ep) unvalidated" if counts.get("unsearched") else ""]
+    return " and ".join(p for p in parts if p) + " that could still rank"
+
+
+def _answer(best_ms: float, counts: dict[str, Any]) -> str:
+    """How far from exact the best shown is, proven by the search's lower bounds."""
+    floor = counts.get("floor_ms")
+    if floor is None:
+        return "exact: every layout left out has a lower bound above the rows shown"
+    if floor >= best_ms:
+        return (f"the best shown is exact (no layout left unreplayed can beat {_ms(floor)} ms); the budget ran out "
+                "before the rows after it were")
+    return (f"the best shown is proven within {100 * (best_ms / floor - 1):.1f} % of the best layout: the budget ran "
+            f"out with layouts unreplayed, none faster than {_ms(floor)} ms (--budget 0: exact)")
 
 
 def _distance(best_ms: float, floor_ms: float) -> str:
@@ -409,7 +438,7 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
               markup=False, soft_wrap=True)
     for value, c in (cut_short or {}).items():
         step = next(r["step_ms"] for v, _, r in best if v == value)
-        out.print(f"note: at {flag} {_value(value)} --budget ran out with {c['unreplayed']:,} candidates unreplayed: "
+        out.print(f"note: at {flag} {_value(value)} --budget ran out: {_left(c)}: "
                   f"{_distance(step, c['floor_ms'])}; --budget 0 makes it exact", markup=False, soft_wrap=True)
     sys.stdout.flush()
 

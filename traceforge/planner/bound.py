@@ -208,3 +208,26 @@ def step_lower_bound(spec: Spec, link: LinkModel) -> float:
         # gathers) are issued from its chunks' last-micro-batch backwards on: after `start`.
         best = max(best, end + floor.tail, spec.steps * floor.chain, start + floor.after_backward)
     return best / spec.steps
+
+
+# The values a layout's floor is computed at: the least compute per micro-batch (no recomputation:
+# full and selective recomputation only add ops to a layer's backward), on a schedule and mode
+# every layout admits. Neither the schedule nor the dp mode is read by the layer floors.
+FLOOR_PROBE = dict(recompute="none", schedule="1f1b", virtual_stages=1, dp_mode="ddp", shard_size=None,
+                   overlap_grad_reduce=True, overlap_param_gather=False)
+
+
+def layout_floor(specs: list[Spec], link: LinkModel) -> float:
+    """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
+    from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
+    computes at least its share (1/pp) of every micro-batch's forward and backward of the whole
+    model, and step_lower_bound's stage term (m x its chunks' work) is at least that for every
+    schedule, split, recomputation and dp mode. No spec (none legal): 0, nothing is ruled out."""
+    best = float("inf")
+    for spec in specs:
+        pieces = _pieces(spec, link)
+        work = sum(p.forward + p.backward for p in (pieces["embed"], pieces["head"]))
+        work += sum(pieces["moe" if is_moe_layer(spec, i) else "dense"].forward
+                    + pieces["moe" if is_moe_layer(spec, i) else "dense"].backward for i in range(spec.layers))
+        best = min(best, spec.num_microbatches * work / spec.pp)
+    return 0.0 if best == float("inf") else best

@@ -189,7 +189,8 @@ def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2
 def _counts(result: PlanResult) -> dict[str, Any]:
     return {"considered": result.considered, "legal": result.legal, "feasible": result.feasible,
             "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big,
-            "unreplayed": result.unreplayed, "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
+            "unreplayed": result.unreplayed, "unsearched": result.unsearched, "pruned": result.pruned,
+            "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
 
 
 def title(query: Query, gpus: int | None) -> str:
@@ -197,6 +198,20 @@ def title(query: Query, gpus: int | None) -> str:
     name = query.preset or (query.config or {}).get("preset") or "demo"
     gpu = query.raw().get("gpu", "h100")
     return f"plan: {name} on {gpus:,} {gpu} GPUs" if gpus is not None else f"plan: {name} on {gpu} GPUs"
+
+
+def assumed(query: Query) -> str:
+    """What every candidate shares and the plan assumed: the step's tokens, the GPU, the machine."""
+    raw = query.raw()
+    cluster = Cluster.from_options(**query.machine)
+    gpu = str(raw.get("gpu", "h100"))
+    try:
+        memory = f" ({gpu_memory_bytes(gpu, query.gpu_memory_gb) / 1e9:,.1f} GB)"
+    except SpecError:
+        memory = ""
+    return (f"global batch {raw.get('global_batch')} x sequence {raw.get('seq_len')} tokens; {gpu}{memory}, "
+            f"{cluster.gpus_per_node} per node at {cluster.scale_up_bw:g} GB/s, {cluster.nics_per_node} NICs per node "
+            f"at {cluster.scale_out_bw:g} GB/s per GPU")
 
 
 def plan(query: Query, gpus: int, jobs: int, quiet: bool, write_top: int | None, out_dir: Path | None, force: bool,

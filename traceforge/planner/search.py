@@ -8,7 +8,9 @@ bound). ``--all`` replays every feasible candidate instead.
 
 from __future__ import annotations
 
+import copy
 import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -18,11 +20,11 @@ from typing import Any, NamedTuple
 from traceforge.errors import SpecError, UserError
 from traceforge.memory.report import DOES_NOT_FIT, Band
 from traceforge.parallel import fan_out
-from traceforge.planner.bound import replay_nodes_floor, step_lower_bound
+from traceforge.planner.bound import FLOOR_PROBE, layout_floor, replay_nodes_floor, step_lower_bound
 from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
 from traceforge.planner.memory import memory_band
-from traceforge.planner.space import LEVELS, Model, _layouts, walk
-from traceforge.read.progress import Progress
+from traceforge.planner.progress import SearchProgress
+from traceforge.planner.space import LEVELS, Model, _layouts, _micro_batches, count, walk
 from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
 
@@ -84,7 +86,9 @@ class PlanResult:
     # ranked (their bound below the K-th best step), and the lowest of their bounds: no layout of
     # the space is faster than min(floor_us, the best step found).
     unreplayed: int = 0
-    floor_us: float | None = None
+    unsearched: int = 0  # layouts (tp cp pp dp ep) the budget left unvalidated whose floor could still rank
+    pruned: int = 0  # layouts never validated: their floor (bound.layout_floor) is above the K-th best step
+    floor_us: float | None = None  # the lowest bound of the unreplayed candidates and unsearched layouts
     candidates: list[Ranked] = field(default_factory=list)
     smallest_peak: int | None = None  # the least memory any legal candidate needs
     gpu_memory_bytes: int = 0
@@ -142,8 +146,8 @@ def _filter_layout(layout: dict[str, Any]) -> _Share:
     """Validate, size and bound every candidate under one layout."""
     assert _job is not None
     share = _Share()
-    for values, spec, count in walk(_job.model, _job.fixed, _check, layout, 1):
-        share.considered += count
+    for values, spec, n in walk(_job.model, _job.fixed, _check, layout, 1):
+        share.considered += n
         if spec is None:
             continue
         share.legal += 1
@@ -167,49 +171,72 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
     return top if shard is None else top[shard[0]::shard[1]]
 
 
+def probe_specs(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
+                layout: Mapping[str, Any]) -> list[Spec]:
+    """One spec per micro-batch size of a top-level layout at bound.FLOOR_PROBE's values (what
+    bound.layout_floor reads); none when the validator refuses every size's probe. A size whose
+    probe it refuses (a probe value may be what it refuses, as the per-rank node limit of many
+    micro-batches) is a validated size's spec with the size and micro-batch count replaced:
+    the layer floors read only the shapes."""
+    specs, refused = [], []
+    for child in _micro_batches(model, fixed, layout):
+        values = {**layout, **child, **{k: v for k, v in FLOOR_PROBE.items() if fixed.get(k) is None}}
+        try:
+            specs.append(builder(values))
+        except SpecError:
+            refused.append(child["micro_batch"])
+    if specs:
+        for mb in refused:
+            spec = copy.copy(specs[0])
+            for name, value in (("micro_batch", mb), ("num_microbatches", spec.global_batch // (spec.dp * mb))):
+                object.__setattr__(spec, name, value)  # a frozen dataclass's own copy, before anyone sees it
+            specs.append(spec)
+    return specs
+
+
+def _layout_floor(layout: dict[str, Any]) -> float:
+    assert _job is not None
+    return layout_floor(probe_specs(_job.builder, _job.model, _job.fixed, layout), _job.link)
+
+
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
            quiet: bool = False, until_us: float | None = None, budget_s: float | None = None,
            overhead_bytes: int | None = None, reserve: float | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
     rank of a layout of that step among all candidates is exact (the published-run check).
-    budget_s: stop replaying once the search has run this many seconds, validating and sizing
-    included (and one candidate is ranked); the result then says how many could still have
-    ranked and the lowest step they could reach."""
+    budget_s: stop once the search has run this many seconds, bounding, validating and sizing
+    included (and one candidate is ranked); the result then says how many candidates and
+    layouts could still have ranked and the lowest step they could reach."""
     global _job
     started = time.perf_counter()
     builder = base.builder()
     _job = _Job(builder, model, fixed, link, gpu_memory, overhead_bytes, reserve)
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
-    progress = Progress(f"plan {model.world:,} GPUs: layouts", len(tops)) if not quiet else None
-    feasible: list[Candidate] = []
-    too_big: list[float] = []
-    shares: Iterator[_Share] = (fan_out(_filter_layout, tops, jobs) if jobs > 1 and len(tops) > 1
-                                else map(_filter_layout, tops))
-    for share in shares:
-        result.considered += share.considered
-        result.legal += share.legal
-        feasible += share.feasible
-        too_big += share.too_big
-        if share.smallest_peak is not None:
-            result.smallest_peak = share.smallest_peak if result.smallest_peak is None else min(result.smallest_peak, share.smallest_peak)
-        if progress:
-            progress.advance()
-    if progress:
-        progress.close()
-    result.feasible = len(feasible) + len(too_big)
-    feasible.sort(key=lambda c: (c[0], c[1]))
+    progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
+    floors = []
+    for layout in tops:  # a layout's floor reads only its micro-batch sizes' layer floors (memoized)
+        floors.append(_layout_floor(layout))
+        progress.bounded()
     deadline = None if budget_s is None else started + budget_s
-    result.candidates, result.replayed, too_big_replayed, left = _branch_and_bound(
-        builder, feasible, link, top, every, quiet, until_us, jobs, deadline, budget_s)
+    sizes = {id(layout): count(model, fixed, layout, 1) for layout in tops}  # candidates per layout
+    state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
+                              deadline, budget_s, progress)
+    progress.close()
+    result.considered = sum(sizes.values())
+    result.legal, result.smallest_peak = state.legal, state.smallest_peak
+    result.feasible = state.feasible + len(state.too_big)
+    result.candidates, result.replayed = state.ranked, state.replayed
     # What could still have entered the top K: a bound at most the K-th best step.
-    kth = result.candidates[min(top, len(result.candidates)) - 1].estimate.step_us if result.candidates else 0.0
-    limit = float("inf") if every or len(result.candidates) < top else max(kth, until_us or 0.0)
-    result.too_big = too_big_replayed + sum(1 for bound in too_big if bound <= limit)
-    could_rank = [c.bound for c in left if c.bound <= limit]
-    result.unreplayed = len(could_rank)
-    result.floor_us = min(could_rank) if could_rank else None
+    kth = state.kth()
+    limit = float("inf") if every or kth is None else max(kth, until_us or 0.0)
+    result.too_big = state.too_big_replayed + sum(1 for bound in state.too_big if bound <= limit)
+    could_rank = [c.bound for c in state.left if c.bound <= limit]
+    unsearched = [f for f, _ in state.left_layouts if f <= limit]
+    result.unreplayed, result.unsearched = len(could_rank), len(unsearched)
+    result.pruned = len(tops) - state.expanded - len(unsearched)
+    result.floor_us = min(could_rank + unsearched) if could_rank or unsearched else None
     result.seconds = time.perf_counter() - started
     return result
 
@@ -221,6 +248,12 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
 # machine the planner was written on; kept above that, to err on passing over a replay): with a
 # budget, a replay that cannot end before the deadline is not started.
 DEFAULT_SECONDS_PER_NODE = 20e-6
+# Only replays of at least this many floor nodes measure the rate: a replay of 2,000 nodes takes
+# 0.4 s (100 times the per-node rate of one of 2,000,000), which would pass over every large one.
+RATE_MIN_NODES = 50_000
+# Seconds validating, sizing and bounding one candidate of a layout costs until this search has
+# measured it (an MoE candidate at 256 GPUs about 0.5 ms on the 2-core machine; a dense one less).
+DEFAULT_SECONDS_PER_CANDIDATE = 1e-3
 # A replay's cost is its floor at the mean seconds per node so far; one candidate's own rate
 # varies around that mean (its floor is 70-95 % of its nodes; a ring's transfers cost more than
 # compute), so a replay is started only if it would end in time at this multiple of its cost.
@@ -239,81 +272,181 @@ def _replay(item: Candidate) -> tuple[Estimate | None, float]:
     return est, time.perf_counter() - started
 
 
-def _branch_and_bound(builder: Callable[..., Spec], feasible: list[Candidate], link: LinkModel, top: int,
-                      every: bool, quiet: bool, until_us: float | None = None, jobs: int = 1,
-                      deadline: float | None = None, budget_s: float | None = None,
-                      ) -> tuple[list[Ranked], int, int, list[Candidate]]:
-    """(ranked, replayed, too big, candidates a deadline left unreplayed).
+SKIPPED = "skipped"  # a task a worker took too late to end before the deadline
 
-    With a deadline (perf_counter seconds; budget_s: the whole budget) no replay is started
-    past it once one candidate is ranked, and none whose cost (its node floor at the seconds
-    per node measured so far, times COST_MARGIN) would end past it: those are left for the
-    certificate (their bounds), in favour of the next ones in bound order that can still end.
-    If none can (the validation used the budget up), the candidates that cost at most the whole
-    budget are replayed in bound order until one is ranked, or else the cheapest."""
-    best: list[float] = []  # the K best steps so far, as a max-heap of -step
-    ranked: list[Ranked] = []
-    too_big = 0
-    stops_in = None if deadline is None else deadline - time.perf_counter()  # the counter's time left ends with the budget
-    progress = Progress("plan: replaying candidates", len(feasible), stops_in_s=stops_in) if not quiet else None
-    sent: deque[Candidate] = deque()
-    left: list[Candidate] = []
-    rate = [0.0, 0]  # seconds and floor nodes of the replays done
 
-    def seconds_per_node() -> float:
-        return rate[0] / rate[1] if rate[1] else DEFAULT_SECONDS_PER_NODE
+def _task(task: tuple[str, Any, float | None]) -> tuple[Any, float]:
+    """A worker's task: validate, size and bound one layout's candidates, or replay one; unless
+    it starts after `start_by` (perf_counter seconds, one clock for every process): tasks are
+    handed out ahead of the answers, so one may be taken after the deadline it was sent for."""
+    kind, item, start_by = task
+    if start_by is not None and time.perf_counter() > start_by:
+        return SKIPPED, 0.0
+    if kind == "layout":
+        started = time.perf_counter()
+        return _filter_layout(item[1]), time.perf_counter() - started
+    return _replay(item)
 
-    def in_bound_order() -> Iterator[Candidate]:
-        # Workers take candidates ahead of the results; each is checked against the K-th best
-        # step known when it is taken, so a few more than needed may be replayed, never fewer.
-        sent_any = False
-        for index, item in enumerate(feasible):
-            if not every and len(best) >= top and item.bound > max(-best[0], until_us or 0.0):
-                return  # strictly: a candidate whose step ties the K-th may still rank before it
-            if deadline is not None:
-                now = time.perf_counter()
-                if ranked and now > deadline:
-                    left.extend(feasible[index:])  # out of time: reported by their lowest bound
-                    return
-                if now + COST_MARGIN * item.nodes * seconds_per_node() > deadline:
-                    left.append(item)
+
+@dataclass
+class _State:
+    """What the branch and bound has learnt so far."""
+
+    top: int
+    ranked: list[Ranked] = field(default_factory=list)
+    best: list[float] = field(default_factory=list)  # the K best steps so far, as a max-heap of -step
+    replayed: int = 0
+    too_big_replayed: int = 0
+    legal: int = 0
+    feasible: int = 0  # candidates of the layouts expanded that fit (within the replay's node limit)
+    too_big: list[float] = field(default_factory=list)  # bounds of feasible candidates past the node limit
+    smallest_peak: int | None = None
+    expanded: int = 0  # layouts validated
+    left: list[Candidate] = field(default_factory=list)  # candidates the deadline left unreplayed
+    left_layouts: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # layouts it left unvalidated
+    replay_rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, floor nodes
+    validate_rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, candidates considered
+
+    def kth(self) -> float | None:
+        return -self.best[0] if len(self.best) >= self.top else None
+
+    def seconds_per_node(self) -> float:
+        seconds, nodes = self.replay_rate
+        return seconds / nodes if nodes else DEFAULT_SECONDS_PER_NODE
+
+    def seconds_per_candidate(self) -> float:
+        seconds, n = self.validate_rate
+        return seconds / n if n else DEFAULT_SECONDS_PER_CANDIDATE
+
+
+def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, dict[str, Any]]],
+                      sizes: dict[int, int], top: int, every: bool, until_us: float | None, jobs: int, deadline: float | None,
+                      budget_s: float | None, progress: SearchProgress) -> _State:
+    """Layouts (with their floors) and candidates in one queue by bound: a layout is validated
+    (its candidates join the queue, each at least its layout's floor) when it comes first, a
+    candidate replayed; it ends when the next bound is above the K-th best replayed step, so no
+    layout whose floor is above it is validated at all.
+
+    With a deadline (perf_counter seconds; budget_s: the whole budget) nothing is started past
+    it once one candidate is ranked, and nothing whose cost (a replay: its node floor at the
+    seconds per node measured so far; a layout: its candidates at the seconds per candidate
+    measured so far; times COST_MARGIN) would end past it: those are left for the certificate
+    (their bounds), in favour of the next ones in bound order that can still end. Until one
+    candidate fits, every layout is validated; if no replay can end in time, the first candidate
+    in bound order that costs at most the whole budget is replayed (else the cheapest)."""
+    state = _State(top)
+    queue: list[tuple[float, int, tuple, int]] = []  # (bound, 0 layout / 1 candidate, key, id)
+    items: dict[int, Any] = {}
+    ids = itertools.count()
+
+    def push(bound: float, kind: int, key: tuple, item: Any) -> None:
+        i = next(ids)
+        items[i] = item
+        heapq.heappush(queue, (bound, kind, key, i))
+
+    for floor, layout in layouts:
+        push(floor, 0, sort_key(layout), (floor, layout))
+    sent: deque[tuple[str, Any, float | None]] = deque()
+
+    def cost(kind: int, item: Any) -> float:
+        if kind == 0:
+            return sizes[id(item[1])] * state.seconds_per_candidate()
+        return item.nodes * state.seconds_per_node()
+
+    def leave(kind: int, item: Any) -> None:
+        (state.left_layouts if kind == 0 else state.left).append(item)
+
+    def in_bound_order() -> Iterator[tuple[str, Any, float | None]]:
+        # Workers take tasks ahead of the results; each is checked against the K-th best step
+        # known when it is taken, so a few more than needed may be done, never fewer.
+        while queue:
+            bound, kind, _, i = queue[0]
+            if stop(bound):
+                return  # pruned by the K-th best, or out of time: what is queued is reported by its bound
+            heapq.heappop(queue)
+            item = items.pop(i)
+            start_by = None
+            # until a layout has given a candidate, layouts are validated whatever the time
+            if deadline is not None and (kind == 1 or state.feasible):
+                start_by = deadline - COST_MARGIN * cost(kind, item)
+                if time.perf_counter() > start_by:
+                    leave(kind, item)
                     continue
-            sent_any = True
-            sent.append(item)
-            yield item
-        if deadline is not None and not sent_any and left:  # none could end in time: rank one anyway
-            per_node = seconds_per_node()
-            affordable = [c for c in left if c.nodes * per_node <= (budget_s or 0.0)]
-            for item in affordable or sorted(left, key=lambda c: (c.nodes, c.bound, c.key)):
-                if ranked:
-                    break
-                left.remove(item)
-                sent.append(item)
-                yield item
+            task = ("layout" if kind == 0 else "replay", item, start_by)
+            sent.append(task)
+            yield task
 
-    results = fan_out(_replay, in_bound_order(), jobs) if jobs > 1 else map(_replay, in_bound_order())
-    for est, seconds in results:
-        item = sent.popleft()
-        rate[0] += seconds
-        rate[1] += item.nodes
-        if progress:
-            progress.advance()
-        if est is None:
-            too_big += 1
+    def stop(bound: float) -> bool:
+        kth = state.kth()
+        if not every and kth is not None and bound > max(kth, until_us or 0.0):
+            return True  # strictly: a candidate whose step ties the K-th may still rank before it
+        return deadline is not None and bool(state.ranked) and time.perf_counter() > deadline
+
+    while True:
+        tasks = in_bound_order()
+        results = fan_out(_task, tasks, jobs) if jobs > 1 else map(_task, tasks)
+        for answer, seconds in results:
+            name, item, _ = sent.popleft()
+            if answer is SKIPPED:
+                leave(0 if name == "layout" else 1, item)
+            elif name == "layout":
+                floor, _ = item
+                _take_share(state, answer, seconds)
+                for c in answer.feasible:  # each at least its layout's floor (equal but for rounding)
+                    push(max(c.bound, floor), 1, c.key, c._replace(bound=max(c.bound, floor)))
+            else:
+                _take_replay(state, builder, item, answer, seconds)
+            progress.update(state, len(queue))
+        if not state.ranked and not queue and state.left:
+            # none could end in time: the first in bound order that costs at most the whole budget
+            # is replayed anyway (else the cheapest), so a plan ranks one
+            per_node = state.seconds_per_node()
+            affordable = [c for c in state.left if c.nodes * per_node <= (budget_s or 0.0)]
+            first = (min(affordable, key=lambda c: (c.bound, c.key)) if affordable
+                     else min(state.left, key=lambda c: (c.nodes, c.bound, c.key)))
+            state.left.remove(first)
+            push(first.bound, 1, first.key, first)
+            deadline = None
             continue
-        if est.stalled:
-            raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
-                            "please report this spec: " + ", ".join(f"{k}={v}" for k, v in item.values.items()))
-        ranked.append(Ranked(item.values, builder(item.values), item.memory, item.bound, est))
-        if len(best) < top:
-            heapq.heappush(best, -est.step_us)
-        elif -est.step_us > best[0]:
-            heapq.heapreplace(best, -est.step_us)
-    if progress:
-        progress.close()
-    replayed = len(ranked)
-    ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
-    return (ranked if every or until_us is not None else ranked[:top]), replayed, too_big, left
+        if not queue or stop(queue[0][0]):
+            break  # else validated layouts added candidates after the tasks ran out: another round
+    for entry in queue:
+        leave(entry[1], items[entry[3]])
+    state.ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
+    if not (every or until_us is not None):
+        state.ranked = state.ranked[:top]
+    return state
+
+
+def _take_share(state: _State, share: _Share, seconds: float) -> None:
+    state.expanded += 1
+    state.legal += share.legal
+    state.feasible += len(share.feasible)
+    state.too_big += share.too_big
+    state.validate_rate[0] += seconds
+    state.validate_rate[1] += share.considered
+    if share.smallest_peak is not None:
+        state.smallest_peak = share.smallest_peak if state.smallest_peak is None else min(state.smallest_peak,
+                                                                                          share.smallest_peak)
+
+
+def _take_replay(state: _State, builder: Callable[..., Spec], item: Candidate, est: Estimate | None,
+                 seconds: float) -> None:
+    if item.nodes >= RATE_MIN_NODES:  # a small replay's time is mostly building its programs, not its nodes
+        state.replay_rate[0] += seconds
+        state.replay_rate[1] += item.nodes
+    if est is None:
+        state.too_big_replayed += 1
+        return
+    if est.stalled:
+        raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
+                        "please report this spec: " + ", ".join(f"{k}={v}" for k, v in item.values.items()))
+    state.replayed += 1
+    state.ranked.append(Ranked(item.values, builder(item.values), item.memory, item.bound, est))
+    if len(state.best) < state.top:
+        heapq.heappush(state.best, -est.step_us)
+    elif -est.step_us > state.best[0]:
+        heapq.heapreplace(state.best, -est.step_us)
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:

@@ -28,16 +28,19 @@ def quiet(on: bool) -> Iterator[None]:
 
 
 class Progress:
-    def __init__(self, what: str, total: int, stream: TextIO | None = None, stops_in_s: float | None = None):
+    def __init__(self, what: str, total: int, stream: TextIO | None = None, stops_in_s: float | None = None,
+                 min_items: int = MIN_ITEMS):
         """stops_in_s: the work stops by then whatever is left (plan's --budget): the time left
-        is never said to be longer."""
+        is never said to be longer. min_items: fewer items draw nothing (plan's phases draw
+        from the first second however few their items: each may take seconds)."""
         self.what, self.total, self.stops_in_s = what, total, stops_in_s
+        self.note = ""  # said after the count (plan: what the search found so far)
         self.stream = stream if stream is not None else sys.stderr
         try:
             tty = self.stream is not None and self.stream.isatty()
         except (AttributeError, ValueError):  # closed or replaced stderr
             tty = False
-        self.enabled = tty and total >= MIN_ITEMS and not QUIET
+        self.enabled = tty and total >= min_items and not QUIET
         self.started = self.shown = time.monotonic()
         self.done = 0
 
@@ -53,7 +56,8 @@ class Progress:
         share = self.done / self.total if self.total else 1.0
         try:
             left = _eta(elapsed, share, self.stops_in_s)
-            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}), {elapsed:.0f} s{left}\x1b[K{end}")
+            self.stream.write(f"\r{self.what} {self.done:,}/{self.total:,} ({share:.0%}){self.note}, {elapsed:.0f} s{left}"
+                              f"\x1b[K{end}")
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
@@ -67,8 +71,8 @@ class Progress:
 def _eta(elapsed: float, share: float, stops_in_s: float | None = None) -> str:
     """The time left at the rate so far (said once there is a rate to go by), at most until the
     work is stopped."""
-    if not 0 < share < 1 or elapsed < EVERY_S:
-        return ""
+    if not 0 < share < 1 or elapsed < EVERY_S:  # no rate yet: the budget's end, when there is one
+        return "" if stops_in_s is None or share >= 1 else f", at most {max(0.0, stops_in_s - elapsed):.0f} s left (--budget)"
     left = elapsed * (1 - share) / share
     if stops_in_s is not None and stops_in_s - elapsed < left:
         return f", at most {max(0.0, stops_in_s - elapsed):.0f} s left (--budget)"
