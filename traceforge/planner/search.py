@@ -387,7 +387,7 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
         results = fan_out(_task, tasks, jobs) if jobs > 1 else map(_task, tasks)
         for answer, seconds in results:
             name, item, _ = sent.popleft()
-            if answer is SKIPPED:
+            if isinstance(answer, str) and answer == SKIPPED:  # (a copy, from a worker process)
                 leave(0 if name == "layout" else 1, item)
             elif name == "layout":
                 floor, _ = item
