@@ -82,6 +82,31 @@ def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_han
     assert layout_floor([], LINK) == 0.0
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zbv"])
+def test_one_micro_batch_waits_on_every_stage_and_the_bound_says_so(schedule):
+    """One micro-batch per step (global batch = dp x micro-batch): the stages run one after another,
+    so the step is at least one micro-batch's forward and backward through the whole model (by hand:
+    every layer's floors, the embedding's and the head's), without the weight-gradient GEMMs a
+    zero-bubble schedule defers; and still at most the replay."""
+    from traceforge.planner.bound import _pieces
+
+    vp = 2 if schedule == "zbv" else 1  # (interleaving needs pp > 2, dualpipev 2 x pp micro-batches)
+    spec = build_spec("demo", None, {"world_size": 8, "tp": 1, "pp": 2, "global_batch": 4, "micro_batch": 1,
+                                     "schedule": schedule, "virtual_stages": vp, "recompute": "none",
+                                     "dp_mode": "ddp", "order": "megatron"})
+    assert spec.num_microbatches == 1 and spec.dp == 4
+    p = _pieces(spec, LINK)
+    split = schedule != "1f1b"
+    back = (lambda u: u.backward_input) if split else (lambda u: u.backward)
+    path = sum(p[k].forward + back(p[k]) for k in ("embed", "head")) + spec.layers * (p["dense"].forward + back(p["dense"]))
+    if split:
+        assert p["dense"].backward_input < p["dense"].backward  # the weight-gradient GEMMs are off the path
+    # above every stage's own fill and work: the path is what bounds this step
+    assert path > max(_pipeline(spec, LINK)[0])
+    assert step_lower_bound(spec, LINK) >= path - 1e-6
+    assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
+
+
 def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
     """tp1 pp1 dp16 on 2-GPU nodes: each micro-batch gathers every parameter twice (forward,
     backward) and reduce-scatters its gradient, over a DP group that spans nodes."""
@@ -151,13 +176,34 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
                            "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-n", "2"],
                           capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    assert "--budget ran out:" in proc.stdout and "no layout is faster than" in proc.stdout
+    # spent before any layout had its floor: how far from exact is not known, and it says so
+    assert "--budget ran out:" in proc.stdout and "not known" in proc.stdout
     # and says how far from exact the best may be before the rows, in its first lines
     answer = next(line for line in proc.stdout.splitlines() if line.startswith("answer:"))
-    assert proc.stdout.index(answer) < proc.stdout.index("┃") and "proven within" in answer
+    assert proc.stdout.index(answer) < proc.stdout.index("┃") and "not known" in answer
+
     bad = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--budget", "-1"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--budget" in bad.stderr
+
+
+def test_a_spent_budget_with_every_floor_known_says_how_far_from_exact_first(monkeypatch):
+    from cli_runner import invoke
+
+    import traceforge.planner.search as search_module
+
+    monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor, whatever the budget
+    result = invoke("plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute", "none", "--budget", "1e-9",
+                    "-q", "-j", "1", "-n", "2")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    answer = next(line for line in lines if line.startswith("answer:"))
+    percent = float(answer.split("proven within ")[1].split(" %")[0])
+    floor = float(answer.split("none faster than ")[1].split(" ms")[0])
+    header = next(line for line in lines if "step ms" in line).split("┃")
+    row = next(line for line in lines if line.startswith("│") and line.split("│")[1].strip().startswith("1"))
+    best = float(row.split("│")[[c.strip() for c in header].index("step ms")].replace(",", ""))
+    assert lines.index(answer) < 3 and percent == pytest.approx(100 * (best / floor - 1), abs=1.0)
 
 
 def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_flags():

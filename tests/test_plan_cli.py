@@ -366,9 +366,12 @@ def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
     assert f"the best {PLOT_MAX} of {len(ranked):,}" in ET.tostring(root, encoding="unicode")
 
 
-def test_sweep_says_which_values_the_budget_cut_short():
+def test_sweep_says_which_values_the_budget_cut_short(monkeypatch):
     """A value whose search ran out of --budget may not show its best: the sweep says which, and by
     how much at most (its best step over the floor no unreplayed candidate can beat)."""
+    import traceforge.planner.search as search_module
+
+    monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor known, whatever the budget
     args = (*QUERY, "--gpus", 16, "--sweep", "--scale-out-bw", "25,50")
     cut = invoke(*args, "--budget", "1e-9")
     notes = [line for line in cut.stdout.splitlines() if line.startswith("note: at --scale-out-bw")]

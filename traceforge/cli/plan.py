@@ -402,6 +402,9 @@ def _answer(best_ms: float, counts: dict[str, Any]) -> str:
     if floor >= best_ms:
         return (f"the best shown is exact (no layout left unreplayed can beat {_ms(floor)} ms); the budget ran out "
                 "before the rows after it were")
+    if floor <= 0:
+        return ("not known how far the best shown is from the best layout: the budget ran out before the layouts "
+                "left had a lower bound (--budget 0: exact)")
     return (f"the best shown is proven within {100 * (best_ms / floor - 1):.1f} % of the best layout: the budget ran "
             f"out with layouts unreplayed, none faster than {_ms(floor)} ms (--budget 0: exact)")
 
@@ -410,6 +413,8 @@ def _distance(best_ms: float, floor_ms: float) -> str:
     """How far the best shown may be from the best of the space, given the unreplayed floor."""
     if floor_ms >= best_ms:  # no unreplayed candidate can beat it: only the rows after it may move
         return "none of them can beat the best shown, which is exact (the rows after it may not be)"
+    if floor_ms <= 0:
+        return "some had no lower bound yet: how far the best shown is from the best is not known"
     return (f"no layout is faster than {_ms(floor_ms)} ms, the best shown is within "
             f"{100 * (best_ms / floor_ms - 1):.1f} % of the best")
 

@@ -12,7 +12,11 @@ K-th best replayed step (branch and bound), so the bound must never exceed the r
   time;
 - pipeline fill: a stage cannot start before micro-batch 0's forward has passed every earlier
   virtual stage; drain (schedules whose backward is not split, where a stage's last layer
-  compute is a full backward): the gradient then still crosses every earlier virtual stage.
+  compute is a full backward): the gradient then still crosses every earlier virtual stage;
+- one micro-batch's path: its forward through every virtual stage, then its backward (without
+  the weight-gradient GEMMs a zero-bubble schedule defers) back through every one: with few
+  micro-batches per stage (one, at the largest data-parallel sizes) the stages wait on each
+  other and this, not a stage's own work, is the floor.
 
 - the data-parallel traffic and the optimizer (dp_bound.py): a DP group's collectives one
   after another, and what follows a stage's last backward compute.
@@ -43,6 +47,7 @@ class Piece:
     forward: float
     backward: float
     nodes: int = 0  # ops one micro-batch records through it, forward and backward (a floor for MoE)
+    backward_input: float = 0.0  # the backward without its weight-gradient GEMMs (a zero-bubble I pass)
 
 
 def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
@@ -62,10 +67,14 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
     return max(end, default=0.0)
 
 
-def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False) -> tuple[float, int]:
+def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
+            ) -> tuple[float, int]:
     """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
-    depend on the routing of each micro-batch, its computes do not)."""
+    depend on the routing of each micro-batch, its computes do not); input_only: the weight-
+    gradient GEMMs kept aside, as a zero-bubble schedule's input-gradient pass records them."""
     b = ProgramBuilder(0, layer_group_sizes(spec))
+    if input_only:
+        b.split_backward = []
     emit(b)
     ops = b.program.ops
     nodes = sum(op.type == NodeType.COMP for op in ops) if only_compute else len(ops)
@@ -74,7 +83,7 @@ def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False) -> tu
 
 def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
     (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
-    return Piece(f, b, f_nodes + b_nodes)
+    return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
 
 
 # The searched fields a layer's, the embedding's and the head's recorded ops never read.
@@ -162,13 +171,15 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         units += [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in ranges[j]]
         units += [pieces["head"]] if j == n - 1 else []
         f, b = sum(u.forward for u in units), sum(u.backward for u in units)
+        bi = sum(u.backward_input for u in units)
         if gathers is None or not units:
-            return Piece(f, b)
+            return Piece(f, b, 0, bi)
         g = gathers[j]
         assert len(g) == len(units)
         # A pass: its first gather then every compute, or every gather then its last compute
         # (dp_bound.unit_gathers); the backward runs the units in reverse.
-        return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward))
+        return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward), 0,
+                     max(g[-1] + bi, sum(g) + units[0].backward_input))
 
     per = [vstage(j) for j in range(n)]
     fill = [0.0]
@@ -178,7 +189,11 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         drain.append(drain[-1] + p.backward)
     m = spec.num_microbatches
     unsplit = spec.schedule in UNSPLIT
-    ends, pipeline, starts = [], 0.0, []
+    # One micro-batch's forward crosses every virtual stage in order, then its backward every one
+    # back (each waits for the next one's gradient): a dependency path through the whole model,
+    # whatever the schedule; a zero-bubble schedule may defer the weight-gradient GEMMs off it.
+    chain = fill[-1] + sum(p.backward if unsplit else p.backward_input for p in per)
+    ends, pipeline, starts = [], chain, []
     for stage in range(spec.pp):
         vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
         chunks = [per[j] for j in vstages]
@@ -222,12 +237,14 @@ def layout_floor(specs: list[Spec], link: LinkModel) -> float:
     from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
     computes at least its share (1/pp) of every micro-batch's forward and backward of the whole
     model, and step_lower_bound's stage term (m x its chunks' work) is at least that for every
-    schedule, split, recomputation and dp mode. No spec (none legal): 0, nothing is ruled out."""
+    schedule, split, recomputation and dp mode; and one micro-batch's path (_pipeline's chain)
+    is at least its forward and input-gradient backward through every layer. No spec: 0."""
     best = float("inf")
     for spec in specs:
         pieces = _pieces(spec, link)
-        work = sum(p.forward + p.backward for p in (pieces["embed"], pieces["head"]))
-        work += sum(pieces["moe" if is_moe_layer(spec, i) else "dense"].forward
-                    + pieces["moe" if is_moe_layer(spec, i) else "dense"].backward for i in range(spec.layers))
-        best = min(best, spec.num_microbatches * work / spec.pp)
+        units = [pieces["embed"], pieces["head"]] + [pieces["moe" if is_moe_layer(spec, i) else "dense"]
+                                                      for i in range(spec.layers)]
+        work = sum(u.forward + u.backward for u in units)
+        path = sum(u.forward + u.backward_input for u in units)  # one micro-batch's path (_pipeline's chain)
+        best = min(best, max(spec.num_microbatches * work / spec.pp, path))
     return 0.0 if best == float("inf") else best

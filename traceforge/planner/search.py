@@ -215,11 +215,16 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
     progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
-    floors = []
-    for layout in tops:  # a layout's floor reads only its micro-batch sizes' layer floors (memoized)
-        floors.append(_layout_floor(layout))
-        progress.bounded()
     deadline = None if budget_s is None else started + budget_s
+    floors = [0.0] * len(tops)  # no floor: validated first
+    # A layout's floor reads its micro-batch sizes' layer floors (memoized): a long context-parallel
+    # ring records thousands of transfers per layer, so the largest cp come last, and under a budget
+    # the floors stop at a fifth of it (the layouts left have none).
+    for i in sorted(range(len(tops)), key=lambda i: tops[i]["cp"]):
+        if budget_s is not None and time.perf_counter() > started + FLOORS_SHARE * budget_s:
+            break
+        floors[i] = _layout_floor(tops[i])
+        progress.bounded()
     sizes = {id(layout): count(model, fixed, layout, 1) for layout in tops}  # candidates per layout
     state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
                               deadline, budget_s, progress)
@@ -239,6 +244,9 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     result.floor_us = min(could_rank + unsearched) if could_rank or unsearched else None
     result.seconds = time.perf_counter() - started
     return result
+
+
+FLOORS_SHARE = 0.2  # of a budget, at most, for the layouts' floors
 
 
 # -- phase 2: replay in bound order ---------------------------------------------------------
