@@ -135,3 +135,14 @@ def test_qk_norm_gradients_are_reduced_over_tp_even_without_sp():
 
     assert norm_grads(on) == [2 * 2 * 64 * 4]
     assert norm_grads(off) == []
+
+
+@pytest.mark.parametrize("q_lora_rank, gemms", [(96, 7), (0, 6)])
+def test_fp8_amaxes_count_every_te_linear_of_latent_attention(q_lora_rank, gemms):
+    # Megatron's MLA runs its projections as TE linears, each with its own FP8 scaling: q_down,
+    # q_up (or one linear_q_proj), kv_down, kv_up, then proj, fc1, fc2. demo: 2 layers a stage;
+    # fp32 amaxes, 3 per GEMM forward and 2 backward.
+    spec = build_spec("demo", overrides=dict(arch="llama", kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                             v_head_dim=32, q_lora_rank=q_lora_rank, fp8="hybrid"))
+    sizes = {op.comm_size for op in build_program(spec, 0).ops if op.name.endswith("fp8_amax")}
+    assert sizes == {2 * gemms * 3 * 4, 2 * gemms * 2 * 4}

@@ -55,7 +55,7 @@ from traceforge.spec import Spec
 __all__ = [
     "ACTIVATION", "CROSS_ENTROPY", "FULL", "NORM", "RESIDUAL", "SELECTIVE", "AttentionCore", "Block", "LayerAnatomy",
     "Linear", "Lookup", "Op", "Pointwise", "Saved", "Sizes", "Weight", "Work", "attention_output_channels",
-    "attention_core", "embedding_ops", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens",
+    "attention_core", "embedding_ops", "fp8_gemms", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens",
     "output_ops", "padded_vocab", "qkv_channels", "qkv_gathers",
 ]
 
@@ -85,3 +85,10 @@ def qkv_gathers(spec: Spec) -> list[int]:
     hidden state once (MHA/GQA), or MLA's query latent (or hidden state) and KV latent with the
     rope key."""
     return [op.gathers for op in layer_anatomy(spec, False, shapes=False).block("attention").group("qkv") if op.gathers]
+
+
+def fp8_gemms(spec: Spec, moe: bool) -> int:
+    """GEMMs of one layer that run in FP8 under --fp8, each keeping its own amaxes: every linear
+    in the layers' dtype (not the router), a grouped GEMM once per local expert."""
+    return sum(w.gemms for op in layer_anatomy(spec, moe, shapes=False).ops() for w in op.work
+               if isinstance(w, Linear) and w.layer_dtype)

@@ -65,7 +65,8 @@ def moe_block(spec: Spec, z: Sizes, imbalance: float = 1.0) -> Block:
            (Weight("router_weight", spec.experts * h, split=False),),
            (Saved("router probabilities (fp32)", FP32 * spec.experts / z.rep),)),
         Op("experts", "experts",
-           (Linear(routed * t, h, z.gated * mf // t), Pointwise(ACTIVATION, routed * mf), Linear(routed * t, mf // t, h)),
+           (Linear(routed * t, h, z.gated * mf // t, gemms=local), Pointwise(ACTIVATION, routed * mf),
+            Linear(routed * t, mf // t, h, gemms=local)),
            tuple(w for i in range(local) for w in _fc1_weights(z, f"expert{i}_", mf, expert=True))
            + tuple(Weight(f"expert{i}_fc2_weight", mf * h, expert=True) for i in range(local)),
            (Saved("dispatched copies (whole), the experts' inner tensors and output (TP share)",

@@ -35,6 +35,7 @@ class Linear:
     k: int
     n: int
     layer_dtype: bool = True  # False: the model's dtype even under --fp8 (the router, the LM head)
+    gemms: int = 1  # the GEMMs TE runs it as, each with its own FP8 scaling (grouped: one per local expert); priced as one
 
     @property
     def flops(self) -> int:

@@ -28,6 +28,7 @@ TransformerEngine (the layers' linear modules; embedding and LM head are Megatro
 
 from __future__ import annotations
 
+from traceforge.anatomy import fp8_gemms
 from traceforge.model import Chunk, activation_bytes, is_moe_layer
 from traceforge.plan.compute import Cost
 from traceforge.plan.ops import Coll, Peer, ProgramBuilder
@@ -47,14 +48,12 @@ FP32 = 4
 def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) -> None:
     """TE's delayed-scaling amax reduction: when a model chunk's forward leaves fp8_autocast, and
     after its backward, one blocking AllReduce(MAX) of every FP8 tensor's amax in it over the amax
-    group (every rank of the stage). GEMMs per layer: qkv and proj, then fc1 and fc2, or an MoE
-    layer's two grouped GEMMs per local expert (and a shared expert's two)."""
+    group (every rank of the stage). GEMMs per layer, the anatomy's (fp8_gemms): qkv (MLA: its
+    down and up projections, each a TE linear) and proj, then fc1 and fc2, or an MoE layer's two
+    grouped GEMMs per local expert (and a shared expert's two)."""
     if spec.fp8 == "none" or not chunk.layers:
         return
-    gemms = 0
-    for layer in chunk.layers:
-        moe = is_moe_layer(spec, layer)
-        gemms += 2 + (2 * (spec.experts // spec.ep) + 2 * (spec.shared_experts > 0) if moe else 2)
+    gemms = sum(fp8_gemms(spec, is_moe_layer(spec, layer)) for layer in chunk.layers)
     b.ctx.layer = None
     b.collective("fp8_amax", Coll.ALL_REDUCE, gemms * AMAX_PER_GEMM[phase] * FP32, "amax", dtype=FLOAT32)
 
