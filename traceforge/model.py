@@ -12,12 +12,13 @@ import itertools
 from dataclasses import dataclass
 
 from traceforge.anatomy import (
+    NOT_READ_BY_LAYER,
     AttentionCore,
     Op,
     embedding_ops,
     final_norm_op,
     is_moe_layer,
-    layer_anatomy,
+    layer_structure,
     local_tokens,
     output_ops,
     padded_vocab,
@@ -44,7 +45,12 @@ class LayerParams:
 
 def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
     """The layer's weights in the anatomy, summed: TP-split, replicated, and routed experts'."""
-    weights = layer_anatomy(spec, is_moe_layer(spec, layer), shapes=False).weights()
+    return _layer_params(spec, is_moe_layer(spec, layer))
+
+
+@ignoring(*NOT_READ_BY_LAYER, "micro_batch")
+def _layer_params(spec: Spec, moe: bool) -> LayerParams:
+    weights = layer_structure(spec, moe).weights()
     return LayerParams(sum(w.elements for w in weights if w.split and not w.expert),
                        sum(w.elements for w in weights if not w.split),
                        sum(w.elements for w in weights if w.expert),
@@ -281,7 +287,7 @@ def attention_flops_per_token(spec: Spec) -> int:
     total = 0
     for moe, count in ((False, spec.layers - moe_layers), (True, moe_layers)):
         if count:
-            cores = [w for op in layer_anatomy(spec, moe, shapes=False).ops() for w in op.work
+            cores = [w for op in layer_structure(spec, moe).ops() for w in op.work
                      if isinstance(w, AttentionCore)]
             total += count * sum(core.model_flops_per_token(spec.seq_len) for core in cores)
     return total
@@ -315,8 +321,13 @@ def layer_param_list(spec: Spec, layer: int) -> list[Param]:
     LayerNormLinear's norm weight and bias before its weight and bias). Sums to
     layer_params(...).per_rank(t), and its experts' to layer_params(...).expert / t
     (tests/test_model_params.py)."""
+    return list(_layer_param_tuple(spec, is_moe_layer(spec, layer)))
+
+
+@ignoring(*NOT_READ_BY_LAYER, "micro_batch")
+def _layer_param_tuple(spec: Spec, moe: bool) -> tuple[Param, ...]:
     t = spec.tp
-    return [Param(w.name, w.per_rank(t), w.expert) for w in layer_anatomy(spec, is_moe_layer(spec, layer), shapes=False).weights()]
+    return tuple(Param(w.name, w.per_rank(t), w.expert) for w in layer_structure(spec, moe).weights())
 
 
 def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:

@@ -19,8 +19,6 @@ Adding a layer feature is one edit here: see docs/design.md, "Adding a layer fea
 
 from __future__ import annotations
 
-import functools
-
 from traceforge.anatomy.attention import attention_block
 from traceforge.anatomy.edges import embedding_ops, final_norm_op, output_ops
 from traceforge.anatomy.mlp import dense_mlp_block, moe_block
@@ -51,20 +49,39 @@ from traceforge.anatomy.sizes import (
     qkv_channels,
 )
 from traceforge.spec import Spec
+from traceforge.spec_cache import ignoring
 
 __all__ = [
     "ACTIVATION", "CROSS_ENTROPY", "FULL", "NORM", "RESIDUAL", "SELECTIVE", "AttentionCore", "Block", "LayerAnatomy",
     "Linear", "Lookup", "Op", "Pointwise", "Saved", "Sizes", "Weight", "Work", "attention_output_channels",
-    "attention_core", "embedding_ops", "fp8_gemms", "final_norm_op", "is_moe_layer", "layer_anatomy", "local_tokens",
+    "NOT_READ_BY_LAYER", "attention_core", "embedding_ops", "fp8_gemms", "final_norm_op", "is_moe_layer", "layer_anatomy",
+    "layer_structure", "local_tokens",
     "output_ops", "padded_vocab", "qkv_channels", "qkv_gathers",
 ]
 
 
-@functools.lru_cache(maxsize=64)
-def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0, shapes: bool = True) -> LayerAnatomy:
+# What a layer's anatomy never reads (the planner asks for it for every candidate; memoized on the
+# rest: spec_cache, tests/test_spec_cache.py checks); layer_structure reads no batch size either.
+NOT_READ_BY_LAYER = ("pp", "dp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce",
+                     "overlap_param_gather", "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split", "num_microbatches", "recompute", "global_batch", "steps")
+
+
+@ignoring(*NOT_READ_BY_LAYER, maxsize=256)
+def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0) -> LayerAnatomy:
     """One layer on one GPU: attention, then a dense MLP or (moe) a mixture of experts whose
-    kept tensors are sized for `imbalance` (the busiest EP rank's copies over the mean).
-    shapes=False: no tokens, reading no batch field (for the weights alone; Sizes.of)."""
+    kept tensors are sized for `imbalance` (the busiest EP rank's copies over the mean)."""
+    return _build(spec, moe, imbalance, True)
+
+
+@ignoring(*NOT_READ_BY_LAYER, "micro_batch", maxsize=256)
+def layer_structure(spec: Spec, moe: bool) -> LayerAnatomy:
+    """The layer's anatomy without its token counts (every shape's tokens 0): its weights,
+    channels and GEMMs, which read no batch size."""
+    return _build(spec, moe, 1.0, False)
+
+
+def _build(spec: Spec, moe: bool, imbalance: float, shapes: bool) -> LayerAnatomy:
     z = Sizes.of(spec, shapes)
     mlp = moe_block(spec, z, imbalance) if moe else dense_mlp_block(spec, z)
     attention = attention_block(spec, z)
@@ -76,7 +93,7 @@ def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0, shapes: bool = 
 
 def attention_core(spec: Spec) -> AttentionCore:
     """The attention core's channels (the tokens left at 0: it reads no batch field)."""
-    return next(w for op in layer_anatomy(spec, False, shapes=False).block("attention").group("core") for w in op.work
+    return next(w for op in layer_structure(spec, False).block("attention").group("core") for w in op.work
                 if isinstance(w, AttentionCore))
 
 
@@ -84,11 +101,11 @@ def qkv_gathers(spec: Spec) -> list[int]:
     """Channels per token of each column-parallel entry of attention's QKV projections: the
     hidden state once (MHA/GQA), or MLA's query latent (or hidden state) and KV latent with the
     rope key."""
-    return [op.gathers for op in layer_anatomy(spec, False, shapes=False).block("attention").group("qkv") if op.gathers]
+    return [op.gathers for op in layer_structure(spec, False).block("attention").group("qkv") if op.gathers]
 
 
 def fp8_gemms(spec: Spec, moe: bool) -> int:
     """GEMMs of one layer that run in FP8 under --fp8, each keeping its own amaxes: every linear
     in the layers' dtype (not the router), a grouped GEMM once per local expert."""
-    return sum(w.gemms for op in layer_anatomy(spec, moe, shapes=False).ops() for w in op.work
+    return sum(w.gemms for op in layer_structure(spec, moe).ops() for w in op.work
                if isinstance(w, Linear) and w.layer_dtype)
