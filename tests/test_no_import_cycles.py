@@ -10,6 +10,8 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
@@ -69,16 +71,20 @@ def cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
     return None
 
 
-def test_the_graph_is_read():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """traceforge's graph, read once for the tests that only look at it."""
+    return import_graph()
+
+
+def test_the_graph_is_read(graph):
     assert "traceforge.report.rank_scan" in graph["traceforge.report.file_templates"]
     assert "traceforge.report.file_templates" in graph["traceforge.report.scan"]
     # inside a function: `plan` loads the planner only when the command runs
     assert "traceforge.planner.run" in graph["traceforge.cli.plan"]
 
 
-def test_no_module_imports_itself_through_others():
-    graph = import_graph()
+def test_no_module_imports_itself_through_others(graph):
     cycles = [c for c in map(lambda m: cycle_from(graph, m), sorted(graph)) if c]
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
@@ -108,12 +114,11 @@ def layered_modules() -> list[str]:
     return [name.strip() for layer in layers for name in layer.replace("|", ":").split(":") if name.strip()]
 
 
-def test_every_module_is_in_a_layer():
+def test_every_module_is_in_a_layer(graph):
     """A module outside every layer would import anything unchecked. The packages that hold
     modules of two layers (plan, memory, kernels) and the root are not layers themselves."""
     layered = layered_modules()
     assert "traceforge.spec" in layered and "traceforge.cli" in layered  # the contract is read
-    graph = import_graph()
     missing = [m for m in sorted(graph)
                if not any(m == name or m.startswith(name + ".") or name.startswith(m + ".") for name in layered)]
     assert not missing, f"name these modules in a layer of pyproject.toml's [tool.importlinter]: {', '.join(missing)}"
