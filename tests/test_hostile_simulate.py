@@ -178,6 +178,34 @@ def test_a_signal_to_simulate_kills_the_simulator(bundled, tmp_path, sig, code):
     assert not (bundled / "astra_log").exists() and not (bundled / "simulation.json").exists()
 
 
+def test_a_signal_as_the_output_reader_starts_still_kills_the_simulator(bundled, tmp_path, monkeypatch):
+    """SIGHUP raised while the thread that reads the simulator's output starts (before it counts
+    as started): one line and exit 129, the simulator's group killed; it was a traceback ('cannot
+    join thread before it is started') about one background run in eight."""
+    import threading
+    import types
+
+    from traceforge.cli import Terminated
+    from traceforge.simulate import run
+
+    pidfile = tmp_path / "sim.pid"
+    binary = fake(tmp_path, f"echo $$ > {pidfile}\nsleep 300 &\necho $! >> {pidfile}\nwait")
+
+    class SignalledAsItStarts(threading.Thread):
+        def start(self):
+            for _ in range(300):  # the simulator is up, with a child of its own
+                if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+                    break
+                time.sleep(0.05)
+            raise Terminated(signal.SIGHUP)
+
+    monkeypatch.setattr(run, "threading", types.SimpleNamespace(Thread=SignalledAsItStarts))
+    res = invoke("simulate", bundled, "-q", "--astra-sim-bin", binary)
+    assert res.exit_code == 129 and res.stderr.strip() == "traceforge: interrupted; nothing was written", res.stderr
+    assert gone(*(int(p) for p in pidfile.read_text().split()))
+    assert not (bundled / "astra_log").exists() and not (bundled / "simulation.json").exists()
+
+
 @pytest.mark.parametrize("line, words", [
     ("sys[999] finished, 1000 cycles, exposed communication 0 cycles", ["a rank", "999"]),
     ("sys[3] finished, 1000 cycles, exposed communication 5000 cycles", ["exposed communication", "5000"]),

@@ -158,26 +158,10 @@ def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, time
     """Run command in its own process group with its output teed to tee_path; (exit code,
     seconds, timed out). Whatever happens here (a timeout, an exception, SIGTERM/SIGHUP raised
     in this thread), the whole group is killed before returning."""
-    started = time.monotonic()
-    proc: subprocess.Popen | None = None
-    try:
-        with signals_held():  # a signal now is raised once proc is known, inside the try below
-            proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                start_new_session=True,  # its own group: our terminal's signals reach us, and we kill it whole
-                preexec_fn=release_signals,
-            )
-    except OSError as exc:
-        raise SimulatorError(f"cannot start {command[0]}: {exc.strerror or exc}; {HOW_TO_GET}") from None
-    except BaseException:
-        if proc is not None:  # a signal held while it started
-            kill_group(proc.pid)
-            proc.wait()
-        raise
     lines: queue.Queue = queue.Queue()
 
     def pump() -> None:
-        assert proc.stdout is not None
+        assert proc is not None and proc.stdout is not None
         with contextlib.suppress(OSError, ValueError):  # the pipe closed under a read: the run is over
             for raw in proc.stdout:
                 lines.put(raw.decode("utf-8", "replace"))
@@ -186,8 +170,26 @@ def _run_bounded(command: list[str], cwd: Path, tee_path: Path, world: int, time
     finished, timed_out, eof = 0, False, False
     exited_at: float | None = None
     reader = threading.Thread(target=pump, daemon=True)
+    started = time.monotonic()
+    proc: subprocess.Popen | None = None
     try:
-        reader.start()
+        # A signal now is raised once proc is known and its reader started, inside this try (a
+        # signal inside Thread.start left a thread begun but never known started: join refused).
+        with signals_held():
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                start_new_session=True,  # its own group: our terminal's signals reach us, and we kill it whole
+                preexec_fn=release_signals,
+            )
+            reader.start()
+    except OSError as exc:
+        raise SimulatorError(f"cannot start {command[0]}: {exc.strerror or exc}; {HOW_TO_GET}") from None
+    except BaseException:
+        if proc is not None:  # a signal held while it started
+            kill_group(proc.pid)
+            proc.wait()
+        raise
+    try:
         with open(tee_path, "w", encoding="utf-8") as tee:
             while True:
                 now = time.monotonic()
