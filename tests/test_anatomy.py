@@ -146,3 +146,15 @@ def test_fp8_amaxes_count_every_te_linear_of_latent_attention(q_lora_rank, gemms
                                              v_head_dim=32, q_lora_rank=q_lora_rank, fp8="hybrid"))
     sizes = {op.comm_size for op in build_program(spec, 0).ops if op.name.endswith("fp8_amax")}
     assert sizes == {2 * gemms * 3 * 4, 2 * gemms * 2 * 4}
+
+
+def test_mla_runs_its_latent_norms_before_the_up_projections():
+    # demo (t 2, T = 512) with MLA: 8 heads of 32 + 16 query/key channels and 32 value channels,
+    # q latent 96, kv latent 64 (+ the rope key 16). GEMMs: q_down 512x512x96, q_up 512x96x192,
+    # kv_down 512x512x80, kv_up 512x64x256 (nope keys and values, 8 x (32 + 32) / 2); then the
+    # two latents' RMSNorms, 5 FLOPs per element on the sequence shard.
+    mla = dict(arch="llama", kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, q_lora_rank=96)
+    gemms = 2 * 512 * (512 * 96 + 96 * 192 + 512 * 80 + 64 * 256)
+    assert CostModel(build_spec("demo", overrides=mla)).qkv.flops == gemms + 5 * 512 * (96 + 64)
+    sp = CostModel(build_spec("demo", overrides=dict(mla, sequence_parallel=True)))
+    assert {Kernel("layernorm", (256 * 96,), "bf16"), Kernel("layernorm", (256 * 64,), "bf16")} <= sp.kernels.keys()

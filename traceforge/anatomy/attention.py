@@ -50,14 +50,16 @@ def input_norm(z: Sizes) -> Op:
 
 def _mla_projections(spec: Spec, z: Sizes) -> list[Op]:
     """MLA's query and key/value projections: down projections whole on every TP rank (on the
-    sequence shard), up projections column-parallel; each latent and its norm's input kept."""
+    sequence shard), up projections column-parallel, each after its latent's RMSNorm (TE's
+    LayerNormColumnParallelLinear: the norm on the sequence shard, then the gather); each
+    latent and its norm's input kept."""
     h, t, T, e, rep = z.h, z.t, z.T, z.e, z.rep
     q, k, v = qkv_channels(spec)
     ql, kl, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
     kv_up = k - spec.heads * rope + v  # keys' nope part and values; the rope key is shared
     if ql:
         query = [Op("q_down", "qkv", (Linear(z.seq, h, ql),), (Weight("q_down_weight", h * ql, split=False),)),
-                 Op("q_up", "qkv", (Linear(T, ql, q // t),),
+                 Op("q_up", "qkv", (Pointwise(NORM, z.seq * ql), Linear(T, ql, q // t)),
                     (Weight("q_norm_weight", ql, split=False), Weight("q_up_weight", ql * q)),
                     (Saved("query latent and its norm's input", e * 2 * ql / rep),), gathers=ql)]
     else:  # linear_q_proj takes the hidden state itself
@@ -66,7 +68,7 @@ def _mla_projections(spec: Spec, z: Sizes) -> list[Op]:
     # gathers the compressed q and kv under SP).
     return query + [
         Op("kv_down", "qkv", (Linear(z.seq, h, kl + rope),), (Weight("kv_down_weight", h * (kl + rope), split=False),)),
-        Op("kv_up", "qkv", (Linear(T, kl, kv_up // t),),
+        Op("kv_up", "qkv", (Pointwise(NORM, z.seq * kl), Linear(T, kl, kv_up // t)),
            (Weight("kv_norm_weight", kl, split=False), Weight("kv_up_weight", kl * kv_up)),
            (Saved("key/value latent, its norm's input, the rope key", e * (2 * kl + rope) / rep),), gathers=kl + rope),
     ]
