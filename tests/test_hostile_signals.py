@@ -71,6 +71,23 @@ def test_sighup_cleans_up_like_sigterm(tmp_path):
     assert "Traceback" not in stderr and _gone(workers) and _left(tmp_path) == []
 
 
+def test_a_run_started_with_sighup_ignored_outlives_its_terminal(tmp_path):
+    """nohup's contract: a run whose SIGHUP the caller ignores is not stopped when the terminal
+    closes (the hangup reaches its whole group mid-write) and writes its whole set."""
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    ranks = 1024
+    args = ["generate", "-p", "demo", "--dp", str(ranks // 4), "--global-batch", str(ranks // 4), "-j", "2", "-o", "out"]
+    proc = subprocess.Popen([sys.executable, "-m", "traceforge", *args], cwd=tmp_path, env=ENV, start_new_session=True,
+                            preexec_fn=ignore_hangup, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _writing(tmp_path, proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    stderr = _finish(proc)
+    assert proc.returncode == 0, stderr
+    assert len(list((tmp_path / "out").glob("*.et"))) == ranks
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
 def test_sigterm_to_the_whole_group_exits_143_and_never_hangs(tmp_path, delay):
     proc = _start(tmp_path)

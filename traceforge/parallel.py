@@ -89,8 +89,9 @@ def _init_worker(then: Callable[[], None] | None = None) -> None:
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # our own group (the parent sets it too: whichever runs first)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it kills us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) is not signal.SIG_IGN:  # ignored by the caller (nohup): stays ignored
+            signal.signal(stop, signal.SIG_DFL)
     release_signals()
     die_with_parent()
     if then is not None:

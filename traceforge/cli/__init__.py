@@ -193,8 +193,10 @@ def main() -> None:
         from click import exceptions as click  # type: ignore[no-redef]
 
     load_commands()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGHUP, _on_sigterm)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        # A signal the caller ignores stays ignored: `nohup traceforge ... &` outlives its terminal.
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, _on_sigterm)
     try:
         code = app(prog_name="traceforge", standalone_mode=False)
     except click.NoArgsIsHelpError as exc:  # bare `traceforge`: the help text
