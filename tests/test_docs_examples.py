@@ -493,7 +493,7 @@ def test_no_reference_to_issues_outside_the_repo():
     repository, never at tracker numbers (CONTRIBUTING)."""
     files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "tests").rglob("*.md"), *PACKAGE.rglob("*.py"), *DOCS,
              *(ROOT / "docs").rglob("*.md"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
-             *(ROOT / "examples").glob("*.yaml"), ROOT / ".ci" / "run", ROOT / "pyproject.toml"]
+             *(ROOT / "examples").glob("*.yaml"), ROOT / ".ci" / "run", ROOT / "pyproject.toml", ROOT / "CHANGELOG.md"]
     assert ROOT / "tests" / "test_docs_examples.py" in files and ROOT / "CONTRIBUTING.md" in files
     offenders = sorted({f"{p.relative_to(ROOT)}: {ref!r}" for p in files if "_proto" not in p.parts
                         for ref in tracker_references(p.read_text(encoding="utf-8"))})
