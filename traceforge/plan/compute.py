@@ -179,6 +179,13 @@ GROUPS = frozenset({"norm", "qkv", "core", "proj", "fc1", "act", "fc2", "router"
                     "embed", "head"})
 
 
+def _head_dims(spec: Spec, core: AttentionCore) -> tuple[int, int]:
+    """One query head's query/key and value channels: the core's query and output channels over
+    every query head (GQA's shared K/V heads have the query heads' width; MLA's keys carry the
+    rope part, its values v_head_dim)."""
+    return core.q // spec.heads, core.out // spec.heads
+
+
 class CostModel:
     def __init__(self, spec: Spec):
         self.spec = spec
@@ -211,7 +218,7 @@ class CostModel:
         self.fc2, self.fc2_dgrad, self.fc2_wgrad = self.groups["mlp", "fc2"]
         core = attention_core(spec)
         ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
-        self.ring_fwd, self.ring_bwd = self._ring(local_tokens(spec), core.q, core.k, core.v) if ring else ((), ())
+        self.ring_fwd, self.ring_bwd = self._ring(local_tokens(spec), core) if ring else ((), ())
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
         router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
         self.router, self.router_bwd = router[0], router[1] + router[2]
@@ -247,7 +254,7 @@ class CostModel:
             linear = self.linear(w.m, w.k, w.n, None if w.layer_dtype else s.dtype)
             return linear.fwd, linear.dgrad, linear.wgrad
         if isinstance(w, AttentionCore):
-            return (*self._attention(w.tokens, w.q, w.v), NOTHING)
+            return (*self._attention(w.tokens, w), NOTHING)
         if isinstance(w, Lookup):
             return self.elementwise("embedding", w.elements), NOTHING, (
                 self.elementwise("zero_fill", w.table) + self.elementwise("embedding_bwd", w.elements)
@@ -390,12 +397,12 @@ class CostModel:
             fwd, bwd = self.elementwise("bias_add", elements) + fwd, bwd + self.elementwise("bias_grad", elements)
         return fwd, bwd
 
-    def _attention(self, T: int, q_dim: int, v_dim: int) -> tuple[Cost, Cost]:
+    def _attention(self, T: int, core: AttentionCore) -> tuple[Cost, Cost]:
         """Attention's core, forward and backward: this rank's heads, its T = b*s/cp queries
         against every key of the sequence."""
         s, t = self.spec, self.spec.tp
         heads = max(1, s.heads // t)
-        d_qk, d_v = q_dim // s.heads, s.v_head_dim if s.mla else s.head_dim
+        d_qk, d_v = _head_dims(s, core)
         b, s_q, s_kv = s.micro_batch, T // s.micro_batch, s.seq_len
         if s.attention != "unfused":
             shape = (b, heads, s_q, s_kv, d_qk, d_v)
@@ -412,7 +419,7 @@ class CostModel:
                + self.gemm(s_q, s_kv, d_qk, bh) + self.gemm(s_kv, s_q, d_qk, bh))  # dQ, dK
         return fwd, bwd
 
-    def _ring(self, T: int, q_dim: int, k_dim: int, v_dim: int) -> tuple[tuple[Cost, ...], tuple[Cost, ...]]:
+    def _ring(self, T: int, core: AttentionCore) -> tuple[tuple[Cost, ...], tuple[Cost, ...]]:
         """Ring attention's cp steps, forward and backward, as TransformerEngine runs them
         (AttnFuncWithCPAndKVP2P, causal, load-balanced: a rank holds chunks r and 2cp-1-r of
         s/(2cp) tokens). Step 0 is this rank's own causal s/cp x s/cp block. Every later step is
@@ -425,7 +432,7 @@ class CostModel:
         into the running gradients. The merges and adds of a half step are half size."""
         s, t = self.spec, self.spec.tp
         heads = max(1, s.heads // t)
-        d_qk, d_v = q_dim // s.heads, s.v_head_dim if s.mla else s.head_dim
+        d_qk, d_v = _head_dims(s, core)
         b, full = s.micro_batch, T // s.micro_batch
         half = max(1, full // 2)
 
@@ -442,7 +449,7 @@ class CostModel:
             return self.price(Kernel(kind, (rows, d_v), s.dtype))
 
         def grads(tokens: int) -> Cost:
-            return sum((self.elementwise("grad_add", b * tokens * dim // t) for dim in (q_dim, k_dim, v_dim)), NOTHING)
+            return sum((self.elementwise("grad_add", b * tokens * dim // t) for dim in (core.q, core.k, core.v)), NOTHING)
 
         rows, half_rows = b * heads * full, b * heads * half
         block_fwd = mean(attention(ATTENTION_BLOCK_FWD, full, half), attention(ATTENTION_BLOCK_FWD, half, full))
