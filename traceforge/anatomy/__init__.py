@@ -43,6 +43,7 @@ from traceforge.anatomy.parts import (
 from traceforge.anatomy.sizes import (
     Sizes,
     attention_output_channels,
+    dispatched_copies,
     is_moe_layer,
     local_tokens,
     padded_vocab,
@@ -52,11 +53,11 @@ from traceforge.spec import Spec
 from traceforge.spec_cache import ignoring
 
 __all__ = [
-    "ACTIVATION", "CROSS_ENTROPY", "FULL", "NORM", "RESIDUAL", "SELECTIVE", "AttentionCore", "Block", "LayerAnatomy",
-    "Linear", "Lookup", "Op", "Pointwise", "Saved", "Sizes", "Weight", "Work", "attention_output_channels",
-    "NOT_READ_BY_LAYER", "attention_core", "embedding_ops", "fp8_gemms", "final_norm_op", "is_moe_layer", "layer_anatomy",
-    "layer_structure", "local_tokens",
-    "output_ops", "padded_vocab", "qkv_channels", "qkv_gathers",
+    "ACTIVATION", "AttentionCore", "Block", "CROSS_ENTROPY", "FULL", "LayerAnatomy", "Linear", "Lookup", "NORM",
+    "NOT_READ_BY_LAYER", "Op", "Pointwise", "RESIDUAL", "SELECTIVE", "Saved", "Sizes", "Weight", "Work",
+    "attention_core", "attention_output_channels", "dispatched_copies", "embedding_ops", "final_norm_op",
+    "fp8_gemms", "is_moe_layer", "layer_anatomy", "layer_structure", "local_tokens", "output_ops", "padded_vocab",
+    "qkv_channels", "qkv_gathers",
 ]
 
 

@@ -53,8 +53,8 @@ def moe_block(spec: Spec, z: Sizes, imbalance: float = 1.0) -> Block:
     model sizes the kept tensors by; the compute model prices balanced routing)."""
     h, t, T, e = z.h, z.t, z.T, z.e
     mf, local = spec.moe_ffn_hidden, spec.experts // spec.ep
-    # MoE with TP runs with SP: a rank routes its sequence shard (plan/expert.py agrees).
-    tokens = T // t if t > 1 else T
+    # MoE with TP runs with SP: a rank routes its sequence shard (sizes.dispatched_copies).
+    tokens = T // t
     routed = tokens * spec.top_k  # token copies a rank dispatches (balanced: receives)
     received = spec.top_k * imbalance  # copies per local token the TP group's experts get
     copies = received / t  # this GPU's share once the experts' output is reduce-scattered

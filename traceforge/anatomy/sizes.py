@@ -13,6 +13,13 @@ def local_tokens(spec: Spec) -> int:
     return spec.micro_batch * spec.seq_len // spec.cp
 
 
+def dispatched_copies(spec: Spec) -> int:
+    """Token copies one rank dispatches per micro-batch (balanced routing: receives), top_k of
+    each token it routes: MoE with TP runs with SP, so a rank routes its sequence shard, b*s/cp/t
+    tokens (the generator's routing draws this many)."""
+    return local_tokens(spec) // spec.tp * spec.top_k
+
+
 def padded_vocab(spec: Spec) -> int:
     """The vocabulary padded to a multiple of 128*t (Megatron's make_vocab_size_divisible_by)."""
     multiple = 128 * spec.tp

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceforge import schema as S
+from traceforge.anatomy import dispatched_copies
 from traceforge.model import is_moe_layer, local_tokens
 from traceforge.plan.compute import Cost, CostModel
 from traceforge.plan.ops import Coll, ProgramBuilder
@@ -62,10 +63,10 @@ def ep_peer_role(ep_rank: int) -> str:
 class MixtureOfExperts:
     def __init__(self, spec: Spec, tp: TensorParallel, ep_rank: int = 0):
         t = spec.tp
-        tokens = local_tokens(spec) // t if t > 1 else local_tokens(spec)
+        tokens = local_tokens(spec) // t  # a rank routes its sequence shard
         self.spec, self.t, self.tp, self.ep_rank = spec, t, tp, ep_rank
         self.token_bytes = spec.hidden * spec.act_bytes
-        self.copies = tokens * spec.top_k  # token copies a rank dispatches (balanced: receives)
+        self.copies = dispatched_copies(spec)  # token copies a rank dispatches (balanced: receives)
         self.routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, self.copies, spec.steps,
                                spec.num_microbatches, sum(is_moe_layer(spec, layer) for layer in range(spec.layers)))
         self.moe_index = {layer: i for i, layer in enumerate(x for x in range(spec.layers) if is_moe_layer(spec, x))}
@@ -73,8 +74,8 @@ class MixtureOfExperts:
         self._counts: np.ndarray | None = None
         self.shared = spec.shared_experts > 0
         self.node_limited = spec.node_limited
-        self.routed = tokens * spec.top_k * spec.hidden * spec.act_bytes
-        self.probs = tokens * spec.top_k * FP32
+        self.routed = self.copies * spec.hidden * spec.act_bytes
+        self.probs = self.copies * FP32
         self.counts = spec.experts * INT64 if spec.sync_collectives else 0
         self.counts_group = "tpep" if spec.ep > 1 else "tp"
         # Token copies that cross nodes: one per destination node.
