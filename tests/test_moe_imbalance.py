@@ -13,7 +13,9 @@ from cli_runner import invoke, one_line_error
 from oracle import COMP, RECV, SEND, TAG_LIMIT, load_set
 
 from traceforge.errors import SpecError
+from traceforge.memory.activations import routing_imbalance
 from traceforge.spec import build_spec
+from traceforge.spec.routing import Routing
 
 H, SEQ, K, EP, M, LAYERS = 128, 64, 2, 4, 2, 2
 TOKEN_BYTES = H * 2  # bf16
@@ -156,3 +158,19 @@ def test_imbalanced_and_node_limited_sets_pass_both_replay_models(make_set, mode
     for overrides in (dict(SMALL, moe_routing="zipf:1.2", recompute="full"), FRONTIER):
         _, out, _ = make_set("demo", **overrides)
         assert check_trace_set(out, model=model).findings == []
+
+
+def test_memory_sizes_the_experts_by_the_routing_the_trace_carries():
+    """With TP (and SP) a rank routes its sequence shard, s/t tokens, k copies each: the memory
+    model's busiest EP rank is the one of the routing drawn for that many copies (the trace's),
+    not of a draw for the whole micro-batch."""
+    spec = build_spec(overrides={**SMALL, "tp": 2, "sequence_parallel": True, "moe_routing": "zipf:1.2", "seed": 3})
+
+    def busiest_over_mean(copies: int) -> float:
+        routing = Routing("zipf:1.2", 3, 8, EP, copies, spec.steps, M, LAYERS)
+        received = np.stack([routing.counts(0, 0, layer).sum(axis=0) for layer in range(LAYERS)])
+        return float(received.max() / received.mean())
+
+    shard = busiest_over_mean(SEQ // 2 * K)
+    assert shard != busiest_over_mean(SEQ * K)  # the two draws differ, so the test can tell them apart
+    assert routing_imbalance(spec) == shard

@@ -16,7 +16,7 @@ def local_tokens(spec: Spec) -> int:
 def dispatched_copies(spec: Spec) -> int:
     """Token copies one rank dispatches per micro-batch (balanced routing: receives), top_k of
     each token it routes: MoE with TP runs with SP, so a rank routes its sequence shard, b*s/cp/t
-    tokens (the generator's routing draws this many)."""
+    tokens (the generator's routing, and the memory model's imbalance, draw this many)."""
     return local_tokens(spec) // spec.tp * spec.top_k
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.anatomy import FULL, SELECTIVE, is_moe_layer, layer_anatomy, local_tokens, padded_vocab
+from traceforge.anatomy import FULL, SELECTIVE, dispatched_copies, is_moe_layer, layer_anatomy, local_tokens, padded_vocab
 from traceforge.model import Chunk
 from traceforge.spec import Spec
 from traceforge.spec.routing import Routing
@@ -52,7 +52,7 @@ def routing_imbalance(spec: Spec) -> float:
     if not spec.experts or spec.moe_routing == "balanced" or spec.ep == 1:
         return 1.0
     moe_layers = sum(is_moe_layer(spec, layer) for layer in range(spec.layers))
-    copies = max(1, local_tokens(spec) * spec.top_k)
+    copies = max(1, dispatched_copies(spec))  # the draw the generator writes (a rank routes its sequence shard)
     routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, copies, spec.steps, spec.num_microbatches, moe_layers)
     if routing.table is not None:
         received = routing.table.sum(axis=-2)  # [.., dst]
