@@ -44,7 +44,7 @@ def gap(answer: str) -> float | None:
     """The proven gap from the plan's 'answer:' line (0 when exact)."""
     if "proven within" in answer:
         return float(re.search(r"proven within ([0-9.]+) %", answer).group(1)) / 100  # type: ignore[union-attr]
-    return 0.0 if "exact" in answer else None
+    return 0.0 if answer.startswith(("answer: exact", "answer: the best shown is exact")) else None  # else not known
 
 
 def run(preset: str, gpus: int, jobs: int, budget: float | None) -> dict:

@@ -216,15 +216,20 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     tops = layouts(model, fixed, shard)
     progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
     deadline = None if budget_s is None else started + budget_s
-    floors = [0.0] * len(tops)  # no floor: validated first
+    floors: list[float | None] = [None] * len(tops)  # None: no floor (validated after the others)
     # A layout's floor reads its micro-batch sizes' layer floors (memoized): a long context-parallel
     # ring records thousands of transfers per layer, so the largest cp come last, and under a budget
-    # the floors stop at a fifth of it (the layouts left have none).
-    for i in sorted(range(len(tops)), key=lambda i: tops[i]["cp"]):
+    # the floors stop at FLOORS_SHARE of it (the layouts left have none).
+    order = sorted(range(len(tops)), key=lambda i: tops[i]["cp"])
+    found = fan_out(_layout_floor, [tops[i] for i in order], jobs) if jobs > 1 else map(_layout_floor, (tops[i] for i in order))
+    for i, floor in zip(order, found, strict=False):
+        floors[i] = floor
+        progress.bounded()
         if budget_s is not None and time.perf_counter() > started + FLOORS_SHARE * budget_s:
             break
-        floors[i] = _layout_floor(tops[i])
-        progress.bounded()
+    close = getattr(found, "close", None)
+    if close is not None:
+        close()  # the floor workers go now
     sizes = {id(layout): count(model, fixed, layout, 1) for layout in tops}  # candidates per layout
     state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
                               deadline, budget_s, progress)
@@ -238,7 +243,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     limit = float("inf") if every or kth is None else max(kth, until_us or 0.0)
     result.too_big = state.too_big_replayed + sum(1 for bound in state.too_big if bound <= limit)
     could_rank = [c.bound for c in state.left if c.bound <= limit]
-    unsearched = [f for f, _ in state.left_layouts if f <= limit]
+    unsearched = [f for f, _ in state.left_layouts if f <= limit]  # (0: no floor)
     result.unreplayed, result.unsearched = len(could_rank), len(unsearched)
     result.pruned = len(tops) - state.expanded - len(unsearched)
     result.floor_us = min(could_rank + unsearched) if could_rank or unsearched else None
@@ -246,7 +251,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     return result
 
 
-FLOORS_SHARE = 0.2  # of a budget, at most, for the layouts' floors
+FLOORS_SHARE = 0.4  # of a budget, at most, for the layouts' floors (a layout without one leaves the answer unknown)
 
 
 # -- phase 2: replay in bound order ---------------------------------------------------------
@@ -327,7 +332,7 @@ class _State:
         return seconds / n if n else DEFAULT_SECONDS_PER_CANDIDATE
 
 
-def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, dict[str, Any]]],
+def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float | None, dict[str, Any]]],
                       sizes: dict[int, int], top: int, every: bool, until_us: float | None, jobs: int, deadline: float | None,
                       budget_s: float | None, progress: SearchProgress) -> _State:
     """Layouts (with their floors) and candidates in one queue by bound: a layout is validated
@@ -339,9 +344,9 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
     it once one candidate is ranked, and nothing whose cost (a replay: its node floor at the
     seconds per node measured so far; a layout: its candidates at the seconds per candidate
     measured so far; times COST_MARGIN) would end past it: those are left for the certificate
-    (their bounds), in favour of the next ones in bound order that can still end. Until one
-    candidate fits, every layout is validated; if no replay can end in time, the first candidate
-    in bound order that costs at most the whole budget is replayed (else the cheapest)."""
+    (their bounds), in favour of the next ones in bound order that can still end. Layouts
+    without a floor (the budget stopped the floors) come after the queue. Until one candidate
+    fits, every layout is validated; if no replay can end in time, the cheapest is replayed."""
     state = _State(top)
     queue: list[tuple[float, int, tuple, int]] = []  # (bound, 0 layout / 1 candidate, key, id)
     items: dict[int, Any] = {}
@@ -352,8 +357,12 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
         items[i] = item
         heapq.heappush(queue, (bound, kind, key, i))
 
+    unbounded: deque[dict[str, Any]] = deque()  # layouts without a floor: after the queue, 0 in the certificate
     for floor, layout in layouts:
-        push(floor, 0, sort_key(layout), (floor, layout))
+        if floor is None:
+            unbounded.append(layout)
+        else:
+            push(floor, 0, sort_key(layout), (floor, layout))
     sent: deque[tuple[str, Any, float | None]] = deque()
 
     def cost(kind: int, item: Any) -> float:
@@ -367,12 +376,14 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
     def in_bound_order() -> Iterator[tuple[str, Any, float | None]]:
         # Workers take tasks ahead of the results; each is checked against the K-th best step
         # known when it is taken, so a few more than needed may be done, never fewer.
-        while queue:
-            bound, kind, _, i = queue[0]
-            if stop(bound):
+        while True:
+            if queue and not stop(queue[0][0]):
+                _, kind, _, i = heapq.heappop(queue)
+                item = items.pop(i)
+            elif unbounded and not out_of_time():
+                kind, item = 0, (0.0, unbounded.popleft())
+            else:
                 return  # pruned by the K-th best, or out of time: what is queued is reported by its bound
-            heapq.heappop(queue)
-            item = items.pop(i)
             start_by = None
             # until a layout has given a candidate, layouts are validated whatever the time
             if deadline is not None and (kind == 1 or state.feasible):
@@ -388,6 +399,9 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
         kth = state.kth()
         if not every and kth is not None and bound > max(kth, until_us or 0.0):
             return True  # strictly: a candidate whose step ties the K-th may still rank before it
+        return out_of_time()
+
+    def out_of_time() -> bool:
         return deadline is not None and bool(state.ranked) and time.perf_counter() > deadline
 
     while True:
@@ -405,21 +419,18 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, d
             else:
                 _take_replay(state, builder, item, answer, seconds)
             progress.update(state, len(queue))
-        if not state.ranked and not queue and state.left:
-            # none could end in time: the first in bound order that costs at most the whole budget
-            # is replayed anyway (else the cheapest), so a plan ranks one
-            per_node = state.seconds_per_node()
-            affordable = [c for c in state.left if c.nodes * per_node <= (budget_s or 0.0)]
-            first = (min(affordable, key=lambda c: (c.bound, c.key)) if affordable
-                     else min(state.left, key=lambda c: (c.nodes, c.bound, c.key)))
+        if not state.ranked and not queue and not unbounded and state.left:
+            # none could end in time: the cheapest candidate is replayed anyway, so a plan ranks one
+            first = min(state.left, key=lambda c: (c.nodes, c.bound, c.key))
             state.left.remove(first)
             push(first.bound, 1, first.key, first)
             deadline = None
             continue
-        if not queue or stop(queue[0][0]):
+        if (not queue or stop(queue[0][0])) and (not unbounded or out_of_time()):
             break  # else validated layouts added candidates after the tasks ran out: another round
     for entry in queue:
         leave(entry[1], items[entry[3]])
+    state.left_layouts += [(0.0, layout) for layout in unbounded]
     state.ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
     if not (every or until_us is not None):
         state.ranked = state.ranked[:top]
