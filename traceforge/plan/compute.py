@@ -210,6 +210,7 @@ class CostModel:
             self._price_ops(block.name, block.ops)
         self._price_ops("edges", (*embedding_ops(spec), final_norm_op(spec), *output_ops(spec)))
         self.norm, self.norm_bwd, _ = self.groups["attention", "norm"]
+        self.mlp_norm, self.mlp_norm_bwd, _ = self.groups["mlp", "norm"]
         self.qkv, self.qkv_dgrad, self.qkv_wgrad = self.groups["attention", "qkv"]
         self.core, self._core_bwd, _ = self.groups["attention", "core"]
         self.proj, self.proj_dgrad, self.proj_wgrad = self.groups["attention", "proj"]
@@ -220,6 +221,7 @@ class CostModel:
         ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
         self.ring_fwd, self.ring_bwd = self._ring(local_tokens(spec), core) if ring else ((), ())
         # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
+        self.moe_norm, self.moe_norm_bwd, _ = self.groups.get(("moe", "norm"), (NOTHING,) * 3)
         router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
         self.router, self.router_bwd = router[0], router[1] + router[2]
         self.experts, self.experts_dgrad, self.experts_wgrad = self.groups.get(("moe", "experts"), (NOTHING,) * 3)
@@ -474,7 +476,7 @@ class CostModel:
 
     @property
     def mlp_fwd(self) -> Cost:
-        return self.norm + self.fc1 + self.act + self.fc2
+        return self.mlp_norm + self.fc1 + self.act + self.fc2
 
     @property
     def attn_dgrad(self) -> Cost:
@@ -487,7 +489,7 @@ class CostModel:
 
     @property
     def mlp_dgrad(self) -> Cost:
-        return self.fc2_dgrad + self.act_bwd + self.fc1_dgrad + self.norm_bwd
+        return self.fc2_dgrad + self.act_bwd + self.fc1_dgrad + self.mlp_norm_bwd
 
     @property
     def mlp_wgrad(self) -> Cost:

@@ -134,7 +134,7 @@ class MixtureOfExperts:
     def forward(self, b: ProgramBuilder, cost: CostModel, recompute: bool = False) -> None:
         self._begin(b)
         again = RECOMPUTE if recompute else 0
-        b.compute("router", cost.norm + cost.router)  # the pre-MLP norm and residual, then the router
+        b.compute("router", cost.moe_norm + cost.router)  # the pre-MLP norm and residual, then the router
         b.collective("routing_counts", Coll.ALL_GATHER, self.counts, self.counts_group, dtype=S.INT64)
         self._all_to_all(b, "dispatch", probs=False, into_experts=True, kind=DISPATCH + again)
         self._all_to_all(b, "dispatch_probs", probs=True, into_experts=True, kind=PROBS + again)
@@ -169,4 +169,4 @@ class MixtureOfExperts:
         # Megatron launches the probabilities' AllToAll backward before the tokens'.
         self._all_to_all(b, "dispatch_probs_grad", probs=True, into_experts=False, kind=PROBS_GRAD)
         self._all_to_all(b, "dispatch_grad", probs=False, into_experts=False, kind=DISPATCH_GRAD)
-        b.compute("router_bwd", cost.router_bwd + cost.norm_bwd)
+        b.compute("router_bwd", cost.router_bwd + cost.moe_norm_bwd)

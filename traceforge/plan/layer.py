@@ -83,7 +83,7 @@ class LayerTemplate:
         if is_moe_layer(self.spec, layer):
             self.moe.forward(b, cost, bool(suffix))
             return
-        b.compute(f"mlp_norm{suffix}", cost.norm)
+        b.compute(f"mlp_norm{suffix}", cost.mlp_norm)
         tp.gather_gemm(b, "fc1" + suffix, f"mlp_fc1{suffix}_", cost.fc1)
         b.compute(f"mlp_act{suffix}", cost.act)
         tp.gemm_scatter(b, "fc2", f"mlp_fc2{suffix}_", cost.fc2)
@@ -96,7 +96,7 @@ class LayerTemplate:
             self.moe.backward(b, cost)
         else:
             tp.gather_gemm(b, "fc2_grad", "mlp_fc2_dgrad", cost.fc2_dgrad)
-            tp.column_bwd(b, "fc1", ("mlp_dgrad", cost.act_bwd + cost.fc1_dgrad + cost.norm_bwd), ("mlp_wgrad", cost.mlp_wgrad))
+            tp.column_bwd(b, "fc1", ("mlp_dgrad", cost.act_bwd + cost.fc1_dgrad + cost.mlp_norm_bwd), ("mlp_wgrad", cost.mlp_wgrad))
         tp.gather_gemm(b, "proj_grad", "attn_proj_dgrad", cost.proj_dgrad)
         if self.cp is None:
             dgrad = cost.attn_core_bwd + cost.qkv_dgrad + cost.norm_bwd
