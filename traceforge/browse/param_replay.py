@@ -30,6 +30,8 @@ from pathlib import Path
 
 from traceforge.browse.export_param import PG_INIT, WAIT, param_file_name
 from traceforge.errors import UserError
+from traceforge.report.build import build_report
+from traceforge.report.timing_replay import HARDWARE
 
 RESULTS = "replayed_trace"  # PARAM's folder under --output-path
 
@@ -133,8 +135,6 @@ def measured_by_kind(export_dir: Path, results: Path, ranks: int) -> dict[str, K
 
 def estimated_by_kind(set_dir: Path) -> dict[str, float]:
     """Microseconds of transfer per kind, per rank (mean over ranks), first step, hardware mode."""
-    from traceforge.report.build import build_report
-    from traceforge.report.timing_replay import HARDWARE
 
     report = build_report(Path(set_dir), estimate=HARDWARE, jobs=1)
     result = report.replay

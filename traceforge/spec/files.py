@@ -8,6 +8,7 @@ from typing import Any
 
 from traceforge.errors import SpecError
 from traceforge.files import MAX_SPEC_FILE_BYTES, input_file_problem, read_regular_file
+from traceforge.spec.build import check_keys
 
 
 class _DuplicateKey(ValueError):
@@ -85,7 +86,5 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(f"config file {path} must hold a mapping of spec keys (e.g. 'tp: 2'), not a {type(data).__name__}")
-    from traceforge.spec.build import check_keys
-
     check_keys(f"config file {path}", data)  # here, where the file's name is known
     return data
