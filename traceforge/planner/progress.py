@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from traceforge.read.progress import Progress
+from traceforge.read.progress import EVERY_S, Progress
 
 
 class SearchProgress:
@@ -15,15 +15,11 @@ class SearchProgress:
         self.deadline, self.gpus = deadline, gpus
         self.line = None if quiet else Progress(f"plan {gpus:,} GPUs: bounding layouts", layouts,
                                                 stops_in_s=self._left(), min_items=1)
-        self._draw()
+        if self.line is not None:
+            self.line.redraw()
 
     def _left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.perf_counter()
-
-    def _draw(self) -> None:
-        if self.line is not None and self.line.enabled:
-            self.line.shown = time.monotonic()
-            self.line._draw()
 
     def bounded(self) -> None:
         if self.line is not None:
@@ -42,8 +38,8 @@ class SearchProgress:
         if best is not None:
             note += f", best {best / 1e3:,.0f} ms"
         line.note = note
-        if time.monotonic() - line.shown >= 1.0:
-            self._draw()
+        if time.monotonic() - line.shown >= EVERY_S:
+            line.redraw()
 
     def close(self) -> None:
         if self.line is not None:

@@ -46,7 +46,12 @@ class Progress:
 
     def advance(self, count: int = 1) -> None:
         self.done += count
-        if self.enabled and time.monotonic() - self.shown >= EVERY_S:
+        if time.monotonic() - self.shown >= EVERY_S:
+            self.redraw()
+
+    def redraw(self) -> None:
+        """Draw the line now (a first line, a phase that changed), whenever the last was."""
+        if self.enabled:
             self.shown = time.monotonic()
             self._draw()
 
