@@ -107,6 +107,11 @@ class Run:
     def flags(self) -> list[str]:
         return self.spec_flags() + self.machine[2:]
 
+    def report_flags(self) -> list[str]:
+        """The NICs are report's to know (ASTRA-sim's network file has no place for them)."""
+        m = self.machine
+        return m[m.index("--nics-per-node"):][:2] if "--nics-per-node" in m else []
+
     def layout(self) -> str:
         """TP, PP, DP (CP, EP, virtual stages), micro and global batch, sequence, recompute and
         the step's switches, in one short line."""
@@ -360,6 +365,11 @@ def report_supports_estimate() -> bool:
     return "--estimate" in help_text
 
 
+# A published run ran, whatever the memory model says (its verdict is a column of its own); the
+# network file carries the machine's links.
+GENERATE_SWITCHES = ["--allow-oom", "--astra-sim"]
+
+
 def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[str]) -> Result:
     res = Result(r.name, r.source, r.layout(), r.counting, r.published, r.published_as, note=r.note)
     tf = [sys.executable, "-m", "traceforge"]
@@ -370,13 +380,9 @@ def measure(r: Run, args: argparse.Namespace, child_jobs: int, estimate: list[st
         extra = ["--gpu-efficiency", str(args.gpu_efficiency)] if args.gpu_efficiency else []
         mem = json.loads(run(tf + ["memory", *r.spec_flags(), "--json"]))
         res.memory_gb, res.fits = mem["peak_bytes"] / 1e9, bool(mem["fits"])
-        # --allow-oom: a published run ran, whatever the memory model says (its verdict is a column)
-        run(tf + ["generate", *r.flags(), *extra, "--allow-oom", "--astra-sim", "-o", out, "--force",
-                  "-j", str(child_jobs)])
-        # the NICs are report's to know (ASTRA-sim's network file has no place for them)
-        nics = r.machine[r.machine.index("--nics-per-node"):][:2] if "--nics-per-node" in r.machine else []
+        run(tf + ["generate", *r.flags(), *extra, *GENERATE_SWITCHES, "-o", out, "--force", "-j", str(child_jobs)])
         doc = json.loads(run(tf + ["report", out, "--json", "--timeline-ranks", "1", "-j", str(child_jobs),
-                                   *estimate, *nics]))
+                                   *estimate, *r.report_flags()]))
         if not doc.get("timeline"):  # e.g. more distinct rank programs than report replays
             notes = [n for n in doc.get("notes", []) if "timeline" in n]
             raise RuntimeError("; ".join(notes) or "report gave no timeline")
@@ -470,7 +476,7 @@ def main() -> int:
     ap.add_argument("--estimate", help="report's --estimate mode (default: hardware when report has it)")
     ap.add_argument("--dir", help="scratch directory for the trace sets (default: $TMPDIR)")
     ap.add_argument("--keep", action="store_true", help="keep the trace sets")
-    ap.add_argument("--list", action="store_true", help="print the rows and their generate flags; run nothing")
+    ap.add_argument("--list", action="store_true", help="print the rows and the generate and report commands each runs; run nothing")
     ap.add_argument("--gpu-efficiency", type=float, help="the old flat roofline instead of the calibration")
     ap.add_argument("--markdown", metavar="FILE", help="read a --json FILE and print it as a markdown table; run nothing")
     args = ap.parse_args()
@@ -487,7 +493,8 @@ def main() -> int:
     if args.list:
         for r in runs:
             print(f"{r.name} | {r.source} | {r.layout()} | {r.counting} {r.published:.1f} ({r.published_as})\n"
-                  f"    traceforge generate {' '.join(r.flags())}")
+                  f"    traceforge generate {' '.join(r.flags() + GENERATE_SWITCHES)} -o DIR\n"
+                  f"    traceforge report DIR {' '.join(['--estimate', 'hardware', *r.report_flags()])}")
         return 0
     estimate_mode = args.estimate or ("hardware" if report_supports_estimate() else None)
     estimate = ["--estimate", estimate_mode] if estimate_mode else []
