@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from traceforge.planner.bound import _pipeline, layout_floor, step_lower_bound
-from traceforge.planner.dp_bound import crossings, stage_floors
+from traceforge.planner.dp_bound import spans, stage_floors
 from traceforge.planner.estimate import estimate
 from traceforge.planner.search import Base, probe_specs, search
 from traceforge.planner.space import Model
@@ -112,7 +112,7 @@ def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
     backward) and reduce-scatters its gradient, over a DP group that spans nodes."""
     spec = build_spec("demo", None, {"world_size": 16, "dp_mode": "zero3", "global_batch": 32, "micro_batch": 1,
                                      "order": "megatron"})
-    assert crossings(spec, 2)[0]["dp"]
+    assert spans(spec, 2)[0]["dp"] == (spec.dp,)  # members tp = 2 ranks apart on 2-GPU nodes: one per node
     n, m, d = spec.dp, spec.num_microbatches, LINK
     from traceforge.model import stage_params
 
@@ -355,3 +355,27 @@ def test_when_validation_spends_the_budget_the_cheapest_candidate_is_ranked(monk
     assert cut.unreplayed + cut.unsearched > 0 and cut.floor_us is not None
     # the certificate holds: no candidate of the whole space beats min(floor, best found)
     assert min(cut.floor_us, cut.candidates[0].estimate.step_us) <= min(r.estimate.step_us for r in everything.candidates)
+
+
+def test_data_parallel_floors_charge_each_group_at_the_nodes_it_spans():
+    """tp4 dp8 on 8-GPU nodes in Megatron's order: a DP group is every 4th rank, two per node on 4
+    nodes, and NCCL's model (as the replay) times its collectives at that span. So the DP chain is
+    the program's own gradient bucket AllReduce at NCCL's charge for 8 ranks on 4 nodes, well above
+    the cheapest span 8 ranks could have (2 nodes of 4); with dp innermost the group is one node."""
+    from traceforge.plan.ops import NodeType
+    from traceforge.plan.program import build_program
+
+    link = LinkModel(gpus_per_node=8, nics_per_node=8, gpu="h100")
+    for order, nodes in (("megatron", 4), ("dp-tp-cp-ep-pp", 1)):
+        spec = build_spec("demo", None, {"world_size": 32, "tp": 4, "pp": 1, "dp_mode": "ddp", "global_batch": 16,
+                                         "micro_batch": 1, "order": order, "sequence_parallel": True})
+        assert spec.dp == 8 and spans(spec, 8) == ({"dp": (nodes,)},)
+        buckets = [op for op in build_program(spec, 0).ops
+                   if op.type == NodeType.COLL and op.group == "dp" and "grad_bucket" in op.name]
+        assert buckets
+        charge = sum(sum(link.nccl_collective(int(op.comm_type), op.comm_size, 8, nodes)) for op in buckets)
+        assert stage_floors(spec, link)[0].chain == pytest.approx(charge)
+        if nodes > 1:
+            cheapest = sum(link.floor_micros(int(op.comm_type), op.comm_size, 8, True) for op in buckets)
+            assert charge > 1.5 * cheapest
+        assert step_lower_bound(spec, link) <= estimate(spec, link).step_us

@@ -7,7 +7,8 @@ then replays thousands of candidates it could have ruled out. Two facts of the p
 
 - a rank's collectives on one group run one after another (each waits for the group's
   previous one), so a step lasts at least the sum of one group's collectives, each at the
-  replay's alpha-beta charge for that group's link class (hardware mode only adds sharing);
+  replay's own charge for that group: its link class and, under NCCL's model, the number of
+  nodes it spans (spans; the replay only adds the sharing of links);
 - after a stage's last backward compute its step still runs the optimizer (a compute, after
   every gradient reduction) and, with a sharded optimizer, the AllGather of every updated
   parameter bucket on the DP group; with a schedule whose stages end on a full backward
@@ -31,6 +32,7 @@ from traceforge.model import model_chunks, placement, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec.schedules import UNSPLIT_BACKWARD
@@ -41,6 +43,7 @@ from traceforge.spec_cache import ignoring
 ROUNDING_US = 1.0
 # Schedules whose stages end on a full backward (no weight-gradient pass split off).
 UNSPLIT = UNSPLIT_BACKWARD
+ONE_NODE = (1,)  # the span of a role a stage has no group of (a group of one: no traffic)
 
 
 @dataclass(frozen=True)
@@ -55,36 +58,48 @@ class StageFloor:
 @ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
           "overlap_param_gather", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
           maxsize=8192)
-def crossings(spec: Spec, gpus_per_node: int) -> tuple[dict[str, bool], ...]:
-    """Per stage: whether its first rank's group of each data-parallel role spans nodes."""
+def spans(spec: Spec, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """Per stage, per data-parallel role: the node counts its groups on that stage span (the
+    distinct ones, usually one). The replay times a collective at its group's own span (NCCL's
+    model: a group of one member per node rings through one NIC per node, 4-5x slower than the
+    same group packed 8 to a node), so each floor is charged at the cheapest span the stage has."""
     layout = Layout.from_spec(spec)
+    stage_of = layout.coords["pp"]
     rows = layout.group_rows
-    out = []
-    for stage in range(spec.pp):
-        rank = int(layout.stage_ranks(stage)[0])
-        crosses: dict[str, bool] = {}
-        for role in ("dp", "edp", "dps", "dpr"):
-            if role in rows:
-                members = rows[role][1]
-                row = members[np.flatnonzero((members == rank).any(axis=1))[0]]
-                crosses[role] = bool((row // gpus_per_node != rank // gpus_per_node).any())
-        out.append(crosses)
+    out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(spec.pp)]
+    for role in ("dp", "edp", "dps", "dpr"):
+        if role not in rows:
+            continue
+        nodes = np.sort(rows[role][1] // gpus_per_node, axis=1)
+        count = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+        stages = stage_of[rows[role][1][:, 0]]  # a data-parallel group lies within one stage
+        for stage in range(spec.pp):
+            out[stage][role] = tuple(int(k) for k in np.unique(count[stages == stage]))
     return tuple(out)
 
 
-def _cost(link: LinkModel, ctype: Coll, size: float, n: int, inter: bool) -> float:
-    """The replay's charge for one collective, at least (hardware mode divides the bandwidth)."""
+def _charge(link: LinkModel, ctype: Coll, size: int, n: int, nodes: int) -> float:
+    """The replay's charge for one collective of a group of n spanning `nodes` nodes, with the
+    links to itself (report/streams.py: NCCL's latency and bandwidth part for that span, or the
+    alpha-beta tier; sharing only slows it)."""
+    if link.nccl is None:
+        return link.micros(wire_bytes(int(ctype), size, n), nodes > 1)
+    return sum(link.nccl_collective(int(ctype), size, n, nodes))
+
+
+def _cost(link: LinkModel, ctype: Coll, size: float, n: int, nodes: tuple[int, ...]) -> float:
+    """At most the replay's charge for one collective on any of the stage's groups of a role."""
     if n < 2 or size <= 0:
         return 0.0
-    return link.floor_micros(int(ctype), int(size), n, inter)
+    return min(_charge(link, ctype, int(size), n, k) for k in nodes)
 
 
-def _unit_latency(link: LinkModel, group_size: int, inter: bool) -> float:
+def _unit_latency(link: LinkModel, group_size: int, nodes: tuple[int, ...]) -> float:
     """At most the latency of one more all-gather or reduce-scatter of a unit: the alpha-beta
     latency, or NCCL's least latency of any collective of the group (a tiny one)."""
     if link.nccl is None:
-        return link.inter_latency_us if inter else link.intra_latency_us
-    return min(link.floor_micros(int(c), 1, group_size, inter) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER))
+        return min(link.inter_latency_us if k > 1 else link.intra_latency_us for k in nodes)
+    return min(_charge(link, c, 1, group_size, k) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER) for k in nodes)
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,7 @@ class _Parts:
 @ignoring("micro_batch", "num_microbatches", "recompute", maxsize=16384)
 def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
     """What stage_floors needs that does not depend on the micro-batch size or count."""
-    cross = crossings(spec, link.gpus_per_node)
+    span = spans(spec, link.gpus_per_node)
     # The optimizer's price reads no micro-batch field, but CostModel prices the layers' kernels
     # up front (from the micro-batch): price it on a spec with one fixed, to keep this memo's key.
     cost = CostModel(dataclasses.replace(spec, micro_batch=1, num_microbatches=1, recompute="none"))
@@ -108,23 +123,23 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
         chunks = model_chunks(spec, stage)
         params = stage_params(spec, stage)
         dp = DataParallel(ProgramBuilder(stage, {}), spec, params, chunks)
-        inter = cross[stage]
+        span_of = span[stage]
         once: dict[str, float] = {}
         per_mb: dict[str, float] = {}
         tail = max(0.0, cost.optimizer(dp.optimizer_params()).micros - ROUNDING_US)
         if spec.dp_mode in SHARDED_PER_UNIT:
             group, size = shard_group(spec)
-            crosses = inter.get(group, False)
+            nodes = span_of.get(group, ONE_NODE)
             units = params.embedding + sum(params.dense[layer] for layer in params.layers) + params.head
             # each unit: gathered for its forward and its backward, its gradient reduce-scattered
-            aggregate = (2 * _cost(link, Coll.ALL_GATHER, units * e / size, size, crosses)
-                         + _cost(link, Coll.REDUCE_SCATTER, units * g, size, crosses))
-            latency = _unit_latency(link, size, crosses)
+            aggregate = (2 * _cost(link, Coll.ALL_GATHER, units * e / size, size, nodes)
+                         + _cost(link, Coll.REDUCE_SCATTER, units * g, size, nodes))
+            latency = _unit_latency(link, size, nodes)
             more_units = max(0, len(params.layers) - 1) if aggregate > 0 else 0  # every layer is a unit
             per_mb[group] = aggregate + 3 * more_units * latency
             if spec.dp_mode == "hsdp":
                 replicas = spec.dp * spec.cp // size
-                per_mb["dpr"] = _cost(link, Coll.ALL_REDUCE, units / size * g, replicas, inter.get("dpr", False))
+                per_mb["dpr"] = _cost(link, Coll.ALL_REDUCE, units / size * g, replicas, span_of.get("dpr", ONE_NODE))
         else:
             grad = Coll.ALL_REDUCE if spec.dp_mode == "ddp" else Coll.REDUCE_SCATTER
             every_mb = spec.dp_mode == "zero2"  # ZeRO-2 reduces each micro-batch's gradients
@@ -132,9 +147,9 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
             gathers = 0.0
             for buffers in dp.buffers.values():
                 for buf in buffers:
-                    crosses = inter.get(buf.role, False)
-                    reduce = [_cost(link, grad, n * g, buf.group_size, crosses) for n in buf.padded]
-                    gather = ([_cost(link, Coll.ALL_GATHER, n * e // buf.group_size, buf.group_size, crosses)
+                    nodes = span_of.get(buf.role, ONE_NODE)
+                    reduce = [_cost(link, grad, n * g, buf.group_size, nodes) for n in buf.padded]
+                    gather = ([_cost(link, Coll.ALL_GATHER, n * e // buf.group_size, buf.group_size, nodes)
                                for n in buf.padded] if spec.dp_mode in SHARDED_OPTIMIZER else [])
                     target = per_mb if every_mb else once
                     target[buf.role] = target.get(buf.role, 0.0) + sum(reduce)
@@ -171,7 +186,7 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
     if spec.dp_mode not in SHARDED_PER_UNIT:
         return None
     group, size = shard_group(spec)
-    cross = crossings(spec, link.gpus_per_node)
+    span = spans(spec, link.gpus_per_node)
     out = []
     for vstage in range(spec.pp * spec.virtual_stages):
         stage, index = placement(spec, vstage)
@@ -179,7 +194,7 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
         params = stage_params(spec, stage)
         units = ([params.embedding] if chunk.first else []) + [params.dense[layer] for layer in chunk.layers] \
             + ([params.head] if chunk.last else [])
-        crosses = cross[stage].get(group, False)
-        out.append(tuple(_cost(link, Coll.ALL_GATHER, pad_to(n, size) * spec.act_bytes // size, size, crosses)
+        nodes = span[stage].get(group, ONE_NODE)
+        out.append(tuple(_cost(link, Coll.ALL_GATHER, pad_to(n, size) * spec.act_bytes // size, size, nodes)
                          for n in units))
     return tuple(out)
