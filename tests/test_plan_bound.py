@@ -379,3 +379,52 @@ def test_data_parallel_floors_charge_each_group_at_the_nodes_it_spans():
             cheapest = sum(link.floor_micros(int(op.comm_type), op.comm_size, 8, True) for op in buckets)
             assert charge > 1.5 * cheapest
         assert step_lower_bound(spec, link) <= estimate(spec, link).step_us
+
+
+def _hop(spec, link) -> float:
+    """One activation (or gradient) between two stages on different nodes, by hand: the
+    sequence times the hidden size in bf16 for each of the micro-batch's sequences, at the
+    scale-out tier's latency and bandwidth (the alpha-beta link)."""
+    assert spec.dtype == "bf16" and not spec.sequence_parallel and spec.cp == 1
+    return link.inter_latency_us + spec.micro_batch * spec.seq_len * spec.hidden * 2 / (link.inter_gbps * 1e3)
+
+
+def test_one_micro_batch_crosses_every_stage_boundary_twice_and_the_bound_charges_each_crossing():
+    """tp1 pp4 dp2 on 2-GPU nodes (Megatron's order: a stage's ranks are 2 apart, so each pipeline
+    send crosses nodes), one micro-batch: its forward crosses 3 boundaries and its gradient 3
+    back, each a send the next stage's compute waits for: the pipeline's floor is the compute
+    path plus exactly 6 sends. Long sequences make the sends worth 40 % of the step."""
+    from traceforge.planner.bound import _pieces, pipeline_links
+
+    spec = build_spec("demo", None, {"world_size": 8, "tp": 1, "pp": 4, "global_batch": 2, "micro_batch": 1,
+                                     "seq_len": 4096, "recompute": "none", "dp_mode": "ddp", "order": "megatron"})
+    assert spec.num_microbatches == 1 and spec.layers == 4
+    links = pipeline_links(spec, 2)
+    assert links == ((True, True),) * 4
+    p = _pieces(spec, LINK)
+    path = sum(p[k].forward + p[k].backward for k in ("embed", "head")) + 4 * (p["dense"].forward + p["dense"].backward)
+    assert _pipeline(spec, LINK, None, links)[1] == pytest.approx(path + 6 * _hop(spec, LINK))
+    replay = estimate(spec, LINK).step_us
+    assert 6 * _hop(spec, LINK) > 0.4 * replay
+    assert path + 6 * _hop(spec, LINK) <= step_lower_bound(spec, LINK) <= replay
+
+
+@pytest.mark.parametrize("flags,sends", [({}, "every forward"), ({"overlap_p2p_comm": True}, "none"),
+                                         ({"schedule": "zb-h1"}, "none")])
+def test_a_stage_waits_for_its_blocking_sends_between_computes(flags, sends):
+    """Megatron's 1F1B without --overlap-p2p-comm: the compute after a pass waits for its send. On 2
+    stages with m micro-batches stage 0 sends each of its m forwards (its backwards send nothing,
+    the model starts there) and a compute follows each send: its last compute ends no earlier than
+    m forwards and backwards plus m sends. With --overlap-p2p-comm, or torch's zb-h1, no compute
+    waits for a send."""
+    from traceforge.planner.bound import _pieces, pipeline_links
+
+    spec = build_spec("demo", None, {"world_size": 4, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 1,
+                                     "seq_len": 4096, "recompute": "none", "dp_mode": "ddp", "order": "megatron", **flags})
+    m = spec.num_microbatches
+    assert m == 8
+    p = _pieces(spec, LINK)
+    work = p["embed"].forward + p["embed"].backward + 2 * (p["dense"].forward + p["dense"].backward)
+    waits = m * _hop(spec, LINK) if sends == "every forward" else 0.0
+    assert _pipeline(spec, LINK, None, pipeline_links(spec, 2))[0][0] == pytest.approx(m * work + waits)
+    assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us

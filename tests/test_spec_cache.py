@@ -13,7 +13,7 @@ from traceforge.errors import SpecError
 from traceforge.memory.activations import layer_activations
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
 from traceforge.model import _layer_param_tuple, _layer_params, _model_chunks, stage_params
-from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces
+from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces, pipeline_links
 from traceforge.planner.dp_bound import _stage_parts, spans, unit_gathers
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec, build_spec
@@ -64,11 +64,12 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['schedule']}-{c['dp_mode']}")
 @pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_layer_pieces, (LINK,)),
-                                         (_pipeline, (LINK,)), (_stage_parts, (LINK,)), (spans, (4,)), (unit_gathers, (LINK,)),
+                                         (_pipeline, (LINK,)), (pipeline_links, (4,)), (_stage_parts, (LINK,)), (spans, (4,)),
+                                         (unit_gathers, (LINK,)),
                                          (_model_chunks, (1,)), (stage_params, (1,)), (layer_activations, (False,)),
                                          (layer_activations, (True,)), (layer_anatomy, (True,)), (layer_structure, (True,)),
                                          (_layer_params, (True,)), (_layer_param_tuple, (True,))],
-                         ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline",
+                         ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline", "pipeline_links",
                               "dp_floor_parts", "dp_spans", "dp_unit_gathers", "model_chunks",
                               "stage_params", "dense_layer_activations", "moe_layer_activations", "layer_anatomy",
                               "layer_structure", "layer_params", "layer_param_list"])

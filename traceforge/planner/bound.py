@@ -16,29 +16,41 @@ K-th best replayed step (branch and bound), so the bound must never exceed the r
 - one micro-batch's path: its forward through every virtual stage, then its backward (without
   the weight-gradient GEMMs a zero-bubble schedule defers) back through every one: with few
   micro-batches per stage (one, at the largest data-parallel sizes) the stages wait on each
-  other and this, not a stage's own work, is the floor.
+  other and this, not a stage's own work, is the floor;
+- on these paths every crossing between virtual stages on two stages is a send the receiver's
+  compute waits for (its recv gates it), at the replay's cheapest charge for the pair's link
+  class; and where the sender's next compute waits for its sends (Megatron's schedules without
+  --overlap-p2p-comm, ScheduleGPipe before its first backward) they are on the stage's own path.
 
 - the data-parallel traffic and the optimizer (dp_bound.py): a DP group's collectives one
   after another, and what follows a stage's last backward compute.
 
-Pipeline transfers and sharing of links are left out: they only add to the replay.
+The sharing of links, compute slowed beside NCCL's kernels and waiting for peers are left out:
+they only add to the replay.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from collections import Counter
 from dataclasses import dataclass
 
-from traceforge.model import activation_bytes, is_moe_layer, model_chunks, placement, virtual_stage, virtual_stage_layers
+import numpy as np
+
+from traceforge.layout import Layout
+from traceforge.model import activation_bytes, is_moe_layer, model_chunks, p2p_bytes, placement, virtual_stage, virtual_stage_layers
 from traceforge.plan.compute import CostModel
 from traceforge.plan.embedding import embedding_backward, embedding_forward, head_backward, head_forward
 from traceforge.plan.layer import LayerTemplate
 from traceforge.plan.ops import NodeType, Op, ProgramBuilder
+from traceforge.plan.pipeline import passes_of
 from traceforge.plan.program import layer_group_sizes
 from traceforge.plan.tensor import TensorParallel
 from traceforge.planner.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
+from traceforge.spec.schedules import SCHEDULES
 from traceforge.spec_cache import ignoring
 
 
@@ -155,13 +167,89 @@ def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
     return spec.steps * spec.num_microbatches * per_microbatch
 
 
+# A stage's sends to its next and previous stage: True when every rank's crosses nodes, False
+# when none does, None when some do (the cheaper link class is then charged).
+Links = tuple[tuple[bool | None, bool | None], ...]
+
+
+@ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
+          "overlap_param_gather", "overlap_p2p_comm", "account_for_embedding_in_pipeline_split",
+          "account_for_loss_in_pipeline_split", maxsize=8192)
+def pipeline_links(spec: Spec, gpus_per_node: int) -> Links:
+    """Per stage: whether its ranks' sends to the next and to the previous stage cross nodes."""
+    layout = Layout.from_spec(spec)
+    node = np.arange(layout.world_size) // gpus_per_node
+    stage_of = layout.coords["pp"]
+
+    def crosses(peer: np.ndarray, ranks: np.ndarray) -> bool | None:
+        across = node[peer[ranks]] != node[ranks]
+        return True if across.all() else False if not across.any() else None
+
+    nxt, prv = layout.pipeline_peers
+    return tuple((crosses(nxt, r), crosses(prv, r)) for r in (np.flatnonzero(stage_of == s) for s in range(spec.pp)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: bool) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The sends a stage's compute waits for within one step, as (virtual-stage boundaries sent
+    across in one batch, how many such batches): each boundary k is the one between virtual
+    stages k and k+1. Megatron without --overlap-p2p-comm (blocking) posts a pass's sends, and
+    an F& pair's two, as one batch the next compute waits for (plan/program.py); the step's last
+    batch follows its last compute, so it is not counted (the drain counts a gradient's). torch's
+    ScheduleGPipe waits for its forward sends before its first backward."""
+    rule = SCHEDULES[name]
+    vs = [virtual_stage_of(name, stage, p, c) for c in range(v)]
+    stage_at = [placement_of(name, k, p) for k in range(p * v)]
+
+    def sends(kind: str, chunk: int) -> tuple[int, ...]:
+        k = vs[chunk]
+        if kind in ("F", "F&"):
+            return (k,) if k + 1 < p * v and stage_at[k + 1] != stage else ()
+        if kind in ("B", "I"):
+            return (k - 1,) if k > 0 and stage_at[k - 1] != stage else ()
+        return ()  # a W pass sends nothing
+
+    passes = passes_of(name, stage, p, m, v)
+    groups: list[tuple[int, ...]] = []
+    i = 0
+    while i < len(passes):
+        kind, chunk, _ = passes[i]
+        batch = sends(kind, chunk)
+        if kind == "F&" and i + 1 < len(passes) and passes[i + 1][0] == "B":
+            i += 1
+            batch += sends("B", passes[i][1])
+        groups.append(batch)
+        i += 1
+    out: Counter[tuple[int, ...]] = Counter()
+    if blocking:
+        out.update(batch for batch in groups[:-1] if batch)
+    elif rule.drain_forward_sends:
+        first_backward = next((k for k, (kind, _, _) in enumerate(passes) if kind == "B"), 0)
+        if first_backward and groups[first_backward - 1]:
+            out[groups[first_backward - 1]] += 1
+    return tuple(sorted(out.items()))
+
+
+def virtual_stage_of(name: str, stage: int, p: int, chunk: int) -> int:
+    """model.virtual_stage from the schedule's name (for a memo keyed by plain values)."""
+    return (stage if chunk == 0 else 2 * p - 1 - stage) if SCHEDULES[name].chunks == "v" else chunk * p + stage
+
+
+def placement_of(name: str, vstage: int, p: int) -> int:
+    """The stage of model.placement, from the schedule's name."""
+    if SCHEDULES[name].chunks == "v":
+        return vstage if vstage < p else 2 * p - 1 - vstage
+    return vstage % p
+
+
 @ignoring(*DP_MODE, maxsize=65536)
-def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None
-              ) -> tuple[list[float], float, list[float]]:
+def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
+              links: Links | None = None) -> tuple[list[float], float, list[float]]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
     end: the last micro-batch's gradient back through every virtual stage, per stage: when the
     last step's last-micro-batch backward of one of its chunks can start at the earliest), over
-    all steps. gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers)."""
+    all steps. gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers);
+    links: pipeline_links (None: either link class)."""
     pieces = _pieces(spec, link)
     ranges = virtual_stage_layers(spec)
     n = len(ranges)
@@ -181,24 +269,42 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward), 0,
                      max(g[-1] + bi, sum(g) + units[0].backward_input))
 
+    def hop(k: int) -> float:
+        """An activation from virtual stage k to k+1 (or its gradient back): a send that starts
+        after the sender's compute and that the receiver's next compute waits for (its recv
+        gates it), at the replay's cheapest charge for the pair's link class; nothing when both
+        are on one stage (the bottom of a V) or beyond the model's ends."""
+        if spec.pp == 1 or k + 1 >= n:
+            return 0.0
+        a, b = placement(spec, k)[0], placement(spec, k + 1)[0]
+        if a == b:
+            return 0.0
+        inter = None if links is None else links[a][0 if b == (a + 1) % spec.pp else 1]
+        return link.floor_send(p2p_bytes(spec), inter)
+
     per = [vstage(j) for j in range(n)]
+    hops = [hop(k) for k in range(n)]
     fill = [0.0]
     drain = [0.0]
-    for p in per:
-        fill.append(fill[-1] + p.forward)
-        drain.append(drain[-1] + p.backward)
+    for p, t in zip(per, hops, strict=True):
+        fill.append(fill[-1] + p.forward + t)
+        drain.append(drain[-1] + p.backward + t)
     m = spec.num_microbatches
     unsplit = spec.schedule in UNSPLIT
     # One micro-batch's forward crosses every virtual stage in order, then its backward every one
     # back (each waits for the next one's gradient): a dependency path through the whole model,
     # whatever the schedule; a zero-bubble schedule may defer the weight-gradient GEMMs off it.
-    chain = fill[-1] + sum(p.backward if unsplit else p.backward_input for p in per)
+    chain = fill[-1] + sum(p.backward + t if unsplit else p.backward_input + t for p, t in zip(per, hops, strict=True))
+    blocking = SCHEDULES[spec.schedule].framework == "megatron" and not spec.overlap_p2p_comm
     ends, pipeline, starts = [], chain, []
     for stage in range(spec.pp):
         vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
         chunks = [per[j] for j in vstages]
         first = min(vstages)
-        work = m * sum(c.forward + c.backward for c in chunks)
+        # The sends between two of the stage's computes that the later one waits for.
+        sends = sum(count * max(hops[k] for k in batch) for batch, count in
+                    _blocking_sends(spec.schedule, stage, spec.pp, m, spec.virtual_stages, blocking))
+        work = m * sum(c.forward + c.backward for c in chunks) + sends
         ends.append(fill[first] + spec.steps * work)
         pipeline = max(pipeline, ends[-1] + (drain[first] if unsplit else 0.0))
         # A chunk's last backward follows, on the stage's one compute stream, every forward of
@@ -214,7 +320,7 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
 
 def step_lower_bound(spec: Spec, link: LinkModel) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
-    ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link))
+    ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link), pipeline_links(spec, link.gpus_per_node))
     floors = stage_floors(spec, link)
     # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
     best = pipeline + floors[0].tail
