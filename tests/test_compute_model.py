@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from traceforge.errors import SpecError
 from traceforge.hardware import GPUS, Calibration, wave_efficiency
 from traceforge.plan.compute import CostModel, Kernel
 from traceforge.spec import build_spec
@@ -112,6 +113,36 @@ def test_attention_at_flashattention_rates_less_its_loads_stores_and_causal_diag
     assert fwd.micros == pytest.approx(fwd.flops / (989e12 * H100.attn_fwd * eff_fwd) * 1e6)
     assert bwd.micros == pytest.approx(bwd.flops / (989e12 * H100.attn_bwd * eff_bwd) * 1e6)
     assert bwd.flops == pytest.approx(2.5 * fwd.flops, rel=1e-6)
+
+
+def test_flashattention_1_generation_doubles_only_the_main_loop_on_a100():
+    """--attention flash1 runs the main loop at half FlashAttention-2's A100 rates (FlashAttention-2
+    is about 2x its predecessor); the blocks' loads and stores stay at HBM speed, and the causal
+    diagonal wastes the Triton port's 128 x 128 tiles instead of FlashAttention-2's 128 x 64."""
+    a100 = GPUS["a100"].calibration
+    assert a100 is not None
+    fa2, fa1 = CostModel(spec(gpu="a100")), CostModel(spec(gpu="a100", attention="flash1"))
+    s = 4096
+    diagonal_fa2, diagonal_fa1 = s / (s + (128 + 64) / 2), s / (s + (128 + 128) / 2)
+    for two, one, rate in ((fa2.core, fa1.core, a100.attn_fwd), (fa2.attn_core_bwd, fa1.attn_core_bwd, a100.attn_bwd)):
+        assert (one.flops, one.bytes) == (two.flops, two.bytes)
+        # time x diagonal = the main loop at the rate + the loads and stores (no rate in them):
+        # half the rate adds exactly one more main loop
+        main_loop = two.flops / (312e12 * rate) * 1e6
+        assert one.micros * diagonal_fa1 - two.micros * diagonal_fa2 == pytest.approx(main_loop)
+    # everything else the layer runs is priced as before
+    others = [k for k in fa2.kernels if not k.kind.startswith("attention")]
+    assert others and all(fa1.kernels[k] == fa2.kernels[k] for k in others)
+
+
+def test_flashattention_1_generation_is_refused_where_no_rate_is_published():
+    with pytest.raises(SpecError, match="published rate only on a100, not on h100"):
+        spec(gpu="h100", attention="flash1")
+    with pytest.raises(SpecError, match="not in FlashAttention-1's kernels"):
+        spec(gpu="a100", attention="flash1", cp=2, dp=4)
+    # the flat roofline has no per-kernel rates: any GPU takes it
+    flat = CostModel(spec(gpu="h100", attention="flash1", gpu_efficiency=0.5))
+    assert flat.core == CostModel(spec(gpu="h100", gpu_efficiency=0.5)).core
 
 
 def test_unfused_attention_pays_for_its_scores_in_hbm():

@@ -267,3 +267,12 @@ def test_the_planners_peak_equals_the_report(flags):
             report = memory_report(spec, memory, overhead_bytes=overhead, reserve=reserve)
             assert memory_band(spec, memory, overhead_bytes=overhead, reserve=reserve) == (
                 report.peak_bytes, report.allocated_bytes, report.reserved_bytes, report.verdict)
+
+
+def test_flashattention_1_generation_keeps_what_flashattention_keeps():
+    # both keep Q, K, V and an fp32 log-sum-exp per head, never the scores
+    flash = build_spec("demo", overrides=dict(gpu="a100"))
+    flash1 = build_spec("demo", overrides=dict(gpu="a100", attention="flash1"))
+    unfused = build_spec("demo", overrides=dict(gpu="a100", attention="unfused"))
+    assert layer_activations(flash1, False).stored == layer_activations(flash, False).stored
+    assert layer_activations(unfused, False).stored > layer_activations(flash, False).stored

@@ -12,6 +12,7 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);
 - attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes);
+  `--attention flash1` (FlashAttention-1's generation) has its own rates (FLASH1, A100 only);
 - nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (the hardware
   replay, report/streams.py, runs a rank's compute 1/nccl_slowdown as fast while its transfers move bytes).
 Two shape terms need no constant of their own (plan/compute.py): a GEMM's output store and a
@@ -97,6 +98,44 @@ GPUS = {
         calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85, launch_us=LAUNCH_FLOOR_US),
     ),
 }
+
+# -- FlashAttention-1's generation (--attention flash1) --------------------------------------------
+# FlashAttention v1 in CUDA and its Triton port, flash_attn_triton.py (Dao-AILab/flash-attention,
+# 2022; llm-foundry's attn_impl: triton ran a copy of it through 2023, on triton-pre-mlir). On A100,
+# FlashAttention-2 "yield[s] around 2x speedup compared to FlashAttention" (Dao 2023, arXiv
+# 2307.08691, abstract and section 4.1), and the Triton port's "forward + backward is slightly
+# slower than CUDA forward + backward" (its docstring): half the A100's FlashAttention-2 rates, which
+# sits inside FlashAttention's published 30-50 % of peak forward and 25-35 % backward on A100 (the
+# same paper, section 1). The Triton port's blocks are 128 x 128 (forward BLOCK = 128; backward
+# BLOCK_M = BLOCK_N = 128). No such kernel's rate is published for Hopper or newer: refused there.
+FA2_OVER_FA1 = 2.0
+FLASH1_TILE = (128, 128)
+
+
+@dataclass(frozen=True)
+class AttentionRates:
+    """An attention kernel's long-sequence forward and backward fractions of peak and its block."""
+
+    fwd: float
+    bwd: float
+    tile: tuple[int, int]
+
+
+def _flash1(cal: Calibration | None) -> AttentionRates:
+    assert cal is not None
+    return AttentionRates(cal.attn_fwd / FA2_OVER_FA1, cal.attn_bwd / FA2_OVER_FA1, FLASH1_TILE)
+
+
+FLASH1 = {"a100": _flash1(GPUS["a100"].calibration)}
+
+
+def attention_rates(gpu: str, attention: str, cal: Calibration) -> AttentionRates:
+    """The rates FlashAttention runs at on this preset: its own calibration, or FlashAttention-1's
+    generation (the spec checks refuse flash1 on a GPU without a published rate)."""
+    if attention == "flash1":
+        return FLASH1[gpu]
+    return AttentionRates(cal.attn_fwd, cal.attn_bwd, cal.attn_tile)
+
 
 # A custom GPU without --gpu-efficiency: the flat roofline at this fraction.
 DEFAULT_FLAT_EFFICIENCY = 0.5

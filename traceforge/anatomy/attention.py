@@ -78,7 +78,7 @@ def _core(spec: Spec, z: Sizes) -> Op:
     q, k, v = qkv_channels(spec)
     t, e = z.t, z.e
     saved = [Saved("q, k, v", e * (q + k + v) / t)]
-    if spec.attention == "flash":
+    if spec.attention != "unfused":  # FlashAttention, of either generation
         saved.append(Saved("log-sum-exp (fp32, per head)", FP32 * spec.heads / t))
     else:  # the softmax output (and gpt's dropout mask and output) over the keys each query sees
         scores = spec.heads / t * spec.seq_len * (e + (MASK + e if z.gpt else 0))

@@ -47,7 +47,7 @@ from traceforge.anatomy import (
     local_tokens,
     output_ops,
 )
-from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, wave_efficiency
+from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, attention_rates, wave_efficiency
 from traceforge.kernels.keys import KernelKey
 from traceforge.kernels.times import load_kernel_times
 from traceforge.spec import DTYPE_BYTES, Spec
@@ -194,6 +194,7 @@ class CostModel:
         flat = 1.0 if self.cal is not None else (spec.gpu_efficiency or DEFAULT_FLAT_EFFICIENCY)
         self.flops_per_us = spec.gpu_tflops * 1e6 * flat
         self.bytes_per_us = spec.gpu_hbm_gbps * 1e3 * (flat if self.cal is None else self.cal.memory)
+        self.attn_rates = attention_rates(spec.gpu, spec.attention, self.cal) if self.cal is not None else None
         self.kernels: dict[Kernel, Cost] = {}  # every kernel priced, in first-use order
         # --kernel-times: a measured time replaces the model's per kernel (price); --fp8: the layers'
         # GEMMs are TransformerEngine's FP8 GEMMs (router and LM head stay in the model dtype).
@@ -334,9 +335,9 @@ class CostModel:
         nbytes = b * heads * (2 * s_q if causal else s_q + s_kv) * (d_qk + d_v) * e
         scale = ATTENTION_BACKWARD_FACTOR if backward else 1.0
         flops, nbytes = round(flops * scale), round(nbytes * scale)
-        if self.cal is None:
+        if self.attn_rates is None:
             return self._time(flops, nbytes, None)
-        rate = self.cal.attn_bwd if backward else self.cal.attn_fwd
+        rate = self.attn_rates.bwd if backward else self.attn_rates.fwd
         # Forward: a CTA holds a query block and loops over the keys, loading Q first and storing
         # the output after; backward: it holds a key block (K, V in; dK, dV out) and loops over the
         # queries. Those loads and stores cost the loop `fixed` steps at HBM speed (as a GEMM's store).
@@ -346,7 +347,7 @@ class CostModel:
         passes, flops_per_step = (2, 5) if backward else (1, 2)
         fixed = passes * e * self.flops_per_us * rate / (flops_per_step * self.bytes_per_us)
         eff = attention_length_efficiency(loop * (CAUSAL_FRACTION if causal else 1.0), fixed,
-                                          min(s_q, s_kv) if causal else 0, self.cal.attn_tile)
+                                          min(s_q, s_kv) if causal else 0, self.attn_rates.tile)
         return self._time(flops, nbytes, rate * eff)
 
     def _fp8_gemm(self, k: Kernel) -> Cost:

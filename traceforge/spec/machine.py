@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from traceforge.errors import SpecError
-from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS
+from traceforge.hardware import DEFAULT_FLAT_EFFICIENCY, FLASH1, FP8, GPUS
 from traceforge.kernels.times import load_kernel_times
 from traceforge.spec.limits import MAX_TAG, overlap_tags
 from traceforge.spec.raw import Raw
@@ -39,6 +39,13 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
     if attention == "unfused" and v["cp"] > 1:  # Megatron's DotProductAttention asserts cp == 1
         raise SpecError("context parallelism runs only in TransformerEngine's fused attention, not with the scores "
                         "materialized: give --attention flash, or --cp 1")
+    if attention == "flash1":
+        if v["cp"] > 1:
+            raise SpecError("context parallelism runs only in TransformerEngine's fused attention, not in "
+                            "FlashAttention-1's kernels: give --attention flash, or --cp 1")
+        if efficiency is None and gpu not in FLASH1:
+            raise SpecError(f"--attention flash1 has a published rate only on {', '.join(FLASH1)}, not on {gpu}: "
+                            "give --attention flash, or --gpu-efficiency X for the flat roofline")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
                 gpu_efficiency=None if efficiency is None else float(efficiency), attention=attention,
                 bias_fusion=bool(r.get("bias_fusion", True)),
