@@ -228,8 +228,8 @@ def bloom() -> Run:
 # submit_benchmarks.py's default: Tri Dao's flash_attn_triton.py on the pre-MLIR Triton of Dec 2022,
 # FlashAttention-1's generation (`--attention flash1`): llm-foundry v0.3.0's copy on triton-pre-mlir
 # for the tables of b2a43a147 (2023-10), flash-attn 1.0.3.post0's with triton 2.0.0.dev20221202 for
-# the 70b A100 row (300cc5c58, 2023-05). A rate is published for A100 only; the H100 rows keep
-# --attention flash (FlashAttention-3), though that Triton's LLVM 11 has no sm_90 target.
+# the 70b A100 row (300cc5c58, 2023-05). The H100 rows ran it too, with Ampere's instructions (that
+# Triton's LLVM 11 has no sm_90 target): flash1's H100 rates (hardware.FLASH1).
 MPT = {"7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56), "70b": (80, 8192, 64)}
 
 
@@ -245,7 +245,7 @@ def mpt(size: str, gpu: str, n: int, micro: int, accum: int, ckpt: bool, params:
     return Run(f"MPT-{size}, {n} {gpu.upper()}{', ckpt' if ckpt else ''}", "MosaicML llm-foundry benchmarks",
                spec, machine, flop_per_token * batch * s, "MFU", tok_per_gpu * flop_per_token / 1e12,
                f"{tok_per_gpu:.0f} tok/s/GPU (MFU {mfu}%)",
-               extra=["--attention", "flash1"] if gpu == "a100" else [])
+               extra=["--attention", "flash1"])
 
 
 # ---- Llama 3 405B (Dubey et al. 2024, Table 4 and §3.3.2) --------------------------------------

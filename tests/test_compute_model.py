@@ -135,9 +135,29 @@ def test_flashattention_1_generation_doubles_only_the_main_loop_on_a100():
     assert others and all(fa1.kernels[k] == fa2.kernels[k] for k in others)
 
 
+def test_flashattention_1_generation_on_hopper_is_half_flashattention_2_without_hopper_instructions():
+    """FlashAttention-2's paper ran its A100 kernels unchanged on H100: up to 335 TFLOP/s against
+    230 on A100. FlashAttention-1's generation runs half of that in TFLOP/s, whatever H100's peak."""
+    a100 = GPUS["a100"].calibration
+    assert a100 is not None
+    on_a100, on_h100 = CostModel(spec(gpu="a100", attention="flash1")), CostModel(spec(gpu="h100", attention="flash1"))
+    s = 4096
+    diagonal = s / (s + (128 + 128) / 2)  # the same 128 x 128 blocks on both
+    for kernel, rate in (("core", a100.attn_fwd), ("attn_core_bwd", a100.attn_bwd)):
+        fast, slow = getattr(on_h100, kernel), getattr(on_a100, kernel)
+        assert fast.flops == slow.flops
+        h100_tflops = 312 * rate / 2 * 335 / 230  # FLOP/s the main loop runs at on H100
+        main_loop_us = fast.flops / (h100_tflops * 1e12) * 1e6
+        fixed_us = fast.micros * diagonal - main_loop_us  # loads and stores, at H100's HBM speed
+        assert 0 < fixed_us < 0.2 * main_loop_us
+        # the same loop on A100 is 335/230 times as long; its loads and stores run at A100's HBM speed
+        assert slow.micros * diagonal - main_loop_us * 335 / 230 == pytest.approx(fixed_us * 3350 / 2039)
+    assert spec(gpu="h200", attention="flash1").attention == "flash1"
+
+
 def test_flashattention_1_generation_is_refused_where_no_rate_is_published():
-    with pytest.raises(SpecError, match="published rate only on a100, not on h100"):
-        spec(gpu="h100", attention="flash1")
+    with pytest.raises(SpecError, match="published rate only on a100, h100, h200, not on b200"):
+        spec(gpu="b200", attention="flash1")
     with pytest.raises(SpecError, match="not in FlashAttention-1's kernels"):
         spec(gpu="a100", attention="flash1", cp=2, dp=4)
     # the flat roofline has no per-kernel rates: any GPU takes it

@@ -12,7 +12,7 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);
 - attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes);
-  `--attention flash1` (FlashAttention-1's generation) has its own rates (FLASH1, A100 only);
+  `--attention flash1` (FlashAttention-1's generation) has its own rates (FLASH1: A100, H100, H200);
 - nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (the hardware
   replay, report/streams.py, runs a rank's compute 1/nccl_slowdown as fast while its transfers move bytes).
 Two shape terms need no constant of their own (plan/compute.py): a GEMM's output store and a
@@ -107,8 +107,16 @@ GPUS = {
 # slower than CUDA forward + backward" (its docstring): half the A100's FlashAttention-2 rates, which
 # sits inside FlashAttention's published 30-50 % of peak forward and 25-35 % backward on A100 (the
 # same paper, section 1). The Triton port's blocks are 128 x 128 (forward BLOCK = 128; backward
-# BLOCK_M = BLOCK_N = 128). No such kernel's rate is published for Hopper or newer: refused there.
+# BLOCK_M = BLOCK_N = 128).
+# On Hopper these kernels run Ampere's instructions (no TMA or wgmma; that Triton's LLVM 11 has no
+# sm_90 target, so the driver compiles its sm_80 code), as FlashAttention-2 did when its paper ran
+# "the same implementation on H100 GPUs (using no special instructions ...)": up to 335 TFLOP/s
+# forward + backward (its figure 7) against up to 230 on A100 (figure 4, "73% of the theoretical
+# maximum"). So FlashAttention-2's rates on H100 are the A100's scaled by 335/230 in TFLOP/s, and
+# the first generation's half of those, as on A100. H200 is H100's chip (the same SMs and clocks)
+# with more HBM. Blackwell and newer: nothing published, refused.
 FA2_OVER_FA1 = 2.0
+FA2_H100_OVER_A100 = 335.0 / 230.0
 FLASH1_TILE = (128, 128)
 
 
@@ -121,12 +129,17 @@ class AttentionRates:
     tile: tuple[int, int]
 
 
-def _flash1(cal: Calibration | None) -> AttentionRates:
-    assert cal is not None
-    return AttentionRates(cal.attn_fwd / FA2_OVER_FA1, cal.attn_bwd / FA2_OVER_FA1, FLASH1_TILE)
+def _flash1(gpu: str, fa2_speedup_over_a100: float) -> AttentionRates:
+    """FlashAttention-1's generation on `gpu`: half FlashAttention-2's rates there, which run
+    fa2_speedup_over_a100 times the A100's in TFLOP/s."""
+    a100 = GPUS["a100"].calibration
+    assert a100 is not None
+    scale = fa2_speedup_over_a100 * GPUS["a100"].peak_tflops["bf16"] / GPUS[gpu].peak_tflops["bf16"] / FA2_OVER_FA1
+    return AttentionRates(a100.attn_fwd * scale, a100.attn_bwd * scale, FLASH1_TILE)
 
 
-FLASH1 = {"a100": _flash1(GPUS["a100"].calibration)}
+FLASH1 = {"a100": _flash1("a100", 1.0), "h100": _flash1("h100", FA2_H100_OVER_A100),
+          "h200": _flash1("h200", FA2_H100_OVER_A100)}
 
 
 def attention_rates(gpu: str, attention: str, cal: Calibration) -> AttentionRates:

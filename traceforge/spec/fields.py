@@ -128,7 +128,7 @@ FIELDS: tuple[Field, ...] = (
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("attention", str, "Attention kernel: flash (FlashAttention; default), flash1 (FlashAttention-1's generation: v1 or its Triton port, "
-          "as llm-foundry's attn_impl triton ran in 2023; A100 only) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
+          "as llm-foundry's attn_impl triton ran in 2023; A100, H100, H200) or unfused (scores materialized and soft-maxed in HBM, as Megatron-LM before FlashAttention).",
           ("flash", "flash1", "unfused")),
     Field("bias_fusion", bool, "Megatron's fused bias-GeLU and bias-dropout-add kernels (default on, as Megatron today); "
           "--no-bias-fusion: separate bias, GeLU, dropout and residual-add kernels (--no-bias-gelu-fusion --no-bias-dropout-fusion).",
