@@ -82,6 +82,41 @@ def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_han
     assert layout_floor([], LINK) == 0.0
 
 
+def test_a_layouts_floor_counts_the_layers_its_busiest_stage_must_hold():
+    """4 layers on 3 stages: whatever the split or the chunks, some stage holds 2 layers, more than
+    a third of the model (4 layers, the embedding and the head), so the floor is m x 2 layers'
+    forward and backward; and still at most every legal candidate's bound."""
+    from traceforge.errors import SpecError
+    from traceforge.planner.bound import _pieces
+    from traceforge.planner.space import walk
+
+    base = Base("demo", None, {"order": "megatron", "global_batch": 24})
+    model = Model(world=24, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=24)
+    builder = base.builder()
+    layout = {"tp": 1, "cp": 1, "pp": 3, "dp": 8, "world_size": 24, "ep": 1, "sequence_parallel": False}
+    specs = probe_specs(builder, model, {}, layout)
+    one = next(s for s in specs if s.micro_batch == 1)
+    p = _pieces(one, LINK)
+    layer = p["dense"].forward + p["dense"].backward
+    share = (4 * layer + sum(p[k].forward + p[k].backward for k in ("embed", "head"))) / 3
+    assert 2 * layer > share
+    assert layout_floor([one], LINK) == pytest.approx(one.num_microbatches * 2 * layer)
+
+    def check(values, reads):
+        try:
+            return builder(values, reads)
+        except SpecError:
+            return None
+
+    floor = layout_floor(specs, LINK)
+    checked = 0
+    for _, spec, _ in walk(model, {"tp": 1, "pp": 3, "recompute": "none"}, check):
+        if spec is not None:
+            assert floor <= step_lower_bound(spec, LINK) + 1e-6
+            checked += 1
+    assert checked > 20
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zbv"])
 def test_one_micro_batch_waits_on_every_stage_and_the_bound_says_so(schedule):
     """One micro-batch per step (global batch = dp x micro-batch): the stages run one after another,
@@ -427,4 +462,34 @@ def test_a_stage_waits_for_its_blocking_sends_between_computes(flags, sends):
     work = p["embed"].forward + p["embed"].backward + 2 * (p["dense"].forward + p["dense"].backward)
     waits = m * _hop(spec, LINK) if sends == "every forward" else 0.0
     assert _pipeline(spec, LINK, None, pipeline_links(spec, 2))[0][0] == pytest.approx(m * work + waits)
+    assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_the_bucket_reduced_after_a_stages_last_compute_is_in_its_tail(schedule):
+    """A stage's last pass (1F1B's last backward, ZB-H1's last weight-gradient pass: the last
+    micro-batch's) ends on its chunk's first layers, and their gradient bucket, the buffer's last,
+    is issued only then: its ReduceScatter (dist-opt) follows the stage's last compute, and the
+    tail counts it at the replay's charge for the DP group (the program's own op)."""
+    from traceforge.plan.ops import NodeType
+    from traceforge.plan.pipeline import passes_of
+    from traceforge.plan.program import build_program
+    from traceforge.planner.dp_bound import _stage_parts
+    from traceforge.report.ring import wire_bytes
+
+    spec = build_spec("demo", None, {"world_size": 16, "pp": 2, "global_batch": 32, "micro_batch": 1, "order": "megatron",
+                                     "dp_mode": "dist-opt", "schedule": schedule, "recompute": "none",
+                                     "overlap_grad_reduce": True})
+    m = spec.num_microbatches
+    for stage in range(2):
+        kind, _, mb = passes_of(schedule, stage, 2, m, 1)[-1]
+        assert (kind, mb) == ("B" if schedule == "1f1b" else "W", m - 1)
+        ops = build_program(spec, stage).ops
+        last_compute = max(op.id for op in ops if op.type == NodeType.COMP and op.phase != "step")
+        buckets = [op for op in ops[last_compute + 1:] if op.type == NodeType.COLL and "grad_bucket" in op.name]
+        last_bucket = max(buckets, key=lambda op: int(op.name.rsplit("bucket", 1)[1]))
+        assert last_bucket.group == "dp" and last_compute in last_bucket.deps
+        inter = spans(spec, 2)[stage]["dp"] != (1,)
+        charge = LINK.micros(wire_bytes(int(last_bucket.comm_type), last_bucket.comm_size, spec.dp * spec.cp), inter)
+        assert stage_floors(spec, LINK)[stage].tail == pytest.approx(_stage_parts(spec, LINK)[stage].tail + charge)
     assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us

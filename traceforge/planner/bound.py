@@ -269,6 +269,8 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward), 0,
                      max(g[-1] + bi, sum(g) + units[0].backward_input))
 
+    charges: dict[bool | None, float] = {}
+
     def hop(k: int) -> float:
         """An activation from virtual stage k to k+1 (or its gradient back): a send that starts
         after the sender's compute and that the receiver's next compute waits for (its recv
@@ -280,7 +282,9 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         if a == b:
             return 0.0
         inter = None if links is None else links[a][0 if b == (a + 1) % spec.pp else 1]
-        return link.floor_send(p2p_bytes(spec), inter)
+        if inter not in charges:
+            charges[inter] = link.floor_send(p2p_bytes(spec), inter)
+        return charges[inter]
 
     per = [vstage(j) for j in range(n)]
     hops = [hop(k) for k in range(n)]
@@ -342,15 +346,17 @@ def layout_floor(specs: list[Spec], link: LinkModel) -> float:
     """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
     from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
     computes at least its share (1/pp) of every micro-batch's forward and backward of the whole
-    model, and step_lower_bound's stage term (m x its chunks' work) is at least that for every
-    schedule, split, recomputation and dp mode; and one micro-batch's path (_pipeline's chain)
-    is at least its forward and input-gradient backward through every layer. No spec: 0."""
+    model, and at least ceil(layers / pp) layers' (whatever the split and the chunks, some stage
+    holds that many), and step_lower_bound's stage term (m x its chunks' work) is at least that
+    for every schedule, split, recomputation and dp mode; and one micro-batch's path (_pipeline's
+    chain) is at least its forward and input-gradient backward through every layer. No spec: 0."""
     best = float("inf")
     for spec in specs:
         pieces = _pieces(spec, link)
-        units = [pieces["embed"], pieces["head"]] + [pieces["moe" if is_moe_layer(spec, i) else "dense"]
-                                                      for i in range(spec.layers)]
+        layers = [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in range(spec.layers)]
+        units = [pieces["embed"], pieces["head"]] + layers
         work = sum(u.forward + u.backward for u in units)
+        busiest = -(-spec.layers // spec.pp) * min(u.forward + u.backward for u in layers)
         path = sum(u.forward + u.backward_input for u in units)  # one micro-batch's path (_pipeline's chain)
-        best = min(best, max(spec.num_microbatches * work / spec.pp, path))
+        best = min(best, max(spec.num_microbatches * max(work / spec.pp, busiest), path))
     return 0.0 if best == float("inf") else best

@@ -11,9 +11,9 @@ then replays thousands of candidates it could have ruled out. Two facts of the p
   nodes it spans (spans; the replay only adds the sharing of links);
 - after a stage's last backward compute its step still runs the optimizer (a compute, after
   every gradient reduction) and, with a sharded optimizer, the AllGather of every updated
-  parameter bucket on the DP group; with a schedule whose stages end on a full backward
-  (no split-off weight-gradient pass) the bucket holding the chunk's first layers is reduced
-  after that compute too.
+  parameter bucket on the DP group; a stage whose last pass is the last micro-batch's full
+  backward or weight-gradient pass ends on its chunk's first layers, whose bucket (ZeRO-3 and
+  HSDP: that unit's gradient) is reduced after that compute too.
 
 Sizes are the programs' own: Megatron-laid-out buckets (data.chunk_buffers); ZeRO-3 units
 from the stage's parameters, their padding left out (only less). Latency is charged once per
@@ -32,6 +32,7 @@ from traceforge.model import model_chunks, placement, stage_params
 from traceforge.plan.compute import CostModel
 from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
+from traceforge.plan.pipeline import passes_of
 from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
@@ -107,6 +108,7 @@ class _Parts:
     once: dict[str, float]  # per group: collectives once per step
     per_microbatch: dict[str, float]  # per group: collectives every micro-batch
     tail: float
+    last_bucket: tuple[float, ...] = ()  # per model chunk: the gradient reduction its backward's last unit issues
 
 
 @ignoring("micro_batch", "num_microbatches", "recompute", maxsize=16384)
@@ -117,7 +119,6 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
     # up front (from the micro-batch): price it on a spec with one fixed, to keep this memo's key.
     cost = CostModel(dataclasses.replace(spec, micro_batch=1, num_microbatches=1, recompute="none"))
     e, g = spec.act_bytes, spec.grad_bytes
-    unsplit = spec.schedule in UNSPLIT
     out = []
     for stage in range(spec.pp):
         chunks = model_chunks(spec, stage)
@@ -127,6 +128,7 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
         once: dict[str, float] = {}
         per_mb: dict[str, float] = {}
         tail = max(0.0, cost.optimizer(dp.optimizer_params()).micros - ROUNDING_US)
+        last_bucket = [0.0] * len(chunks)
         if spec.dp_mode in SHARDED_PER_UNIT:
             group, size = shard_group(spec)
             nodes = span_of.get(group, ONE_NODE)
@@ -140,13 +142,20 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
             if spec.dp_mode == "hsdp":
                 replicas = spec.dp * spec.cp // size
                 per_mb["dpr"] = _cost(link, Coll.ALL_REDUCE, units / size * g, replicas, span_of.get("dpr", ONE_NODE))
+            # A chunk's backward ends on its last unit (the embedding, else its first layer), whose
+            # gradient is reduce-scattered (and with hsdp then all-reduced) after that compute.
+            for position, chunk in enumerate(chunks):
+                n = params.embedding if chunk.first else params.dense[chunk.layers[0]] if chunk.layers else params.head
+                padded = pad_to(n, size)
+                last_bucket[position] = _cost(link, Coll.REDUCE_SCATTER, padded * g, size, nodes) + (
+                    _cost(link, Coll.ALL_REDUCE, padded // size * g, spec.dp * spec.cp // size, span_of.get("dpr", ONE_NODE))
+                    if spec.dp_mode == "hsdp" else 0.0)
         else:
             grad = Coll.ALL_REDUCE if spec.dp_mode == "ddp" else Coll.REDUCE_SCATTER
             every_mb = spec.dp_mode == "zero2"  # ZeRO-2 reduces each micro-batch's gradients
-            last_bucket = []
             gathers = 0.0
-            for buffers in dp.buffers.values():
-                for buf in buffers:
+            for position, chunk in enumerate(chunks):
+                for buf in dp.buffers[chunk.index]:
                     nodes = span_of.get(buf.role, ONE_NODE)
                     reduce = [_cost(link, grad, n * g, buf.group_size, nodes) for n in buf.padded]
                     gather = ([_cost(link, Coll.ALL_GATHER, n * e // buf.group_size, buf.group_size, nodes)
@@ -156,9 +165,9 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
                     once[buf.role] = once.get(buf.role, 0.0) + sum(gather)
                     if buf.role == "dp":
                         gathers += sum(gather)
-                        last_bucket.append(reduce[-1])  # the chunk's first layers: reduced last
-            tail += gathers + (min(last_bucket) if unsplit and last_bucket else 0.0)
-        out.append(_Parts(once, per_mb, tail))
+                        last_bucket[position] = reduce[-1]  # the chunk's first layers: reduced last
+            tail += gathers
+        out.append(_Parts(once, per_mb, tail, tuple(last_bucket)))
     return tuple(out)
 
 
@@ -166,10 +175,16 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
     """Per stage, per step: the busiest data-parallel group's collectives and the tail."""
     m = spec.num_microbatches
     out = []
-    for parts in _stage_parts(spec, link):
+    for stage, parts in enumerate(_stage_parts(spec, link)):
         groups = set(parts.once) | set(parts.per_microbatch)
         chain = max((parts.once.get(k, 0.0) + m * parts.per_microbatch.get(k, 0.0) for k in groups), default=0.0)
-        out.append(StageFloor(chain, parts.tail, max(parts.once.values(), default=0.0)))
+        # A stage whose last pass is a full backward or a weight-gradient pass of the last
+        # micro-batch ends on its chunk's first layers (the embedding), whose gradient bucket,
+        # the buffer's last (ZeRO-3: that unit's own), is reduced after that compute
+        # (plan/data.py after_unit_backward), before the optimizer.
+        kind, chunk, mb = passes_of(spec.schedule, stage, spec.pp, m, spec.virtual_stages)[-1]
+        last = parts.last_bucket[chunk] if kind in ("B", "W") and mb == m - 1 else 0.0
+        out.append(StageFloor(chain, parts.tail + last, max(parts.once.values(), default=0.0)))
     return out
 
 
