@@ -10,7 +10,7 @@ from traceforge.memory import memory_report
 from traceforge.planner.bound import step_lower_bound
 from traceforge.planner.estimate import estimate
 from traceforge.planner.search import Base, search
-from traceforge.planner.space import LEVELS, Model, _layouts, count, dp_modes, schedules, walk
+from traceforge.planner.space import LEVELS, READS, Model, _layouts, count, dp_modes, layout_counts, schedules, walk
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import build_spec
 
@@ -49,6 +49,40 @@ def test_enumeration_counts_hand_counted():
     assert len(list(_leaves(DEMO, FIXED))) == 39
     # tp is tried within a node only: with 2 GPUs per node tp 4 is not considered (4 fewer).
     assert count(Model(4, 2, 4, 8, 0, 8), FIXED, {}, 0) == 35
+
+
+class _Noting(dict):
+    """A partial candidate that notes the keys read from it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+
+def test_each_level_reads_only_the_keys_layout_counts_shares_on():
+    """layout_counts shares a subtree's count between layouts that agree on READS: every level must
+    read no other key of the partial candidate (each level at a full candidate, MoE and pipelines)."""
+    model = Model(16, 8, 4, 8, 4, 16)
+    for leaf in _leaves(model, {}):
+        for fn, _ in LEVELS:
+            partial = _Noting(leaf)
+            fn(model, {}, partial)
+            assert partial.read <= set(READS[fn]), (fn.__name__, partial.read - set(READS[fn]))
+
+
+def test_layout_counts_equal_counting_every_tree():
+    for model, fixed in ((DEMO, FIXED), (DEMO, {}), (Model(16, 8, 4, 8, 4, 16), {}), (Model(32, 8, 6, 8, 0, 32), {"pp": 2})):
+        tops = _layouts(model, fixed, {})
+        assert layout_counts(model, fixed, tops) == [count(model, fixed, t, 1) for t in tops]
+    assert sum(layout_counts(DEMO, FIXED, _layouts(DEMO, FIXED, {}))) == 39  # the hand count above
 
 
 def test_moe_layouts_hand_counted():

@@ -81,20 +81,28 @@ def test_ignored_fields_are_never_read(case, cached, args):
     assert not read & cached.ignored, f"{cached.__name__} reads {sorted(read & cached.ignored)}, which its memo ignores"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.get("experts")]
+@pytest.mark.parametrize("case", CASES
                          + [dict(CASES[0], fp8="hybrid"), dict(CASES[2], cp=2, world_size=16, order="megatron"),
-                            dict(CASES[0], tp_comm_overlap=True)],
-                         ids=lambda c: f"{c['schedule']}-{c['dp_mode']}-{c.get('fp8', 'bf16')}-cp{c.get('cp', 1)}")
-def test_a_dense_layer_recorded_at_dp_1_floors_as_at_its_own_dp(case):
-    """The bound records a dense model's layers with dp and the micro-batch count at 1 (their
-    only reads are p2p tags), so one recording serves every pipeline depth: the pieces must
-    equal the recording at the spec's own sizes (FP8, CP and TP-overlap rings included)."""
+                            dict(CASES[0], tp_comm_overlap=True, sequence_parallel=True),
+                            dict(CASES[4], cp=2, world_size=16, schedule="1f1b", ep=4, micro_batch=2),
+                            dict(MOE, shared_experts=1, moe_router_num_groups=2, moe_router_group_topk=1, world_size=16,
+                                 tp=1, pp=2, ep=4, schedule="1f1b", dp_mode="ddp", sync_collectives=True, order="megatron")],
+                         ids=lambda c: f"{c['schedule']}-{c['dp_mode']}-{c.get('fp8', 'bf16')}-cp{c.get('cp', 1)}"
+                         f"-e{c.get('experts', 0)}")
+def test_a_layer_recorded_at_dp_1_floors_as_at_its_own_dp(case):
+    """The bound records a layer (dense, or MoE with balanced routing) with dp and the micro-batch
+    count at 1 (their only reads are p2p tags and imbalanced routing's draws), so one recording
+    serves every pipeline depth and dp: the pieces must equal the recording at the spec's own sizes
+    (FP8, CP and TP-overlap rings, expert parallelism, node-limited dispatch included)."""
+    seen = set()
     for world in (8, 16, 32):
         try:
             spec = build_spec("demo", overrides={**case, "world_size": world * case.get("cp", 1)})
         except SpecError:
             continue
         assert _pieces(spec, LINK) == _record_pieces(spec, LINK), (world, spec.dp, spec.num_microbatches)
+        seen.add(spec.num_microbatches)
+    assert len(seen) > 1  # the case builds at more than one size, and the sizes did vary
 
 
 def test_memory_report_equals_a_cold_computation_across_the_ignored_fields():

@@ -50,6 +50,7 @@ from traceforge.plan.tensor import TensorParallel
 from traceforge.planner.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
+from traceforge.spec.routing import BALANCED
 from traceforge.spec.schedules import SCHEDULES
 from traceforge.spec_cache import ignoring
 
@@ -107,10 +108,11 @@ DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather
 
 def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
-    if not spec.experts:
-        # A dense layer's ops read the data-parallel size and the micro-batch count only to
-        # number p2p tags (an MoE layer's routing reads them too): recorded with both at 1,
-        # one recording serves every pipeline depth of a (tp, cp) layout.
+    if not spec.experts or spec.moe_routing == BALANCED:
+        # A layer's ops read the data-parallel size and the micro-batch count only to number
+        # p2p tags, and an MoE layer's routing to draw imbalanced counts (balanced routing moves
+        # the same copies in every micro-batch): recorded with both at 1, one recording serves
+        # every pipeline depth and data-parallel size of a (tp, cp, ep) layout.
         spec = _with_data_parallel_one(spec)
     return _layer_pieces(spec, link)
 

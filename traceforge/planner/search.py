@@ -24,7 +24,7 @@ from traceforge.planner.bound import FLOOR_PROBE, layout_floor, replay_nodes_flo
 from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
 from traceforge.planner.memory import memory_band
 from traceforge.planner.progress import SearchProgress
-from traceforge.planner.space import LEVELS, Model, _layouts, _micro_batches, count, walk
+from traceforge.planner.space import LEVELS, Model, _layouts, _micro_batches, layout_counts, walk
 from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
 
@@ -230,7 +230,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     close = getattr(found, "close", None)
     if close is not None:
         close()  # the floor workers go now
-    sizes = {id(layout): count(model, fixed, layout, 1) for layout in tops}  # candidates per layout
+    sizes = {id(layout): n for layout, n in zip(tops, layout_counts(model, fixed, tops), strict=True)}  # candidates per layout
     state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
                               deadline, budget_s, progress)
     progress.close()

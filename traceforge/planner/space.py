@@ -158,6 +158,30 @@ def count(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any], le
     return sum(count(model, fixed, {**partial, **child}, level + 1) for child in children)
 
 
+# The keys of the partial candidate each level's function reads: the candidates below a node
+# depend only on the keys the levels below it read, so layouts that agree on those share one count
+# (tests/test_plan.py checks the reads with a dict that notes them).
+READS = {_layouts: (), _micro_batches: ("dp",), _recomputes: (), _schedules: ("pp",),
+         _splits: ("pp", "virtual_stages"), _dp_modes: ("dp", "tp", "cp")}
+
+
+def layout_counts(model: Model, fixed: Mapping[str, Any], layouts: list[dict[str, Any]]) -> list[int]:
+    """count(model, fixed, layout, 1) of each top-level layout, each distinct subtree counted once
+    (counting every layout's tree anew took seconds at thousands of GPUs)."""
+    memo: dict[tuple, int] = {}
+
+    def below(partial: Mapping[str, Any], level: int) -> int:
+        if level == len(LEVELS):
+            return 1
+        key = (level, tuple(partial.get(k) for fn, _ in LEVELS[level:] for k in READS[fn]))
+        n = memo.get(key)
+        if n is None:
+            n = memo[key] = sum(below({**partial, **child}, level + 1) for child in LEVELS[level][0](model, fixed, partial))
+        return n
+
+    return [below(layout, 1) for layout in layouts]
+
+
 def walk(model: Model, fixed: Mapping[str, Any], check: Callable[[dict[str, Any], set[str] | None], Spec | None],
          partial: Mapping[str, Any] | None = None, level: int = 0) -> Iterator[tuple[dict[str, Any], Spec | None, int]]:
     """(values, spec or None, candidates) for every leaf, or for a whole subtree the validator
