@@ -63,6 +63,81 @@ def test_a_layouts_floor_never_exceeds_the_bound_of_any_of_its_candidates(link):
     assert checked > 1000 and len(floors) > 4 and all(f > 0 for f in floors.values())
 
 
+MOE_BASE = {"order": "megatron", "global_batch": 16, "experts": 4, "top_k": 2, "moe_ffn_hidden": 512, "seq_len": 256}
+MOE_MODEL = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=4, global_batch=16)
+
+
+def test_moe_layout_floors_never_exceed_their_candidates_bounds_nor_replays():
+    """An MoE layout's recorded floor (its layers recorded once per tp, cp, ep and micro-batch size
+    for every dp and pipeline depth) and its ring's floor (ring_floor.py, the cheap floor every
+    context-parallel layout gets first) are at most every legal candidate's bound, the ring's at
+    most the recorded one; and at most the replay of each ring layout's fastest-bound candidate."""
+    from traceforge.errors import SpecError
+    from traceforge.planner.ring_floor import ring_layout_floor
+    from traceforge.planner.space import walk
+
+    builder = Base("demo", None, MOE_BASE).builder()
+
+    def check(values, reads):
+        try:
+            return builder(values, reads)
+        except SpecError:
+            return None
+
+    fixed = {"dp_mode": "ddp"}
+    floors: dict[tuple, tuple[float, float]] = {}
+    fastest: dict[tuple, tuple[float, object]] = {}
+    for values, spec, _ in walk(MOE_MODEL, fixed, check):
+        if spec is None:
+            continue
+        layout = {k: values[k] for k in ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")}
+        key = tuple(layout.items())
+        if key not in floors:
+            specs = probe_specs(builder, MOE_MODEL, fixed, layout)
+            floors[key] = (layout_floor(specs, LINK), ring_layout_floor(specs))
+        bound = step_lower_bound(spec, LINK)
+        assert floors[key][1] <= floors[key][0] <= bound + 1e-6, (values, floors[key], bound)
+        if layout["cp"] > 1 and bound < fastest.get(key, (float("inf"), None))[0]:
+            fastest[key] = (bound, spec)
+    rings = [key for key, (_, ring) in floors.items() if ring > 0]
+    assert len(rings) > 10 and all(f > 0 for f, _ in floors.values())
+    assert {dict(key)["ep"] for key in rings} == {1, 2, 4}  # expert parallelism at every size, with rings
+    for key in sorted(fastest, key=lambda k: -dict(k)["cp"])[:3]:  # the longest rings
+        assert floors[key][0] <= estimate(fastest[key][1], LINK).step_us, key
+
+
+@pytest.mark.parametrize("overrides", [dict(MOE_BASE, world_size=16, tp=1, cp=4, ep=4, pp=2, micro_batch=2),
+                                       dict(MOE_BASE, world_size=16, cp=2, tp=2, ep=2, sequence_parallel=True),
+                                       dict(world_size=8, tp=1, pp=1, cp=8, global_batch=16)])
+def test_the_ring_floor_is_the_ring_blocks_of_the_specs_own_cost_model(overrides):
+    """ring_floor reads the ring's blocks from a cost model of the spec at dp 1 without experts (one
+    model for every dp and ep): they must be the spec's own model's blocks; and its layout floor,
+    for one spec, the busiest stage's layers times the micro-batches, or one micro-batch's path."""
+    from traceforge.plan.compute import CostModel
+    from traceforge.planner.ring_floor import ring_layout_floor
+
+    spec = build_spec("demo", overrides={"order": "megatron", **overrides})
+    cost = CostModel(spec)
+    forward, backward = (sum(c.micros for c in cost.ring_fwd) - 1.0, sum(c.micros for c in cost.ring_bwd) - 1.0)
+    assert len(cost.ring_fwd) == len(cost.ring_bwd) == spec.cp and forward > 0
+    # the busiest stage holds ceil(layers / pp) layers of every micro-batch; one micro-batch crosses them all
+    expected = max(spec.num_microbatches * -(-spec.layers // spec.pp), spec.layers) * (forward + backward)
+    assert ring_layout_floor([spec]) == pytest.approx(expected, rel=1e-12)
+    assert ring_layout_floor([build_spec("demo", overrides={"order": "megatron", **overrides, "cp_comm_type": "a2a"})]) == 0.0
+
+
+def test_a_tiny_budget_still_proves_how_far_an_moe_plan_is_from_the_best():
+    """Every layout gets a floor before any validation (a recorded one, or its ring's), whatever
+    the budget: a budget spent at once leaves layouts unvalidated, each with a positive floor, so
+    the plan proves a gap (a layout without one would leave it unknown)."""
+    base = Base("demo", None, MOE_BASE)
+    result = search(base, MOE_MODEL, {"dp_mode": "ddp", "recompute": "none"}, LINK, None, top=1, quiet=True,
+                    budget_s=0.0)
+    assert result.unsearched > 0 and result.replayed >= 1
+    assert result.floor_us is not None and result.floor_us > 0
+    assert result.floor_us <= result.candidates[0].estimate.step_us
+
+
 def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_hand():
     """tp1 pp2 dp8 on demo (4 layers), global batch 16, micro-batch 1: 2 micro-batches, each
     stage at least half of (embedding + 4 layers + head) forward and backward, per micro-batch."""
@@ -211,11 +286,11 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
                            "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-n", "2"],
                           capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    # spent before any layout had its floor: how far from exact is not known, and it says so
-    assert "--budget ran out:" in proc.stdout and "not known" in proc.stdout
+    # spent at once, with every layout's floor (computed before any validation): how far from exact is proven
+    assert "--budget ran out:" in proc.stdout and "proven within" in proc.stdout
     # and says how far from exact the best may be before the rows, in its first lines
     answer = next(line for line in proc.stdout.splitlines() if line.startswith("answer:"))
-    assert proc.stdout.index(answer) < proc.stdout.index("┃") and "not known" in answer
+    assert proc.stdout.index(answer) < proc.stdout.index("┃") and "proven within" in answer
 
     bad = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--budget", "-1"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})

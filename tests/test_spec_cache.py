@@ -15,6 +15,7 @@ from traceforge.memory.report import memory_report, stages_activation_peaks, sta
 from traceforge.model import _layer_param_tuple, _layer_params, _model_chunks, stage_params
 from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces, pipeline_links
 from traceforge.planner.dp_bound import _stage_parts, spans, unit_gathers
+from traceforge.planner.ring_floor import ring_blocks
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec, build_spec
 from traceforge.spec_cache import ignoring
@@ -59,17 +60,18 @@ CASES = [
          account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
     dict(MOE, world_size=8, tp=2, pp=2, ep=2, schedule="dualpipev", dp_mode="zero1", sequence_parallel=True,
          order="megatron"),
+    dict(MOE, world_size=16, tp=1, cp=2, pp=2, ep=2, schedule="1f1b", dp_mode="zero1", order="megatron"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['schedule']}-{c['dp_mode']}")
-@pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_layer_pieces, (LINK,)),
+@pytest.mark.parametrize("cached,args", [(stages_states, ()), (stages_activation_peaks, ()), (_layer_pieces, (LINK,)), (ring_blocks, ()),
                                          (_pipeline, (LINK,)), (pipeline_links, (4,)), (_stage_parts, (LINK,)), (spans, (4,)),
                                          (unit_gathers, (LINK,)),
                                          (_model_chunks, (1,)), (stage_params, (1,)), (layer_activations, (False,)),
                                          (layer_activations, (True,)), (layer_anatomy, (True,)), (layer_structure, (True,)),
                                          (_layer_params, (True,)), (_layer_param_tuple, (True,))],
-                         ids=["stages_states", "stages_activation_peaks", "bound_pieces", "bound_pipeline", "pipeline_links",
+                         ids=["stages_states", "stages_activation_peaks", "bound_pieces", "ring_blocks", "bound_pipeline", "pipeline_links",
                               "dp_floor_parts", "dp_spans", "dp_unit_gathers", "model_chunks",
                               "stage_params", "dense_layer_activations", "moe_layer_activations", "layer_anatomy",
                               "layer_structure", "layer_params", "layer_param_list"])

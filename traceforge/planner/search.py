@@ -24,6 +24,7 @@ from traceforge.planner.bound import FLOOR_PROBE, layout_floor, replay_nodes_flo
 from traceforge.planner.estimate import Estimate, estimate, model_flops_per_step
 from traceforge.planner.memory import memory_band
 from traceforge.planner.progress import SearchProgress
+from traceforge.planner.ring_floor import ring_layout_floor
 from traceforge.planner.space import LEVELS, Model, _layouts, _micro_batches, layout_counts, walk
 from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
@@ -194,9 +195,32 @@ def probe_specs(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, 
     return specs
 
 
-def _layout_floor(layout: dict[str, Any]) -> float:
+def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, bool]:
+    """(a floor of a top-level layout, whether it is the recorded one): with record False, a
+    layout with a p2p ring gets its ring's floor alone (ring_floor.py: a cost model per micro-batch
+    size instead of thousands of recorded ops), the others their recorded floor."""
     assert _job is not None
-    return layout_floor(probe_specs(_job.builder, _job.model, _job.fixed, layout), _job.link)
+    specs = probe_specs(_job.builder, _job.model, _job.fixed, layout)
+    ring = ring_layout_floor(specs)
+    if ring > 0 and not record:
+        return ring, False
+    return max(ring, layout_floor(specs, _job.link)), True  # both never above a candidate's bound
+
+
+def _group_floors(task: tuple[bool, list[dict[str, Any]]]) -> list[tuple[float, bool]]:
+    """_layout_floor of layouts that share their layer recordings (one tp, cp and ep), in one
+    worker, whose memo then records each layer once for them all."""
+    record, group = task
+    return [_layout_floor(layout, record) for layout in group]
+
+
+def _floor_groups(tops: list[dict[str, Any]], which: list[int]) -> list[list[int]]:
+    """The layouts `which` (indices into tops) in groups of one (tp, cp, ep), cheapest first: a
+    long context-parallel ring records thousands of transfers per layer, so the largest cp last."""
+    groups: dict[tuple, list[int]] = {}
+    for i in sorted(which, key=lambda i: tops[i]["cp"]):
+        groups.setdefault((tops[i]["tp"], tops[i]["cp"], tops[i]["ep"]), []).append(i)
+    return list(groups.values())
 
 
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
@@ -216,20 +240,28 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     tops = layouts(model, fixed, shard)
     progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
     deadline = None if budget_s is None else started + budget_s
-    floors: list[float | None] = [None] * len(tops)  # None: no floor (validated after the others)
-    # A layout's floor reads its micro-batch sizes' layer floors (memoized): a long context-parallel
-    # ring records thousands of transfers per layer, so the largest cp come last, and under a budget
-    # the floors stop at FLOORS_SHARE of it (the layouts left have none).
-    order = sorted(range(len(tops)), key=lambda i: tops[i]["cp"])
-    found = fan_out(_layout_floor, [tops[i] for i in order], jobs) if jobs > 1 else map(_layout_floor, (tops[i] for i in order))
-    for i, floor in zip(order, found, strict=False):
-        floors[i] = floor
-        progress.bounded()
-        if budget_s is not None and time.perf_counter() > started + FLOORS_SHARE * budget_s:
-            break
-    close = getattr(found, "close", None)
-    if close is not None:
-        close()  # the floor workers go now
+    floors: list[float | None] = [None] * len(tops)
+    # Every layout gets a floor before anything is validated, so that whenever the budget ends the
+    # plan can say how far its best is from the best layout: first the recorded floor of each layout
+    # without a ring and the cheap ring floor of each layout with one (ring_floor.py; not bounded by
+    # the budget: seconds at 16,384 GPUs), then, within FLOORS_SHARE of a budget, the recorded floors
+    # of the ring layouts, smallest cp first, each raising the ring's floor.
+    recorded = [False] * len(tops)
+    for record in (False, True):
+        groups = _floor_groups(tops, [i for i in range(len(tops)) if not recorded[i]])
+
+        def tasks(record: bool = record, groups: list[list[int]] = groups) -> Iterator[tuple[bool, list[dict[str, Any]]]]:
+            for group in groups:
+                if record and budget_s is not None and time.perf_counter() > started + FLOORS_SHARE * budget_s:
+                    return
+                yield record, [tops[i] for i in group]
+
+        found = fan_out(_group_floors, tasks(), jobs) if jobs > 1 else map(_group_floors, tasks())
+        for group, answers in zip(groups, found, strict=False):
+            for i, (floor, exact) in zip(group, answers, strict=True):
+                floors[i], recorded[i] = max(floor, floors[i] or 0.0), exact
+                if not record:
+                    progress.bounded()
     sizes = {id(layout): n for layout, n in zip(tops, layout_counts(model, fixed, tops), strict=True)}  # candidates per layout
     state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
                               deadline, budget_s, progress)
