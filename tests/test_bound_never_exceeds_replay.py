@@ -97,3 +97,38 @@ def test_bound_and_layout_floor_never_exceed_the_replay(case):
     else:
         assert len(rings) > 2 and all(r > 0 for r in rings)
     assert {v["overlap_p2p_comm"] for v, _ in candidates} == {False, True}
+
+
+# Two candidates the planner can neither bound nor replay today. Marked strict: the fix makes them
+# pass, and then the marker must go.
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="NCCL's model (nccl_model.candidates) refuses a group spread unevenly over nodes")
+def test_a_data_parallel_group_spread_unevenly_over_nodes_is_bounded_and_replayed():
+    """tp 2, pp 2, dp 3 on 12 GPUs in nodes of 4 (Megatron's order): a DP group is ranks r, r+2,
+    r+4, two on one node and one on the next. plan bounds every candidate of a layout it
+    validates, so a bound that cannot price this group ends the whole plan with a traceback
+    (plan -p llama3-8b --gpus 24 --global-batch 48 within a second; it ranked before the
+    data-parallel floors read the groups' spans, and the replay of such a candidate failed alike)."""
+    from traceforge.planner.dp_bound import spans
+    from traceforge.spec import build_spec
+
+    spec = build_spec("demo", None, {"world_size": 12, "tp": 2, "pp": 2, "global_batch": 12, "micro_batch": 1,
+                                     "order": "megatron", "sequence_parallel": True, "dp_mode": "ddp"})
+    link = LinkModel(gpus_per_node=4, gpu="h100")
+    assert spec.dp == 3 and spans(spec, 4)[0]["dp"] == (2,)  # 3 members on 2 nodes: 2 + 1
+    assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError,
+                   reason="the planner's in-memory trace set (planner/estimate.py) resolves no TP ring peers")
+def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
+    """--tp-comm-overlap's ring exchanges send to the TP ring's next and previous rank; the
+    planner's in-memory trace set resolves only the pipeline's and the context ring's peers, so
+    plan -p demo --gpus 8 --tp-comm-overlap --sequence-parallel ends on KeyError: Peer.TP_NEXT
+    (report replays the set generate writes for the same spec)."""
+    from traceforge.spec import build_spec
+
+    spec = build_spec("demo", None, {"world_size": 8, "tp": 2, "pp": 2, "global_batch": 8, "micro_batch": 1,
+                                     "order": "megatron", "sequence_parallel": True, "tp_comm_overlap": True})
+    link = LinkModel(gpus_per_node=8, gpu="h100")
+    assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
