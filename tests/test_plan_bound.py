@@ -126,6 +126,48 @@ def test_the_ring_floor_is_the_ring_blocks_of_the_specs_own_cost_model(overrides
     assert ring_layout_floor([build_spec("demo", overrides={"order": "megatron", **overrides, "cp_comm_type": "a2a"})]) == 0.0
 
 
+def test_a_layout_refused_on_its_sizes_alone_has_no_legal_candidate_and_no_floor_to_give():
+    """probes() drops a micro-batch size whose probe the validator refused without reading a key
+    below the size (as walk() skips a subtree), and calls a layout with no size left empty: its
+    floor is then infinite (never validated once a candidate ranks). Every candidate of an empty
+    layout must be illegal, and the sizes kept must be the sizes with a legal candidate or a
+    refusal that read a probe value. kv_heads 2 refuses tp 4 and 8 on the layout alone."""
+    from traceforge.errors import SpecError
+    from traceforge.planner.search import probes
+    from traceforge.planner.space import _layouts, walk
+
+    validate = Base("demo", None, {"order": "megatron", "global_batch": 16, "kv_heads": 2}).builder()
+    model = Model(world=16, gpus_per_node=8, layers=4, heads=8, experts=0, global_batch=16)
+
+    def builder(values, reads=None):
+        # and a rule on a probe value: 1F1B refused at micro-batch 2 (other schedules are not)
+        spec = validate(values, reads)
+        if values.get("micro_batch") == 2:
+            if reads is not None:
+                reads.update(("micro_batch", "schedule"))
+            if values.get("schedule") == "1f1b":
+                raise SpecError("no 1f1b at micro-batch 2")
+        return spec
+
+    def check(values, reads):
+        try:
+            return builder(values, reads)
+        except SpecError:
+            return None
+
+    empty = kept = 0
+    for layout in _layouts(model, {}, {}):
+        specs, none = probes(builder, model, {}, layout)
+        legal = {values["micro_batch"] for values, spec, _ in walk(model, {}, check, layout, 1) if spec is not None}
+        assert legal <= {s.micro_batch for s in specs}, layout  # a size with a legal candidate keeps its probe
+        if none:
+            assert not legal and not specs, layout
+            empty += 1
+        kept += bool(specs)
+    assert empty >= 2 and kept >= 10  # tp 4 and 8 at every cp, pp; the others bounded
+    assert any(2 in {s.micro_batch for s in probes(builder, model, {}, lay)[0]} for lay in _layouts(model, {}, {}))
+
+
 def test_a_tiny_budget_still_proves_how_far_an_moe_plan_is_from_the_best():
     """Every layout gets a floor before any validation (a recorded one, or its ring's), whatever
     the budget: a budget spent at once leaves layouts unvalidated, each with a positive floor, so

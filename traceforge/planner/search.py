@@ -175,24 +175,40 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
 def probe_specs(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
                 layout: Mapping[str, Any]) -> list[Spec]:
     """One spec per micro-batch size of a top-level layout at bound.FLOOR_PROBE's values (what
-    bound.layout_floor reads); none when the validator refuses every size's probe. A size whose
-    probe it refuses (a probe value may be what it refuses, as the per-rank node limit of many
-    micro-batches) is a validated size's spec with the size and micro-batch count replaced:
-    the layer floors read only the shapes."""
+    bound.layout_floor reads), but for the sizes no candidate of which is legal (probes); none
+    when there is no such size, or the validator refuses every size's probe."""
+    return probes(builder, model, fixed, layout)[0]
+
+
+# The keys below a layout and its micro-batch size: a probe refused without reading one of them
+# is refused for every candidate of that size, as walk() refuses a whole subtree.
+BELOW_MICRO_BATCH = frozenset(key for _, keys in LEVELS[2:] for key in keys)
+
+
+def probes(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
+           layout: Mapping[str, Any]) -> tuple[list[Spec], bool]:
+    """(probe_specs, whether the layout has no legal candidate at all: the validator refused
+    every size on the layout and the size alone). A size whose probe it refuses for a probe value
+    (as the per-rank node limit of many micro-batches, which reads the schedule) is a validated
+    size's spec with the size and micro-batch count replaced: the layer floors read only the
+    shapes."""
+    assert LEVELS[1][0] is _micro_batches
     specs, refused = [], []
     for child in _micro_batches(model, fixed, layout):
         values = {**layout, **child, **{k: v for k, v in FLOOR_PROBE.items() if fixed.get(k) is None}}
+        reads: set[str] = set()
         try:
-            specs.append(builder(values))
+            specs.append(builder(values, reads))
         except SpecError:
-            refused.append(child["micro_batch"])
+            if reads & BELOW_MICRO_BATCH:  # else no candidate of this size is legal: it has no floor to give
+                refused.append(child["micro_batch"])
     if specs:
         for mb in refused:
             spec = copy.copy(specs[0])
             for name, value in (("micro_batch", mb), ("num_microbatches", spec.global_batch // (spec.dp * mb))):
                 object.__setattr__(spec, name, value)  # a frozen dataclass's own copy, before anyone sees it
             specs.append(spec)
-    return specs
+    return specs, not specs and not refused
 
 
 def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, bool]:
@@ -200,11 +216,16 @@ def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, b
     layout with a p2p ring gets its ring's floor alone (ring_floor.py: a cost model per micro-batch
     size instead of thousands of recorded ops), the others their recorded floor."""
     assert _job is not None
-    specs = probe_specs(_job.builder, _job.model, _job.fixed, layout)
+    specs, empty = probes(_job.builder, _job.model, _job.fixed, layout)
+    if empty:
+        return EMPTY, True  # no candidate to validate, nor to rank
     ring = ring_layout_floor(specs)
     if ring > 0 and not record:
         return ring, False
     return max(ring, layout_floor(specs, _job.link)), True  # both never above a candidate's bound
+
+
+EMPTY = float("inf")  # the floor of a layout without a legal candidate: never validated once one ranks
 
 
 def _group_floors(task: tuple[bool, list[dict[str, Any]]]) -> list[tuple[float, bool]]:
@@ -275,7 +296,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, 
     limit = float("inf") if every or kth is None else max(kth, until_us or 0.0)
     result.too_big = state.too_big_replayed + sum(1 for bound in state.too_big if bound <= limit)
     could_rank = [c.bound for c in state.left if c.bound <= limit]
-    unsearched = [f for f, _ in state.left_layouts if f <= limit]  # (0: no floor)
+    unsearched = [f for f, _ in state.left_layouts if f <= limit and f != EMPTY]  # (0: no floor)
     result.unreplayed, result.unsearched = len(could_rank), len(unsearched)
     result.pruned = len(tops) - state.expanded - len(unsearched)
     result.floor_us = min(could_rank + unsearched) if could_rank or unsearched else None
