@@ -9,6 +9,7 @@ import pytest
 from test_timeline import COLL, COMP, node, write_set
 
 from traceforge import nccl_model as N
+from traceforge.plan.ops import Coll
 from traceforge.report import replay as replay_module
 from traceforge.report.build import build_report
 from traceforge.report.replay import replay
@@ -83,3 +84,16 @@ def test_report_takes_the_sets_gpu_and_says_so(make_set):
     plain = build_report(custom, jobs=1, estimate="hardware")
     assert plain.link.nccl is None and "model" not in plain.link_json()
     assert any("alpha-beta link model" in n and "'custom'" in n for n in plain.notes)
+
+
+def test_a_collectives_floor_is_at_most_its_charge_on_every_span_the_group_can_have():
+    """The planner's floors price a layer's collectives without knowing where the group lies: the
+    least charge over the spans checked must be at most the charge on any span, even or not (a
+    strided group of 3 can lie 1 + 2 on 2 nodes)."""
+    link = LinkModel(gpus_per_node=8, gpu="h100")
+    for n in range(2, 41):
+        for ctype, size in ((Coll.ALL_REDUCE, 1 << 12), (Coll.ALL_REDUCE, 1 << 26), (Coll.ALL_GATHER, 1 << 22),
+                            (Coll.REDUCE_SCATTER, 1 << 16), (Coll.ALL_TO_ALL, 1 << 20)):
+            spans = ([1] if n <= 8 else []) + list(range(max(2, -(-n // 8)), n + 1))
+            charges = [sum(link.nccl_collective(ctype, size, n, k)) for k in spans]
+            assert link.floor_micros(ctype, size, n, None) == pytest.approx(min(charges))

@@ -47,6 +47,18 @@ def test_ring_across_nodes_pays_network_steps():
     assert c.bandwidth_us == pytest.approx(GB * 15 / 16 / (1000 * 370.8 * 0.92))
 
 
+def test_a_group_spread_unevenly_rings_through_its_least_populated_nodes_nics():
+    """3 members on 2 nodes (a strided group across a node boundary: 1 + 2): the lone member's
+    one NIC carries the ring, as for a group of one member per node; 2 steps after the Simple
+    ring's base 8.4 us: 1 across the network (14 us) and 1 over NVLink (3.4 us)."""
+    uneven = pick(H100, N.ALL_GATHER, GB, 3, 2, N.RING, N.SIMPLE)
+    one_per_node = pick(H100, N.ALL_GATHER, GB, 2, 2, N.RING, N.SIMPLE)
+    assert uneven.bandwidth_us == pytest.approx(one_per_node.bandwidth_us * (2 / 3) / (1 / 2))  # (n-1)/n of the bytes
+    assert uneven.latency_us == pytest.approx(8.4 + 1 * 14.0 + 1 * 3.4)
+    with pytest.raises(ValueError, match="3 ranks cannot span 4 nodes"):
+        N.candidates(H100, N.ALL_GATHER, GB, 3, 4)
+
+
 def test_tree_allreduce_by_hand():
     """4 nodes of 8 A100, Simple tree: bus min(192 x 0.92, 16 channels x 17.8), halved; latency
     8.4 + 2 x (7 NVLink hops x 4.0 + log2(4) network hops x 14). 1 GB is past the size correction

@@ -245,12 +245,14 @@ def _ring_graph(m: NcclMachine, nodes: int, per_node: int) -> tuple[float, int]:
 def candidates(m: NcclMachine, coll: str, nbytes: int, ranks: int, nodes: int) -> list[Choice]:
     """Every (algorithm, protocol) NCCL would consider for this collective, timed.
 
-    ranks: the group's size; nodes: how many nodes it spans (members spread evenly, as
-    Megatron's groups are). nbytes: NCCL's nBytes."""
+    ranks: the group's size; nodes: how many nodes it spans. nbytes: NCCL's nBytes. A group spread
+    unevenly (3 members on 2 nodes: a strided group across a node boundary) is timed at the
+    ranks // nodes members per node its least-populated nodes have: they ring through that many
+    NICs (a strided group's nodes hold floor or ceil of ranks / nodes members)."""
     if ranks < 2:
         return [Choice(RING, SIMPLE, 0.0, math.inf, 0.0)]
-    if not 1 <= nodes <= ranks or ranks % nodes:
-        raise ValueError(f"{ranks} ranks cannot spread evenly over {nodes} nodes")
+    if not 1 <= nodes <= ranks:
+        raise ValueError(f"{ranks} ranks cannot span {nodes} nodes")
     if coll in (ALL_TO_ALL, SEND_RECV, GATHER, SCATTER):
         return [_p2p(m, coll, nbytes, ranks, nodes)]
     gen = m.gen

@@ -179,11 +179,15 @@ class LinkModel:
         return min(sum(self.nccl_send(size, x)) for x in choices)
 
     def _placements(self, n: int, inter: bool | None) -> list[int]:
-        """Node counts a group of n can span evenly: one node if it fits (unless it spans
-        nodes), else n / k for every k members per node that divides n."""
+        """Node counts a group of n can span, enough of them that the cheapest is among them:
+        one node if it fits (unless it spans nodes); across nodes, NCCL's model times k nodes at
+        n // k members per node, and among the k with the same n // k the smallest is the
+        cheapest (each more node turns an NVLink step into a network step), but for 2 against
+        3 (NCCL's tables differ for 2 nodes and more)."""
         out = [1] if inter is not True and n <= self.gpus_per_node else []
         if inter is not False:
-            out += [n // k for k in range(1, min(n, self.gpus_per_node) + 1) if n % k == 0 and n // k > 1]
+            least = max(2, -(-n // self.gpus_per_node))
+            out += [k for k in range(least, n + 1) if k in (least, 3) or n // k != n // (k - 1)]
         return out or [max(1, -(-n // self.gpus_per_node))]
 
 
