@@ -99,16 +99,12 @@ def test_bound_and_layout_floor_never_exceed_the_replay(case):
     assert {v["overlap_p2p_comm"] for v, _ in candidates} == {False, True}
 
 
-# Two candidates the planner can neither bound nor replay today. Marked strict: the fix makes them
-# pass, and then the marker must go.
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="NCCL's model (nccl_model.candidates) refuses a group spread unevenly over nodes")
+# Two candidates the planner could neither bound nor replay (a traceback ended plan).
 def test_a_data_parallel_group_spread_unevenly_over_nodes_is_bounded_and_replayed():
     """tp 2, pp 2, dp 3 on 12 GPUs in nodes of 4 (Megatron's order): a DP group is ranks r, r+2,
     r+4, two on one node and one on the next. plan bounds every candidate of a layout it
-    validates, so a bound that cannot price this group ends the whole plan with a traceback
-    (plan -p llama3-8b --gpus 24 --global-batch 48 within a second; it ranked before the
-    data-parallel floors read the groups' spans, and the replay of such a candidate failed alike)."""
+    validates, so a bound that cannot price this group ended the whole plan with a traceback
+    (plan -p llama3-8b --gpus 24 --global-batch 48), and report of such a set alike."""
     from traceforge.planner.dp_bound import spans
     from traceforge.spec import build_spec
 
@@ -119,13 +115,10 @@ def test_a_data_parallel_group_spread_unevenly_over_nodes_is_bounded_and_replaye
     assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="the planner's in-memory trace set (planner/estimate.py) resolves no TP ring peers")
 def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
-    """--tp-comm-overlap's ring exchanges send to the TP ring's next and previous rank; the
-    planner's in-memory trace set resolves only the pipeline's and the context ring's peers, so
-    plan -p demo --gpus 8 --tp-comm-overlap --sequence-parallel ends on KeyError: Peer.TP_NEXT
-    (report replays the set generate writes for the same spec)."""
+    """--tp-comm-overlap's ring exchanges send to the TP ring's next and previous rank, which the
+    planner's in-memory trace set must resolve as generate writes them (plan -p demo --gpus 8
+    --tp-comm-overlap --sequence-parallel ended on KeyError: Peer.TP_PREV)."""
     from traceforge.spec import build_spec
 
     spec = build_spec("demo", None, {"world_size": 8, "tp": 2, "pp": 2, "global_batch": 8, "micro_batch": 1,
