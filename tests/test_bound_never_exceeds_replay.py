@@ -128,11 +128,9 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
 
 
 # The layers' TP is TransformerEngine's in the programs (plan/program.py: TensorParallel.for_layers:
-# FP8 gathers, userbuffers overlap), a plain TensorParallel in the bound's layer recordings
-# (bound._record_pieces): the bound then charges bf16 AllGathers for FP8 ones, and blocking
-# AllGathers and ReduceScatters for the ring exchanges and chunked GEMMs that hide them.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bound._record_pieces records the layers without TensorParallel.for_layers")
+# FP8 gathers, userbuffers overlap); a bound recording a plain TensorParallel charged bf16
+# AllGathers for FP8 ones, and blocking AllGathers and ReduceScatters for the ring exchanges and
+# chunked GEMMs that hide them, above the replay.
 @pytest.mark.parametrize("preset,flags,link", [
     # llama3-8b's shapes on 2 layers, tp 8 in one node: the overlapped step is shorter than the
     # bound, which is the same with the flag on or off

@@ -128,8 +128,10 @@ def _with_data_parallel_one(spec: Spec) -> Spec:
 
 def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     cost = CostModel(spec)
-    tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)
-    template = LayerTemplate(spec, tp, cost)
+    tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)  # the embedding's and head's
+    # The layers' TP as the programs run it (plan/program.py): TransformerEngine's, with FP8
+    # gathers and --tp-comm-overlap's ring exchanges; a plain one charges more than the replay.
+    template = LayerTemplate(spec, TensorParallel.for_layers(spec), cost)
 
     def layer(index: int, moe: bool) -> Piece:
         def fwd(b: ProgramBuilder) -> None:
