@@ -180,15 +180,24 @@ def _model_chunks(spec: Spec, stage: int) -> tuple[Chunk, ...]:
 
 def virtual_stage(spec: Spec, stage: int, chunk: int) -> int:
     """The model-order index of a stage's chunk among the p*v virtual stages."""
-    if spec.schedule in V_SHAPED:
-        return stage if chunk == 0 else 2 * spec.pp - 1 - stage
-    return chunk * spec.pp + stage
+    return virtual_stage_in(spec.schedule, spec.pp, stage, chunk)
+
+
+def virtual_stage_in(schedule: str, p: int, stage: int, chunk: int) -> int:
+    """virtual_stage from the schedule's name and the stage count (for memos keyed by plain values)."""
+    if schedule in V_SHAPED:
+        return stage if chunk == 0 else 2 * p - 1 - stage
+    return chunk * p + stage
 
 
 def placement(spec: Spec, vstage: int) -> tuple[int, int]:
     """(stage, chunk) holding a virtual stage: the inverse of virtual_stage."""
-    p = spec.pp
-    if spec.schedule in V_SHAPED:
+    return placement_in(spec.schedule, spec.pp, vstage)
+
+
+def placement_in(schedule: str, p: int, vstage: int) -> tuple[int, int]:
+    """placement from the schedule's name and the stage count."""
+    if schedule in V_SHAPED:
         return (vstage, 0) if vstage < p else (2 * p - 1 - vstage, 1)
     return vstage % p, vstage // p
 

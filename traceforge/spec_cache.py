@@ -10,6 +10,7 @@ tests/test_spec_cache.py checks, for every use, that the named fields are truly 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import operator
@@ -85,3 +86,13 @@ def ignoring(*names: str, maxsize: int = 4096) -> Callable[[Callable[..., R]], C
         return call
 
     return wrap
+
+
+def unchecked_copy(spec: Spec, **values: Any) -> Spec:
+    """A shallow copy of spec with these fields set, not validated (dataclasses.replace would read
+    and re-check every field): for a spec the caller knows legal, e.g. one that differs only in
+    fields a memoized piece ignores, made before anyone else sees it."""
+    out = copy.copy(spec)
+    for name, value in values.items():
+        object.__setattr__(out, name, value)  # the frozen dataclass's own fresh copy
+    return out

@@ -31,7 +31,6 @@ they only add to the replay.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections import Counter
 from dataclasses import dataclass
@@ -39,7 +38,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from traceforge.layout import Layout
-from traceforge.model import activation_bytes, is_moe_layer, model_chunks, p2p_bytes, placement, virtual_stage, virtual_stage_layers
+from traceforge.model import (
+    activation_bytes,
+    is_moe_layer,
+    model_chunks,
+    p2p_bytes,
+    placement,
+    placement_in,
+    virtual_stage,
+    virtual_stage_in,
+    virtual_stage_layers,
+)
 from traceforge.plan.compute import CostModel
 from traceforge.plan.embedding import embedding_backward, embedding_forward, head_backward, head_forward
 from traceforge.plan.layer import LayerTemplate
@@ -52,7 +61,7 @@ from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec.routing import BALANCED
 from traceforge.spec.schedules import SCHEDULES
-from traceforge.spec_cache import ignoring
+from traceforge.spec_cache import ignoring, unchecked_copy
 
 
 @dataclass(frozen=True)
@@ -113,17 +122,13 @@ def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
         # p2p tags, and an MoE layer's routing to draw imbalanced counts (balanced routing moves
         # the same copies in every micro-batch): recorded with both at 1, one recording serves
         # every pipeline depth and data-parallel size of a (tp, cp, ep) layout.
-        spec = _with_data_parallel_one(spec)
+        spec = with_data_parallel_one(spec)
     return _layer_pieces(spec, link)
 
 
-def _with_data_parallel_one(spec: Spec) -> Spec:
-    """spec with dp and the micro-batch count at 1 (a shallow copy: dataclasses.replace would
-    read, and re-validate nothing of, every other field)."""
-    one = copy.copy(spec)
-    for name, value in (("dp", 1), ("num_microbatches", 1), ("global_batch", spec.micro_batch)):
-        object.__setattr__(one, name, value)  # a frozen dataclass's own copy, before anyone sees it
-    return one
+def with_data_parallel_one(spec: Spec) -> Spec:
+    """spec with dp and the micro-batch count at 1."""
+    return unchecked_copy(spec, dp=1, num_microbatches=1, global_batch=spec.micro_batch)
 
 
 def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
@@ -202,8 +207,8 @@ def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: boo
     batch follows its last compute, so it is not counted (the drain counts a gradient's). torch's
     ScheduleGPipe waits for its forward sends before its first backward."""
     rule = SCHEDULES[name]
-    vs = [virtual_stage_of(name, stage, p, c) for c in range(v)]
-    stage_at = [placement_of(name, k, p) for k in range(p * v)]
+    vs = [virtual_stage_in(name, p, stage, c) for c in range(v)]
+    stage_at = [placement_in(name, p, k)[0] for k in range(p * v)]
 
     def sends(kind: str, chunk: int) -> tuple[int, ...]:
         k = vs[chunk]
@@ -232,18 +237,6 @@ def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: boo
         if first_backward and groups[first_backward - 1]:
             out[groups[first_backward - 1]] += 1
     return tuple(sorted(out.items()))
-
-
-def virtual_stage_of(name: str, stage: int, p: int, chunk: int) -> int:
-    """model.virtual_stage from the schedule's name (for a memo keyed by plain values)."""
-    return (stage if chunk == 0 else 2 * p - 1 - stage) if SCHEDULES[name].chunks == "v" else chunk * p + stage
-
-
-def placement_of(name: str, vstage: int, p: int) -> int:
-    """The stage of model.placement, from the schedule's name."""
-    if SCHEDULES[name].chunks == "v":
-        return vstage if vstage < p else 2 * p - 1 - vstage
-    return vstage % p
 
 
 @ignoring(*DP_MODE, maxsize=65536)

@@ -24,13 +24,11 @@ at the kernels' launch floor, cp of them per layer), which is where recording co
 
 from __future__ import annotations
 
-import copy
-
 from traceforge.plan.compute import CostModel
-from traceforge.planner.bound import PIPELINE_AND_DP, _with_data_parallel_one
+from traceforge.planner.bound import PIPELINE_AND_DP, with_data_parallel_one
 from traceforge.planner.dp_bound import ROUNDING_US
 from traceforge.spec import Spec
-from traceforge.spec_cache import ignoring
+from traceforge.spec_cache import ignoring, unchecked_copy
 
 
 @ignoring(*PIPELINE_AND_DP)
@@ -45,14 +43,9 @@ def ring_blocks(spec: Spec) -> tuple[float, float]:
 
 
 def _attention_only(spec: Spec) -> Spec:
-    """spec without experts (a shallow copy): the ring's blocks read the attention's shapes only,
-    and a cost model of an MoE spec also prices its experts; so one model serves every ep."""
-    if not spec.experts:
-        return spec
-    dense = copy.copy(spec)
-    for name, value in (("experts", 0), ("ep", 1)):
-        object.__setattr__(dense, name, value)  # a frozen dataclass's own copy, before anyone sees it
-    return dense
+    """spec without experts: the ring's blocks read the attention's shapes only, and a cost model
+    of an MoE spec also prices its experts; so one model serves every ep."""
+    return unchecked_copy(spec, experts=0, ep=1) if spec.experts else spec
 
 
 def ring_layout_floor(specs: list[Spec]) -> float:
@@ -62,7 +55,7 @@ def ring_layout_floor(specs: list[Spec]) -> float:
     best = float("inf")
     for spec in specs:
         # the blocks read neither dp, the micro-batch count nor the experts: one model for every dp and ep
-        forward, backward = ring_blocks(_attention_only(_with_data_parallel_one(spec)))
+        forward, backward = ring_blocks(_attention_only(with_data_parallel_one(spec)))
         per_layer = forward + backward
         busiest = -(-spec.layers // spec.pp) * per_layer  # some stage holds ceil(layers / pp) layers
         best = min(best, max(spec.num_microbatches * busiest, spec.layers * per_layer))  # and one micro-batch's path

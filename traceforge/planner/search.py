@@ -8,7 +8,6 @@ bound). ``--all`` replays every feasible candidate instead.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 import time
@@ -28,6 +27,7 @@ from traceforge.planner.ring_floor import ring_layout_floor
 from traceforge.planner.space import LEVELS, Model, _layouts, _micro_batches, layout_counts, walk
 from traceforge.report.timing_replay import REPLAY_NODE_LIMIT, LinkModel, ReplayTooBig
 from traceforge.spec import Spec, spec_builder
+from traceforge.spec_cache import unchecked_copy
 
 
 @dataclass(frozen=True)
@@ -204,10 +204,8 @@ def probes(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
                 refused.append(child["micro_batch"])
     if specs:
         for mb in refused:
-            spec = copy.copy(specs[0])
-            for name, value in (("micro_batch", mb), ("num_microbatches", spec.global_batch // (spec.dp * mb))):
-                object.__setattr__(spec, name, value)  # a frozen dataclass's own copy, before anyone sees it
-            specs.append(spec)
+            first = specs[0]
+            specs.append(unchecked_copy(first, micro_batch=mb, num_microbatches=first.global_batch // (first.dp * mb)))
     return specs, not specs and not refused
 
 
