@@ -33,7 +33,6 @@ from traceforge.plan.compute import CostModel
 from traceforge.plan.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel, pad_to, shard_group
 from traceforge.plan.ops import Coll, ProgramBuilder
 from traceforge.plan.pipeline import passes_of
-from traceforge.report.ring import wire_bytes
 from traceforge.report.timing_replay import LinkModel
 from traceforge.spec import Spec
 from traceforge.spec.schedules import UNSPLIT_BACKWARD
@@ -79,20 +78,11 @@ def spans(spec: Spec, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...]], .
     return tuple(out)
 
 
-def _charge(link: LinkModel, ctype: Coll, size: int, n: int, nodes: int) -> float:
-    """The replay's charge for one collective of a group of n spanning `nodes` nodes, with the
-    links to itself (report/streams.py: NCCL's latency and bandwidth part for that span, or the
-    alpha-beta tier; sharing only slows it)."""
-    if link.nccl is None:
-        return link.micros(wire_bytes(int(ctype), size, n), nodes > 1)
-    return sum(link.nccl_collective(int(ctype), size, n, nodes))
-
-
 def _cost(link: LinkModel, ctype: Coll, size: float, n: int, nodes: tuple[int, ...]) -> float:
     """At most the replay's charge for one collective on any of the stage's groups of a role."""
     if n < 2 or size <= 0:
         return 0.0
-    return min(_charge(link, ctype, int(size), n, k) for k in nodes)
+    return min(link.charge(int(ctype), int(size), n, k) for k in nodes)
 
 
 def _unit_latency(link: LinkModel, group_size: int, nodes: tuple[int, ...]) -> float:
@@ -100,7 +90,7 @@ def _unit_latency(link: LinkModel, group_size: int, nodes: tuple[int, ...]) -> f
     latency, or NCCL's least latency of any collective of the group (a tiny one)."""
     if link.nccl is None:
         return min(link.inter_latency_us if k > 1 else link.intra_latency_us for k in nodes)
-    return min(_charge(link, c, 1, group_size, k) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER) for k in nodes)
+    return min(link.charge(int(c), 1, group_size, k) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER) for k in nodes)
 
 
 @dataclass(frozen=True)

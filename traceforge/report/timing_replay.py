@@ -160,6 +160,16 @@ class LinkModel:
         c = nccl_best(m, SEND_RECV, int(size), 2, 2 if inter else 1)
         return c.latency_us, c.bandwidth_us
 
+    def charge(self, ctype: int, size: int, n: int, nodes: int) -> float:
+        """What the hardware replay charges one collective of n members spanning `nodes` nodes
+        with the links to itself (report/streams.py; sharing only slows it): NCCL's latency and
+        bandwidth part for that span, or the alpha-beta tier."""
+        if n < 2:
+            return 0.0
+        if self.nccl is None:
+            return self.micros(wire_bytes(ctype, size, n), nodes > 1)
+        return sum(self.nccl_collective(ctype, size, n, nodes))
+
     def floor_micros(self, ctype: int, size: int, n: int, inter: bool | None) -> float:
         """At most what the hardware replay charges one collective (its cost with the links to
         itself): the alpha-beta charge, or with NCCL's model the least over the placements the
@@ -167,9 +177,8 @@ class LinkModel:
         if n < 2:
             return 0.0
         if self.nccl is None:
-            wire = wire_bytes(ctype, size, n)
-            return min(self.micros(wire, x) for x in ((False, True) if inter is None else (inter,)))
-        return min(sum(self.nccl_collective(ctype, size, n, nodes)) for nodes in self._placements(n, inter))
+            return min(self.charge(ctype, size, n, 2 if x else 1) for x in ((False, True) if inter is None else (inter,)))
+        return min(self.charge(ctype, size, n, nodes) for nodes in self._placements(n, inter))
 
     def floor_send(self, size: int, inter: bool | None) -> float:
         """At most what the hardware replay charges one send (see floor_micros)."""
