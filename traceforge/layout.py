@@ -210,6 +210,13 @@ class Layout:
         return self._ring("tp")
 
     @cached_property
+    def ring_peers(self) -> dict[str, np.ndarray]:
+        """Each rank's peer in every point-to-point role of the programs (plan/ops.Peer's values):
+        the pipeline's, the context ring's and the tensor ring's next and previous rank."""
+        (nxt, prv), (cp_next, cp_prev), (tp_next, tp_prev) = self.pipeline_peers, self.context_peers, self.tensor_peers
+        return {"next": nxt, "prev": prv, "cp_next": cp_next, "cp_prev": cp_prev, "tp_next": tp_next, "tp_prev": tp_prev}
+
+    @cached_property
     def ep_peers(self) -> np.ndarray:
         """(world, ep): the member of each rank's EP group at each EP rank (itself at its own)."""
         if self.expert is None:

@@ -66,12 +66,9 @@ def trace_file_name(prefix: str, rank: int) -> str:
 def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, int]:
     """What each role of a program means on this rank (ep_peers: the members of its EP group
     by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
-    nxt, prv = layout.pipeline_peers
-    cp_next, cp_prev = layout.context_peers
-    tp_next, tp_prev = layout.tensor_peers
-    values: dict[str, int] = {Peer.SELF: rank, Peer.NEXT: int(nxt[rank]), Peer.PREV: int(prv[rank]),
-                              Peer.CP_NEXT: int(cp_next[rank]), Peer.CP_PREV: int(cp_prev[rank]),
-                              Peer.TP_NEXT: int(tp_next[rank]), Peer.TP_PREV: int(tp_prev[rank])}
+    values: dict[str, int] = {Peer.SELF: rank}
+    for role, peers in layout.ring_peers.items():
+        values[Peer(role)] = int(peers[rank])
     for kind, ids in layout.group_id_of.items():
         values[kind] = int(ids[rank])
     if ep_peers:

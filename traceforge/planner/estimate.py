@@ -111,9 +111,6 @@ def _trace_set(spec: Spec, programs: list[Program] | None) -> TraceSet:
     layout = Layout.from_spec(spec)
     programs = programs if programs is not None else [build_program(spec, s) for s in range(spec.pp)]
     stage_of = layout.coords["pp"]
-    nxt, prv = layout.pipeline_peers
-    cp_next, cp_prev = layout.context_peers
-    tp_next, tp_prev = layout.tensor_peers  # --tp-comm-overlap's ring exchanges
     ids = layout.group_id_of
     shared: list[tuple[_Columns, tuple[str, ...], tuple[str, ...], bytes]] = []
     for program in programs:
@@ -125,7 +122,7 @@ def _trace_set(spec: Spec, programs: list[Program] | None) -> TraceSet:
         peers = _first_use(list(map(columns.peers.__getitem__, transfers)))
         shared.append((columns, groups, peers, b""))
     rank_programs: dict[bytes, RankProgram] = {}
-    role_arrays = {"next": nxt, "prev": prv, "cp_next": cp_next, "cp_prev": cp_prev, "tp_next": tp_next, "tp_prev": tp_prev}
+    role_arrays = layout.ring_peers  # every role generate binds (emit/writer.role_values)
     scans: list[RankScan] = []
     # Ranks of one stage whose peer roles resolve with the same pattern of equal ranks share a
     # program (the pattern is a stage property in every layout traceforge makes).
