@@ -3,13 +3,13 @@
     python benchmarks/bench_gemm_shapes.py
 
 GEMMs: each row is one published measurement (GPU, M x N x K, batch, TFLOP/s, source), against
-the calibrated model (plan/compute.py, CostModel.gemm: tile/wave quantization, the main loop at
+the calibrated model (model/compute.py, CostModel.gemm: tile/wave quantization, the main loop at
 the GPU's GEMM fraction, the output store after it, the HBM roofline, the launch floor). Printed:
 model and measured TFLOP/s, the error, and per GPU and source the signed mean and the spread
 around it, which is the shape error once the level (clocks, library version) is set aside.
 
 Attention: FlashAttention's forward, relative to the longest sequence of its own series (model:
-plan/compute.py's block efficiency at the GPU's calibrated rate; measured: the same ratio of
+model/compute.py's block efficiency at the GPU's calibrated rate; measured: the same ratio of
 published TFLOP/s), so the sequence-length dependence is compared, not the level.
 
 Sources (docs/simulation.md, "Shape-dependent efficiency"):
@@ -33,8 +33,8 @@ from statistics import mean, pstdev
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traceforge.plan.compute import ATTENTION_BLOCK_FWD, ATTENTION_FWD, CostModel, Kernel  # noqa: E402
-from traceforge.spec import build_spec  # noqa: E402
+from traceforge.config import build_spec  # noqa: E402
+from traceforge.model.compute import ATTENTION_BLOCK_FWD, ATTENTION_FWD, CostModel, Kernel  # noqa: E402
 
 # Measured under 10 us: launch and pipeline-fill latency, which the model bounds only by its
 # launch floor (3.8 us); listed, and kept apart in the summary.

@@ -42,8 +42,8 @@ def _child(args: list[str], out: str) -> None:
     from traceforge.cli import app, load_commands
     load_commands()
     # Import what generate imports lazily: interpreter start-up is not generation.
-    importlib.import_module("traceforge.emit.shard")
-    importlib.import_module("traceforge.emit.astra")
+    importlib.import_module("traceforge.write.shard")
+    importlib.import_module("traceforge.write.astra")
     started = time.perf_counter()
     try:
         app(["generate", *args, "-o", out, "-q"], prog_name="traceforge")

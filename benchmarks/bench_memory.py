@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from traceforge.config import build_spec  # noqa: E402
 from traceforge.memory import memory_report  # noqa: E402
 from traceforge.memory import report as report_module  # noqa: E402
-from traceforge.memory.activations import layer_activations, routing_imbalance  # noqa: E402
-from traceforge.model import virtual_stage_layers  # noqa: E402
-from traceforge.spec import build_spec  # noqa: E402
+from traceforge.model.activations import layer_activations, routing_imbalance  # noqa: E402
+from traceforge.parallel.partition import virtual_stage_layers  # noqa: E402
 
 
 def _cold() -> None:

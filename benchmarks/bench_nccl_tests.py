@@ -1,4 +1,4 @@
-"""traceforge's NCCL model (traceforge/nccl_model.py) against published nccl-tests results.
+"""traceforge's NCCL model (traceforge/machine/nccl.py) against published nccl-tests results.
 
     python benchmarks/bench_nccl_tests.py [--markdown]
 
@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from traceforge import nccl_model as N
+from traceforge.machine import nccl as N
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 BW_TOLERANCE, TIME_TOLERANCE = 0.15, 0.30

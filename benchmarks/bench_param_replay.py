@@ -44,7 +44,7 @@ KINDS = ("tp", "pp", "dp", "cp", "ep", "edp", "emb", "mp", "world")
 
 
 def replay(set_dir: Path, scratch: Path, nproc: int, timeout: float) -> tuple[str, list[str]]:
-    from traceforge.browse.param_replay import estimated_by_kind, measured_by_kind, run_replay, torchrun_command
+    from traceforge.report.param_replay import estimated_by_kind, measured_by_kind, run_replay, torchrun_command
 
     tf = [sys.executable, "-m", "traceforge"]
     export = scratch / "param"

@@ -34,11 +34,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traceforge.errors import UserError  # noqa: E402
-from traceforge.planner.rows import rows  # noqa: E402
-from traceforge.planner.run import Query, run_search  # noqa: E402
-from traceforge.planner.search import Ranked  # noqa: E402
-from traceforge.planner.space import LEVELS, Model  # noqa: E402
+from traceforge.base.errors import UserError  # noqa: E402
+from traceforge.plan_output.rows import rows  # noqa: E402
+from traceforge.plan_output.run import Query, run_search  # noqa: E402
+from traceforge.search.candidates import Ranked  # noqa: E402
+from traceforge.search.space import LEVELS, Model  # noqa: E402
 
 SELENE = dict(gpus_per_node=8, scale_up_bw=300.0, scale_out_bw=25.0, scale_up_latency=700.0, scale_out_latency=2000.0)
 H100_ROCE = dict(gpus_per_node=8, scale_up_bw=450.0, scale_out_bw=50.0)

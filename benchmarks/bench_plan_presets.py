@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from traceforge.presets import PRESETS  # noqa: E402
+from traceforge.config.presets import PRESETS  # noqa: E402
 
 GPUS = [2 ** k for k in range(3, 15)]  # 8 .. 16,384
 WALL_GOAL_S, GAP_GOAL = 60.0, 0.02

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from properties import legal_specs, problems  # noqa: E402
 
-from traceforge.emit.writer import write_trace_set  # noqa: E402
+from traceforge.write.writer import write_trace_set  # noqa: E402
 
 
 def main() -> int:

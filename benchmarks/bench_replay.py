@@ -1,6 +1,6 @@
-"""How long `traceforge plan` takes to rank one candidate: planner/estimate.estimate, which builds
-the stage programs in memory (plan/program.py, plan/ops.py), replays them in the hardware mode
-(report/timing_replay.py, report/streams.py) and splits the critical rank's step.
+"""How long `traceforge plan` takes to rank one candidate: search/estimate.estimate, which builds
+the stage programs in memory (program/stage.py, program/ops.py), replays them in the hardware mode
+(timing/engine.py, timing/streams.py) and splits the critical rank's step.
 
     python benchmarks/bench_replay.py [--only NAME] [--against REV]
 
@@ -48,10 +48,10 @@ CASES: list[tuple[str, str, dict]] = [
 # Runs in the child, with the tree under test first on sys.path: prints one JSON line.
 _CHILD = """
 import json, sys, time
-from traceforge.cluster import Cluster
-from traceforge.planner import estimate as planner
-from traceforge.report.timing_replay import LinkModel
-from traceforge.spec import build_spec
+from traceforge.machine.cluster import Cluster
+from traceforge.search import estimate as planner
+from traceforge.machine.links import LinkModel
+from traceforge.config import build_spec
 preset, flags = json.loads(sys.argv[1])
 spec = build_spec(preset, None, flags)
 link = LinkModel.from_cluster(Cluster.from_options())

@@ -15,13 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from traceforge.config import Spec, build_spec  # noqa: E402
 from traceforge.memory import memory_report  # noqa: E402
-from traceforge.memory.activations import chunk_activations  # noqa: E402
 from traceforge.memory.states import stage_states  # noqa: E402
 from traceforge.memory.walk import moments  # noqa: E402
-from traceforge.model import model_chunks, padded_vocab  # noqa: E402
-from traceforge.plan.pipeline import schedule  # noqa: E402
-from traceforge.spec import Spec, build_spec  # noqa: E402
+from traceforge.model.activations import chunk_activations  # noqa: E402
+from traceforge.model.params import padded_vocab
+from traceforge.parallel.partition import model_chunks  # noqa: E402
+from traceforge.parallel.pipeline import schedule  # noqa: E402
 
 GB, GIB = 1e9, 2**30
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from traceforge.emit.writer import write_trace_set
-from traceforge.spec import build_spec, load_config_file
+from traceforge.config import build_spec, load_config_file
+from traceforge.write.writer import write_trace_set
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
 SPEC_FILE = "spec.yaml"

@@ -3,8 +3,8 @@ import json
 import pytest
 from oracle import assert_sound
 
-from traceforge.emit.writer import write_trace_set
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.write.writer import write_trace_set
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from traceforge import schema as S
-from traceforge import wire
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra import schema as S
+from traceforge.chakra import wire
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.read.reader import attrs, read_trace
 
 PREFIX = "workload"

@@ -1,7 +1,7 @@
 """Test helper: read a generated trace set back, summarize its traffic, and check it with an
 oracle of our own.
 
-Nothing here uses the planner (traceforge.plan, traceforge.model) or the product's checker:
+Nothing here uses the planner (traceforge.program, traceforge.model.params) or the product's checker:
 traces are read through traceforge.read.reader and judged by rules written from docs/traffic-model.md
 section 2 (the output contract) and the rank-order definition of section 3. The constants
 below are Chakra et_def.proto's enum values; test_interop holds them to Chakra's own schema.

@@ -14,9 +14,9 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from oracle import consistency_problems, load_set, unfinished
 
+from traceforge.base.errors import SpecError
 from traceforge.check.run import check_trace_set
-from traceforge.errors import SpecError
-from traceforge.spec import Spec, build_spec
+from traceforge.config import Spec, build_spec
 
 SEND = 5
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")

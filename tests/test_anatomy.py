@@ -1,4 +1,4 @@
-"""The layer anatomy (traceforge/anatomy/) is the one description the parameters, the compute,
+"""The layer anatomy (traceforge/model/anatomy/) is the one description the parameters, the compute,
 the kept activations and the model FLOPs derive from: each checked against hand arithmetic, and
 one feature (the per-head q/k norm) shown to reach all four from its one edit."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.anatomy import FULL, SELECTIVE, Block, Op, Weight, layer_anatomy
-from traceforge.memory.activations import layer_activations
-from traceforge.model import layer_param_list, layer_params, total_params
-from traceforge.plan.compute import CostModel, Kernel
-from traceforge.plan.program import build_program
-from traceforge.planner.estimate import model_flops_per_step
-from traceforge.spec import SpecError, build_spec
+from traceforge.config import SpecError, build_spec
+from traceforge.model.activations import layer_activations
+from traceforge.model.anatomy import FULL, SELECTIVE, Block, Op, Weight, layer_anatomy
+from traceforge.model.compute import CostModel, Kernel
+from traceforge.model.flops import model_flops_per_step
+from traceforge.model.params import layer_param_list, layer_params, total_params
+from traceforge.program.stage import build_program
 
 
 def test_a_gpt_layer_holds_12h2_plus_13h_parameters():

@@ -21,8 +21,10 @@ from fake_astra import write_fake_astra
 from typer.testing import CliRunner
 
 from traceforge.cli import app, load_commands
-from traceforge.emit import astra, astra_htsim, astra_ns3
-from traceforge.emit.astra import AstraOptions, Cluster, write_astra_bundle
+from traceforge.machine import astra as astra_files
+from traceforge.machine.cluster import Cluster
+from traceforge.write import astra, astra_htsim, astra_ns3
+from traceforge.write.astra import AstraOptions, write_astra_bundle
 
 # ns-3 config keys ReadConf knows (common.h); anything else is skipped token by token.
 NS3_KEYS = {
@@ -124,7 +126,7 @@ def test_ns3_bundle_is_what_the_ns3_backend_reads(make_set, fabric):
     assert all(isinstance(d, str) for d in logical["logical-dims"])
     dims = [int(d) for d in logical["logical-dims"]]
     assert dims == [gpn, world // gpn] and math.prod(dims) == world
-    system = json.loads((out / astra.SYSTEM_FILE).read_text())
+    system = json.loads((out / astra_files.SYSTEM_FILE).read_text())
     assert len(system["all-reduce-implementation"]) == len(dims)
     conf = read_ns3_config(out / astra_ns3.CONFIG_FILE)
     for key in ("TOPOLOGY_FILE", "FLOW_FILE", "TRACE_FILE"):
@@ -227,10 +229,10 @@ def test_htsim_topology_passes_htsims_own_checks(make_set):
     assert sorted(p.name for p in files) == sorted(astra.bundle_files(options))
     header, tiers = read_htsim(out / astra_htsim.TOPOLOGY_FILE)
     n, pod = header["nodes"], header["podsize"]
-    net = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
+    net = yaml.safe_load((out / astra_files.NETWORK_FILE).read_text())
     assert n == doc["world_size"] == math.prod(net["npus_count"])  # htsim: "Mismatch between connection matrix"
     # one logical dimension (htsim has no scale-up network), and the system's lists match it
-    system = json.loads((out / astra.SYSTEM_FILE).read_text())
+    system = json.loads((out / astra_files.SYSTEM_FILE).read_text())
     assert net["npus_count"] == [n] and len(system["all-reduce-implementation"]) == 1
     assert header["tiers"] == len(tiers) == 2
     t0, t1 = tiers[0], tiers[1]
@@ -246,13 +248,13 @@ def test_htsim_topology_passes_htsims_own_checks(make_set):
     tor_uplinks = n * t0["downlink_speed_gbps"] // t1["downlink_speed_gbps"]
     assert tor_uplinks % (pods * t1["radix_down"]) == 0
     assert tor_uplinks // (pods * t1["radix_down"]) * t1.get("bundle", 1) == t0["radix_up"]
-    assert json.loads((out / astra.SYSTEM_FILE).read_text())["trace-enabled"] == 1
+    assert json.loads((out / astra_files.SYSTEM_FILE).read_text())["trace-enabled"] == 1
 
 
 def test_trace_enabled_only_when_asked(make_set):
     _, out, doc = make_set()
     write_astra_bundle(out, doc, Cluster())
-    assert "trace-enabled" not in json.loads((out / astra.SYSTEM_FILE).read_text())
+    assert "trace-enabled" not in json.loads((out / astra_files.SYSTEM_FILE).read_text())
 
 
 @pytest.mark.parametrize("backend", ["ns3", "htsim"])
@@ -262,7 +264,7 @@ def test_run_script_requires_every_rank_for_every_backend(make_set, tmp_path, ba
     write_astra_bundle(out, doc, Cluster(gpus_per_node=4), AstraOptions(astra_sim_backend=backend))
     fake = write_fake_astra(tmp_path / "fake")
     env = {k: v for k, v in os.environ.items() if k not in ("ASTRA_SIM", "ASTRA_LOG_DIR")}
-    done = subprocess.run(["bash", str(out / astra.RUN_SCRIPT), str(fake)], capture_output=True, text=True,
+    done = subprocess.run(["bash", str(out / astra_files.RUN_SCRIPT), str(fake)], capture_output=True, text=True,
                           env={**env, "FAKE_FINISHED": str(finished)}, cwd=tmp_path, timeout=60)
     assert done.returncode == rc, done.stderr
     if backend == "ns3":
@@ -320,8 +322,8 @@ def test_real_backend_finishes_every_rank(make_set, backend, binary, overrides):
         pytest.skip(f"set ASTRA_SIM_{backend.upper()}_BIN to ASTRA-sim's {astra.BACKEND_INFO[backend].binary}")
     spec, out, doc = make_set(**overrides)
     write_astra_bundle(out, doc, Cluster(gpus_per_node=4), AstraOptions(astra_sim_backend=backend))
-    done = subprocess.run(["bash", str(out / astra.RUN_SCRIPT), binary], capture_output=True, text=True, timeout=1800)
-    log = (out / astra.LOG_DIR / "stdout.txt").read_text()
+    done = subprocess.run(["bash", str(out / astra_files.RUN_SCRIPT), binary], capture_output=True, text=True, timeout=1800)
+    log = (out / astra_files.LOG_DIR / "stdout.txt").read_text()
     finished = {int(i) for i in re.findall(r"sys\[(\d+)\] finished", log)}
     assert finished == set(range(spec.world_size)), done.stderr[-2000:]
     assert done.returncode == 0

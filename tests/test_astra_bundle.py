@@ -12,10 +12,11 @@ import pytest
 import yaml
 from fake_astra import write_fake_astra
 
-from traceforge.emit import astra
-from traceforge.emit.astra import Cluster, check_bundle, network_dimensions, write_astra_bundle
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
+from traceforge.machine import astra as astra_files
+from traceforge.machine.cluster import Cluster
 from traceforge.read.reader import attrs, iter_nodes
+from traceforge.write.astra import check_bundle, network_dimensions, write_astra_bundle
 
 # The keys ASTRA-sim's analytical network parser reads, one list entry per dimension.
 NETWORK_KEYS = {"topology", "npus_count", "bandwidth", "latency"}
@@ -32,7 +33,7 @@ def bundle(make_set, cluster=Cluster(), **overrides):
 def run_script(out: Path, *args: str, env_extra=None, cwd=None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ASTRA_SIM", "ASTRA_LOG_DIR")}
     env.update(env_extra or {})
-    return subprocess.run(["bash", str(out / astra.RUN_SCRIPT), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(out / astra_files.RUN_SCRIPT), *args], capture_output=True, text=True,
                           env=env, cwd=cwd or out.parent, timeout=60)
 
 
@@ -50,8 +51,8 @@ def test_two_dimensional_network_matches_the_cluster_and_world_size(make_set):
     cluster = Cluster(gpus_per_node=4, scale_up_bw=300.0, scale_up_latency=700.0, scale_out_bw=25.0,
                       scale_out_latency=2500.0, scale_up_topology="ring", scale_out_topology="fully-connected")
     spec, out, doc, files = bundle(make_set, cluster)
-    assert sorted(p.name for p in files) == sorted(astra.BUNDLE_FILES)
-    net = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
+    assert sorted(p.name for p in files) == sorted(astra_files.BUNDLE_FILES)
+    net = yaml.safe_load((out / astra_files.NETWORK_FILE).read_text())
     assert set(net) == NETWORK_KEYS
     # 8 GPUs at 4 per node: 2 nodes; scale-up first (ASTRA-sim's innermost dimension).
     assert net["npus_count"] == [4, 2]
@@ -64,7 +65,7 @@ def test_two_dimensional_network_matches_the_cluster_and_world_size(make_set):
 
 def test_world_within_one_node_is_a_single_dimension(make_set):
     _, out, doc, _ = bundle(make_set, Cluster(gpus_per_node=8))
-    net = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
+    net = yaml.safe_load((out / astra_files.NETWORK_FILE).read_text())
     assert net["npus_count"] == [8]
     assert net["bandwidth"][0] * 2**30 == pytest.approx(Cluster().scale_up_bw * 1e9, rel=1e-12)
     assert all(len(v) == 1 for v in net.values())
@@ -88,30 +89,30 @@ def test_dimension_shapes(world, gpn, shape):
 
 def test_system_config_has_astra_keys_one_implementation_per_dimension(make_set):
     _, out, _, _ = bundle(make_set, Cluster(gpus_per_node=2))
-    system = json.loads((out / astra.SYSTEM_FILE).read_text())
+    system = json.loads((out / astra_files.SYSTEM_FILE).read_text())
     # ASTRA-sim divides by preferred-dataset-splits: it must be set and positive.
     assert system["preferred-dataset-splits"] >= 1
     assert system["scheduling-policy"] in ("LIFO", "FIFO", "EXPLICIT")
     assert system["collective-optimization"] in ("baseline", "localBWAware")
     assert system["active-chunks-per-dimension"] >= 1
-    dims = len(yaml.safe_load((out / astra.NETWORK_FILE).read_text())["npus_count"])
+    dims = len(yaml.safe_load((out / astra_files.NETWORK_FILE).read_text())["npus_count"])
     assert dims == 2
     for coll in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
         impl = system[f"{coll}-implementation"]
         assert len(impl) == dims and set(impl) <= ASTRA_COLLECTIVES
     # Durations come from the trace, not ASTRA-sim's roofline; its figures are the achieved ones
     # our durations assume: H100 dense bf16 989 TFLOP/s and 3350 GB/s HBM at the H100 calibration's
-    # large-GEMM and streaming fractions (hardware.py).
+    # large-GEMM and streaming fractions (machine/gpus.py).
     assert system["roofline-enabled"] == 0
     assert (system["peak-perf"], system["local-mem-bw"]) == (round(989.0 * 0.72, 3), round(3350.0 * 0.85, 3))
-    remote = json.loads((out / astra.REMOTE_MEMORY_FILE).read_text())
+    remote = json.loads((out / astra_files.REMOTE_MEMORY_FILE).read_text())
     assert remote == {"memory-type": "NO_MEMORY_EXPANSION"}
 
 
 def test_run_script_names_the_trace_set_and_works_from_any_directory(make_set, tmp_path):
     _, out, doc, _ = bundle(make_set, Cluster(gpus_per_node=4))
-    assert os.access(out / astra.RUN_SCRIPT, os.X_OK)
-    assert subprocess.run(["bash", "-n", str(out / astra.RUN_SCRIPT)]).returncode == 0
+    assert os.access(out / astra_files.RUN_SCRIPT, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(out / astra_files.RUN_SCRIPT)]).returncode == 0
     done = run_script(out, cwd=tmp_path)  # no binary anywhere
     assert done.returncode == 127
     assert "github.com/astra-sim/astra-sim" in done.stderr
@@ -128,8 +129,8 @@ def test_run_script_names_the_trace_set_and_works_from_any_directory(make_set, t
     named = {attrs(n).get("pg_name") for r in range(doc["world_size"]) for n in iter_nodes(Path(f"{prefix}.{r}.et"))}
     assert named - {None} <= set(groups)
     assert all(len(set(m)) == len(m) and set(m) <= set(range(doc["world_size"])) for m in groups.values())
-    for key, name in (("system-configuration", astra.SYSTEM_FILE), ("remote-memory-configuration", astra.REMOTE_MEMORY_FILE),
-                      ("network-configuration", astra.NETWORK_FILE)):
+    for key, name in (("system-configuration", astra_files.SYSTEM_FILE), ("remote-memory-configuration", astra_files.REMOTE_MEMORY_FILE),
+                      ("network-configuration", astra_files.NETWORK_FILE)):
         assert options[key] == name and (where / name).is_file()
 
 
@@ -140,7 +141,7 @@ def test_run_script_requires_every_rank_to_finish(make_set, tmp_path, finished, 
     done = run_script(out, str(fake), env_extra={"FAKE_FINISHED": str(finished)})
     assert done.returncode == rc, done.stderr
     assert len(re.findall(r"sys\[\d+\] finished", done.stdout)) == finished
-    assert (out / astra.LOG_DIR / "stdout.txt").is_file()
+    assert (out / astra_files.LOG_DIR / "stdout.txt").is_file()
 
 
 def test_binary_from_environment(make_set, tmp_path):
@@ -165,11 +166,11 @@ def test_refuses_output_path_containing_empty(tmp_path):
 def test_refusal_writes_nothing(make_set, tmp_path):
     _, out, doc, _ = bundle(make_set)
     before = sorted(p.name for p in out.iterdir())
-    for name in astra.BUNDLE_FILES:
+    for name in astra_files.BUNDLE_FILES:
         (out / name).unlink()
     with pytest.raises(UserError):
         write_astra_bundle(out, doc, Cluster(gpus_per_node=3))
-    assert sorted(p.name for p in out.iterdir()) == sorted(set(before) - set(astra.BUNDLE_FILES))
+    assert sorted(p.name for p in out.iterdir()) == sorted(set(before) - set(astra_files.BUNDLE_FILES))
 
 
 @pytest.mark.parametrize("values, message", [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
 from traceforge.simulate.astra_log import read_astra_log
 from traceforge.simulate.result import Simulation, load_simulation, trace_set_identity
 

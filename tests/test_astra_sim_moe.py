@@ -13,8 +13,10 @@ import pytest
 from test_moe_frontier import FRONTIER
 from test_moe_imbalance import SMALL
 
-from traceforge.emit.astra import LOG_DIR, RUN_SCRIPT, Cluster, write_astra_bundle
-from traceforge.emit.combine import combine_sets
+from traceforge.machine.astra import LOG_DIR, RUN_SCRIPT
+from traceforge.machine.cluster import Cluster
+from traceforge.write.astra import write_astra_bundle
+from traceforge.write.combine import combine_sets
 
 BINARY = os.environ.get("ASTRA_SIM_BIN")
 pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),

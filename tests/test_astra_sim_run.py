@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from traceforge.emit.astra import LOG_DIR, RUN_SCRIPT, Cluster, write_astra_bundle
+from traceforge.machine.astra import LOG_DIR, RUN_SCRIPT
+from traceforge.machine.cluster import Cluster
+from traceforge.write.astra import write_astra_bundle
 
 BINARY = os.environ.get("ASTRA_SIM_BIN")
 pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),

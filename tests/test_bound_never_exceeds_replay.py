@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.errors import SpecError
-from traceforge.planner.bound import layout_floor, step_lower_bound
-from traceforge.planner.estimate import estimate
-from traceforge.planner.ring_floor import ring_layout_floor
-from traceforge.planner.search import Base, probe_specs
-from traceforge.planner.space import Model, walk
-from traceforge.report.timing_replay import LinkModel
-from traceforge.spec.schedules import SCHEDULES
+from traceforge.base.errors import SpecError
+from traceforge.config.schedules import SCHEDULES
+from traceforge.machine.links import LinkModel
+from traceforge.search.bound import layout_floor, step_lower_bound
+from traceforge.search.candidates import Base, probe_specs
+from traceforge.search.estimate import estimate
+from traceforge.search.ring_floor import ring_layout_floor
+from traceforge.search.space import Model, walk
 
 LAYOUT = ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")
 # One 10 GB/s NIC per node (NCCL's model, as plan runs it): a send across nodes costs ~10x one inside.
@@ -105,8 +105,8 @@ def test_a_data_parallel_group_spread_unevenly_over_nodes_is_bounded_and_replaye
     r+4, two on one node and one on the next. plan bounds every candidate of a layout it
     validates, so a bound that cannot price this group ended the whole plan with a traceback
     (plan -p llama3-8b --gpus 24 --global-batch 48), and report of such a set alike."""
-    from traceforge.planner.dp_bound import spans
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
+    from traceforge.search.dp_bound import spans
 
     spec = build_spec("demo", None, {"world_size": 12, "tp": 2, "pp": 2, "global_batch": 12, "micro_batch": 1,
                                      "order": "megatron", "sequence_parallel": True, "dp_mode": "ddp"})
@@ -119,7 +119,7 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
     """--tp-comm-overlap's ring exchanges send to the TP ring's next and previous rank, which the
     planner's in-memory trace set must resolve as generate writes them (plan -p demo --gpus 8
     --tp-comm-overlap --sequence-parallel ended on KeyError: Peer.TP_PREV)."""
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
 
     spec = build_spec("demo", None, {"world_size": 8, "tp": 2, "pp": 2, "global_batch": 8, "micro_batch": 1,
                                      "order": "megatron", "sequence_parallel": True, "tp_comm_overlap": True})
@@ -127,7 +127,7 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
     assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
 
-# The layers' TP is TransformerEngine's in the programs (plan/program.py: TensorParallel.for_layers:
+# The layers' TP is TransformerEngine's in the programs (program/stage.py: TensorParallel.for_layers:
 # FP8 gathers, userbuffers overlap); a bound recording a plain TensorParallel charged bf16
 # AllGathers for FP8 ones, and blocking AllGathers and ReduceScatters for the ring exchanges and
 # chunked GEMMs that hide them, above the replay.
@@ -141,7 +141,7 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
      LinkModel(gpus_per_node=2, inter_gbps=10.0, nics_per_node=1, gpu="h100")),
 ], ids=["tp-comm-overlap", "fp8"])
 def test_the_bound_records_the_layers_tp_as_the_programs_do(preset, flags, link):
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
 
     spec = build_spec(preset, None, {"order": "megatron", "pp": 1, "sequence_parallel": True, "recompute": "none",
                                      "dp_mode": "ddp", **flags})

@@ -3,7 +3,7 @@
 Chakra's v1 feeder (mlcommons/chakra src/feeder/et_feeder_node.cpp, the ETFeederNode
 constructor; what ASTRA-sim read until early 2025) reads each attribute through one typed
 accessor, and protobuf answers 0 for a oneof member that is not the one set. The table below is
-copied by hand from that constructor, independently of traceforge.schema; the producers' side is
+copied by hand from that constructor, independently of traceforge.chakra.schema; the producers' side is
 taken from Chakra's own code (mlc-chakra's generator and PyTorch converter) at run time.
 """
 
@@ -13,13 +13,14 @@ import oracle as traffic
 import pytest
 from mutate import edit
 
-from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra import fields as F
+from traceforge.chakra import schema as S
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.check.run import check_trace_set
-from traceforge.plan import ops
-from traceforge.plan.program import build_program
+from traceforge.config import build_spec
+from traceforge.program import ops
+from traceforge.program.stage import build_program
 from traceforge.read.reader import attr_value, find_rank_files, read_trace
-from traceforge.spec import build_spec
 
 # et_feeder_node.cpp: attr_name -> the accessor its constructor calls.
 V1_FEEDER = {
@@ -47,7 +48,7 @@ def test_table_is_the_v1_feeders():
         assert S.ATTR_MEMBER[name] == V1_FEEDER[name], name
     # every attribute we write is in the table, and every integer member is one protobuf has
     assert set(S.ATTR_MEMBER) >= S.V1_READ
-    assert all(member in S.MEMBER_FIELD for member in S.ATTR_MEMBER.values())
+    assert all(member in F.MEMBER_FIELD for member in S.ATTR_MEMBER.values())
 
 
 def _members(nodes) -> dict[str, set[str]]:

@@ -31,11 +31,11 @@ from mutate import (
 )
 from typer.testing import CliRunner
 
-from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.base.errors import TraceReadError
+from traceforge.chakra import schema as S
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.check.run import check_trace_set
 from traceforge.cli import app, load_commands
-from traceforge.errors import TraceReadError
 
 BIG_TP = dict(tp=4, pp=3, dp=2, layers=6)  # groups of 4: a damaged member is a clear minority
 

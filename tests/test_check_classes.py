@@ -12,8 +12,8 @@ import pytest
 from mutate import attr, coll, drop, edit, groups, of_type, read_nodes, set_int, swap_collectives, write_set
 from oracle import load_set
 
-from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra import schema as S
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.check import replay as replay_module
 from traceforge.check.cross import CrossRank
 from traceforge.check.run import check_trace_set

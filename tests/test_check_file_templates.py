@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge import schema as S
+from traceforge.chakra import schema as S
+from traceforge.chakra.frame import frames
+from traceforge.chakra.spans import find_spans
+from traceforge.chakra.wire import read_varint
 from traceforge.check import rank as rank_module
 from traceforge.check.rank import new_check, summarize_rank
 from traceforge.check.run import check_trace_set
-from traceforge.read.frame import frames
-from traceforge.read.spans import find_spans
-from traceforge.wire import read_varint
 
 SPEC = dict(tp=2, pp=2, dp=8, num_microbatches=2)  # 32 ranks, 8 per stage and tp rank
 

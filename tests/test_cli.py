@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke
 
-from traceforge.presets import PRESETS
-from traceforge.spec import FIELDS
+from traceforge.config import FIELDS
+from traceforge.config.presets import PRESETS
 
 ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb")
 

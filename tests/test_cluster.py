@@ -1,4 +1,4 @@
-"""One machine description (traceforge.cluster.Cluster) behind `generate --astra-sim` and `report`:
+"""One machine description (traceforge.machine.cluster.Cluster) behind `generate --astra-sim` and `report`:
 the same flags parse to the same object, its units survive the trip through ASTRA-sim's network
 file, bad values are one line, and report's alpha-beta times follow the cluster's values."""
 
@@ -12,16 +12,17 @@ import yaml
 from cli_runner import invoke, one_line_error
 from mutate import encode
 
-from traceforge import cluster as cluster_mod
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.base.errors import UserError
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.cli import generate as generate_cli
 from traceforge.cli import report as report_cli
-from traceforge.cluster import FIELDS, Cluster
-from traceforge.emit import astra
-from traceforge.errors import UserError
+from traceforge.machine import astra as astra_files
+from traceforge.machine import cluster as cluster_mod
+from traceforge.machine.astra import load_network, machine_of
+from traceforge.machine.cluster import FIELDS, Cluster
+from traceforge.machine.links import LinkModel
 from traceforge.report.build import build_report
-from traceforge.report.collective_cost import load_network, machine_of
-from traceforge.report.timing_replay import LinkModel
+from traceforge.write import astra
 
 # A machine unlike the defaults in every field; values in the flags' units (GB/s = 10^9 B/s, ns).
 MACHINE = {"gpus_per_node": 4, "scale_up_bw": 300.0, "scale_up_latency": 700.0, "scale_out_bw": 25.0,
@@ -81,7 +82,7 @@ def test_cluster_survives_the_astra_network_file(make_set, gpn, shape):
                       scale_out_topology="fullyconnected")
     _, out, doc = make_set()
     astra.write_astra_bundle(out, doc, cluster)
-    raw = yaml.safe_load((out / astra.NETWORK_FILE).read_text())
+    raw = yaml.safe_load((out / astra_files.NETWORK_FILE).read_text())
     assert len(raw["npus_count"]) == shape
     # ASTRA-sim multiplies the file's value by 2^30 bytes/s (NetworkFunction.cpp): that must be our 10^9 GB/s
     assert raw["bandwidth"][0] * 2**30 == pytest.approx(cluster.scale_up_bw * 1e9, rel=1e-12)
@@ -202,7 +203,7 @@ def test_flags_are_refused_beside_a_bundle_they_cannot_describe(tmp_path):
     out = tmp_path / "set"
     assert invoke("generate", "-p", "demo", "-q", "--astra-sim", "-o", out, "--gpus-per-node", "2").exit_code == 0
     # a hand-written three-dimension network of the same 8 NPUs (2 x 2 x 2)
-    (out / astra.NETWORK_FILE).write_text("topology: [ Ring, Switch, Switch ]\nnpus_count: [ 2, 2, 2 ]\n"
+    (out / astra_files.NETWORK_FILE).write_text("topology: [ Ring, Switch, Switch ]\nnpus_count: [ 2, 2, 2 ]\n"
                                           "bandwidth: [ 100.0, 50.0, 25.0 ]\nlatency: [ 500.0, 500.0, 500.0 ]\n")
     assert invoke("report", out, "--json").exit_code == 0
     one_line_error(invoke("report", out, "--scale-out-bw", "25"), "--scale-out-bw", "3 dimensions", "--alpha-beta")

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from traceforge.errors import UserError
-from traceforge.report.collective_cost import AstraNetwork, NetDim, load_network
-from traceforge.report.ring import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
+from traceforge.base.errors import UserError
+from traceforge.machine.astra import AstraNetwork, NetDim, load_network
+from traceforge.machine.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER
 
 MIB = 1 << 20
 UP = NetDim("Switch", 8, 400.0, 936.25)  # 400 GiB/s = 429.4967296 B/ns

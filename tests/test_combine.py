@@ -10,10 +10,10 @@ import pytest
 from cli_runner import invoke, one_line_error
 from oracle import consistency_problems, load_set, unfinished
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.combine import combine_sets, placement_ranks
-from traceforge.errors import UserError
-from traceforge.read.frame import frames
+from traceforge.base.errors import UserError
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.frame import frames
+from traceforge.write.combine import combine_sets, placement_ranks
 
 MOE = dict(arch="llama", layers=2, hidden=128, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=64,
            tied_embeddings=False, experts=8, top_k=2, tp=1, pp=2, dp=4, ep=4, order="megatron", num_microbatches=2,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.errors import SpecError
-from traceforge.hardware import GPUS, Calibration, wave_efficiency
-from traceforge.plan.compute import CostModel, Kernel
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.machine.gpus import GPUS, Calibration, wave_efficiency
+from traceforge.model.compute import CostModel, Kernel
 
 H100 = GPUS["h100"].calibration
 assert H100 is not None
@@ -338,7 +338,7 @@ def test_fp16_optimizer_unscales_and_checks_the_grads_first():
 
 
 def test_no_kernel_is_quicker_than_the_launch_floor():
-    from traceforge.hardware import LAUNCH_FLOOR_US
+    from traceforge.machine.gpus import LAUNCH_FLOOR_US
 
     cost = CostModel(spec(seq_len=8, hidden=256, heads=2, kv_heads=2, ffn_hidden=1024, vocab=1024))
     assert cost.kernels and all(c.micros >= LAUNCH_FLOOR_US for c in cost.kernels.values())
@@ -350,8 +350,8 @@ def test_no_kernel_is_quicker_than_the_launch_floor():
 
 
 def test_every_kernel_kind_has_a_key_shape_for_measured_times():
-    from traceforge.kernels.keys import SHAPES
-    from traceforge.plan.compute import ELEMENTWISE
+    from traceforge.machine.kernels.keys import SHAPES
+    from traceforge.model.compute import ELEMENTWISE
 
     assert set(ELEMENTWISE) <= set(SHAPES) and all(SHAPES[k] == ("elements",) for k in ELEMENTWISE)
 
@@ -425,7 +425,7 @@ def test_short_ring_blocks_reach_less_of_flashattention_than_the_whole_sequence(
 
 
 def test_attention_length_efficiency_rises_with_the_loop_and_stays_below_one():
-    from traceforge.plan.compute import attention_length_efficiency
+    from traceforge.model.compute import attention_length_efficiency
 
     effs = [attention_length_efficiency(n, 200.0, 0, (128, 128)) for n in (64, 512, 4096, 65536)]
     assert effs == sorted(effs) and all(0 < e < 1 for e in effs)
@@ -438,7 +438,7 @@ def test_attention_length_efficiency_rises_with_the_loop_and_stays_below_one():
 
 def test_the_nccl_slowdown_is_the_measured_one_on_every_calibrated_gpu():
     """The replay's arithmetic with it is tests/test_estimate_modes.py's (compute beside NCCL)."""
-    from traceforge.hardware import NCCL_SLOWDOWN
+    from traceforge.machine.gpus import NCCL_SLOWDOWN
 
     assert 1.0 < NCCL_SLOWDOWN < 1.41  # arXiv 2507.03114: 18.9 % on average, 40 % at most
     assert all(g.calibration.nccl_slowdown == NCCL_SLOWDOWN for g in GPUS.values() if g.calibration)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke, one_line_error
 
-from traceforge.emit import writer as writer_module
-from traceforge.emit.writer import RankWriter, write_trace_set
-from traceforge.errors import UserError
-from traceforge.layout import Layout
-from traceforge.spec import build_spec
+from traceforge.base.errors import UserError
+from traceforge.config import build_spec
+from traceforge.parallel.layout import Layout
+from traceforge.write import writer as writer_module
+from traceforge.write.writer import RankWriter, write_trace_set
 
 RICH = dict(sequence_parallel=True, dp_mode="zero1", steps=2, tp=2, pp=3, dp=2, layers=6, num_microbatches=4)
 # More ranks than one writer chunk, so --jobs 2 really splits the work between processes.

@@ -9,9 +9,9 @@ import pytest
 from mutate import encode
 from typer.testing import CliRunner
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.browse.diff import diff_sets, open_set
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.cli import app, load_commands
+from traceforge.inspect.diff import diff_sets, open_set
 from traceforge.read.reader import attrs, read_trace
 
 load_commands()
@@ -203,7 +203,7 @@ def test_unreadable_input_exits_2_with_one_line(demo, tmp_path):
 
 
 def test_parallel_comparison_gives_the_same_answer(demo, tmp_path, monkeypatch):
-    from traceforge.browse import diff as diff_module
+    from traceforge.inspect import diff as diff_module
 
     other = copy(demo, tmp_path / "other")
     edit_rank(other, 6, lambda ns: ns[:-1])

@@ -1,4 +1,4 @@
-"""diff's whole-file shapes (read/file_shape.py): an identical pair of rank files whose bytes
+"""diff's whole-file shapes (chakra/file_shape.py): an identical pair of rank files whose bytes
 equal an earlier rank's but for group and peer values takes that rank's node count and traffic,
 exactly what the full pass gives; a file that would not parse alike (a non-ASCII pg_name) gets
 the full pass and its error."""
@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 
-from traceforge import schema as S
-from traceforge.browse import diff as diff_module
-from traceforge.browse.diff import diff_sets, open_set
-from traceforge.errors import TraceReadError
-from traceforge.read.frame import frames
-from traceforge.read.spans import find_spans
+from traceforge.base.errors import TraceReadError
+from traceforge.chakra import schema as S
+from traceforge.chakra.frame import frames
+from traceforge.chakra.spans import find_spans
+from traceforge.inspect import diff as diff_module
+from traceforge.inspect.diff import diff_sets, open_set
 
 SPEC = dict(tp=2, pp=2, dp=8, num_microbatches=2)  # 32 ranks, 8 per stage and tp rank
 

@@ -175,7 +175,7 @@ def touches(words: list[str], planned: set[str]) -> bool:
 
 def generate_world_size(ctx: Any) -> int:
     """Build and validate the spec as `generate` does (the impossible is refused here too)."""
-    from traceforge.spec import FIELDS, build_spec, load_config_file
+    from traceforge.config import FIELDS, build_spec, load_config_file
 
     config = load_config_file(ctx.params["config"]) if ctx.params.get("config") else None
     names = {f.name for f in FIELDS}
@@ -444,7 +444,7 @@ def paragraphs(doc: Path) -> list[tuple[int, list[str]]]:
 
 @pytest.mark.parametrize("doc", [*DOCS, ROOT / "tests" / "test_fidelity.py"], ids=lambda d: str(d.relative_to(ROOT)))
 def test_module_paths_the_docs_name_exist(doc):
-    """`traceforge/report/scan.py`, `plan/`, and `schedules.py` in a list item about `plan/`."""
+    """`traceforge/read/scan.py`, `plan/`, and `schedules.py` in a list item about `plan/`."""
     problems = []
     name = doc.relative_to(ROOT)
     for start, lines in paragraphs(doc):
@@ -501,7 +501,7 @@ def test_no_reference_to_issues_outside_the_repo():
 
 
 def test_every_example_file_is_used_by_the_docs_and_builds():
-    from traceforge.spec import build_spec, load_config_file
+    from traceforge.config import build_spec, load_config_file
 
     text = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
     files = sorted(EXAMPLES.glob("*.yaml"))

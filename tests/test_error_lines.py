@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke, one_line_error
 
-from traceforge import output
-from traceforge.spec import FIELD_BY_NAME
-from traceforge.spec.build import KEY_ALIASES
+from traceforge.base import output
+from traceforge.config import FIELD_BY_NAME
+from traceforge.config.build import KEY_ALIASES
 
 SMALL = ("--layers", "2")
 

@@ -11,10 +11,10 @@ import pytest
 from cli_runner import invoke, one_line_error
 from test_timeline import COLL, COMP, RECV, SEND, node, write_set
 
-from traceforge.report import replay as replay_module
+from traceforge.machine.links import ALPHA_BETA, LinkModel
 from traceforge.report.build import build_report
-from traceforge.report.replay import replay
-from traceforge.report.timing_replay import ALPHA_BETA, LinkModel
+from traceforge.timing import replay as replay_module
+from traceforge.timing.replay import replay
 
 # Scale-up 100 GB/s = 100,000 B/us, scale-out 1 GB/s = 1,000 B/us, 2 us latency on both.
 LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
@@ -214,8 +214,8 @@ def test_compute_beside_nccl_is_slowed_only_while_its_transfers_run(tmp_path, mo
     node takes its duration."""
     import dataclasses
 
-    from traceforge.hardware import GPUS, NCCL_SLOWDOWN
-    from traceforge.report import streams
+    from traceforge.machine.gpus import GPUS, NCCL_SLOWDOWN
+    from traceforge.timing import streams
 
     d = bucket_then_tp(tmp_path, dp_bytes=10**9, tp_bytes=1000)
     link = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0, gpus_per_node=2,
@@ -237,7 +237,7 @@ def test_slowed_compute_runs_one_node_at_a_time(make_set):
     """A compute node whose end moves (a transfer starts or ends during it) ends once: the next
     compute on its rank starts no earlier, and each node takes between its duration and its
     duration x slowdown (a node that sped up must not also end at its first, stale time)."""
-    from traceforge.hardware import NCCL_SLOWDOWN
+    from traceforge.machine.gpus import NCCL_SLOWDOWN
 
     _, out, _ = make_set("demo", sequence_parallel=True, dp_mode="zero1")
     report = build_report(out, gpus_per_node=4, jobs=1)

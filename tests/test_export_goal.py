@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from traceforge.browse.expand import write_chakra
 from traceforge.check.run import check_trace_set
 from traceforge.cli import app, load_commands
+from traceforge.export.expand import write_chakra
 from traceforge.read.reader import attrs, find_rank_files, read_trace
 
 LABEL = r"[a-zA-Z][a-zA-Z0-9_]*"

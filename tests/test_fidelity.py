@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 from oracle import load_set
 
-from traceforge.errors import SpecError
-from traceforge.plan.pipeline import interleaved
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.parallel.pipeline import interleaved
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 AR, AG, RS = 0, 2, 7

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from cli_runner import dead_pid, invoke, one_line_error
 
-from traceforge import output
-from traceforge.emit.writer import write_trace_set
-from traceforge.errors import UserError
-from traceforge.output import _temp_stem, atomic_output_dir
-from traceforge.spec import build_spec
+from traceforge.base import output
+from traceforge.base.errors import UserError
+from traceforge.base.output import _temp_stem, atomic_output_dir
+from traceforge.config import build_spec
+from traceforge.write.writer import write_trace_set
 
 SMALL = ("--layers", "2", "--dp", "1", "-q")
 
@@ -163,7 +163,7 @@ def test_free_space_is_checked_before_writing(tmp_path, monkeypatch):
 
 
 def test_jobs_are_capped_at_the_cores():
-    from traceforge.parallel import cores, resolve_jobs
+    from traceforge.base.pool import cores, resolve_jobs
 
     assert resolve_jobs(100_000) == cores() and resolve_jobs(None) == cores()
     with pytest.raises(UserError):

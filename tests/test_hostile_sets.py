@@ -13,12 +13,12 @@ import mutate as M
 import pytest
 from cli_runner import dead_pid, invoke, one_line_error
 
-from traceforge import wire
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.emit.shard import shard_manifest_name, write_shard
-from traceforge.emit.writer import write_trace_set
-from traceforge.read.frame import frames
-from traceforge.spec import build_spec
+from traceforge.chakra import wire
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.frame import frames
+from traceforge.config import build_spec
+from traceforge.write.shard import shard_manifest_name, write_shard
+from traceforge.write.writer import write_trace_set
 
 READERS = {
     "report": lambda d: ["report", d, "--json", "--no-timeline"],

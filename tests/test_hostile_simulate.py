@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke, one_line_error
 
-from traceforge.emit.astra import Cluster, write_astra_bundle
+from traceforge.machine.cluster import Cluster
+from traceforge.write.astra import write_astra_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 

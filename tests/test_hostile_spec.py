@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke, one_line_error
 
-from traceforge.layout import Layout
-from traceforge.model import stage_layer_ranges
-from traceforge.plan.program import StagePlanner
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.parallel.layout import Layout
+from traceforge.parallel.partition import stage_layer_ranges
+from traceforge.program.stage import StagePlanner
 
 REFUSED = {
     "bucket 1e308": (["--bucket-mb", "1e308"], ["bucket_mb"]),

@@ -14,8 +14,8 @@ import pytest
 from cli_runner import dead_pid, invoke, one_line_error
 from mutate import attr, edit, set_int, set_str
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.output import _temp_stem
+from traceforge.base.output import _temp_stem
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 
 SMALL = ("--layers", "2", "-q")
 
@@ -177,7 +177,7 @@ def test_jitter_past_the_simulators_clock_is_refused_not_written(tmp_path):
 
 
 def test_check_and_generate_share_the_clock_limit(make_set, tmp_path):
-    from traceforge.schema import MAX_STEP_MICROS, NS_CLOCK_LIMIT
+    from traceforge.chakra.schema import MAX_STEP_MICROS, NS_CLOCK_LIMIT
 
     assert MAX_STEP_MICROS * 1000 < NS_CLOCK_LIMIT <= (MAX_STEP_MICROS + 1) * 1000
     _, a, _ = make_set("demo")
@@ -200,8 +200,8 @@ def test_routing_counts_that_do_not_fit_are_named_truly(tmp_path, value, dtype, 
 
     import numpy as np
 
-    from traceforge.errors import SpecError
-    from traceforge.spec import build_spec
+    from traceforge.base.errors import SpecError
+    from traceforge.config import build_spec
 
     small = dict(arch="llama", layers=2, hidden=128, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=64,
                  tied_embeddings=False, experts=8, top_k=2, tp=1, pp=1, dp=4, ep=4, order="megatron",
@@ -289,8 +289,8 @@ def test_show_survives_a_forged_manifest_spec(make_set):
 @pytest.mark.parametrize("content", ["metadata only", "one zero byte"])
 @pytest.mark.parametrize("as_json", [False, True])
 def test_report_reads_a_rank_file_without_nodes(make_set, content, as_json):
-    from traceforge.read.frame import frames
-    from traceforge.wire import varint
+    from traceforge.chakra.frame import frames
+    from traceforge.chakra.wire import varint
 
     _, a, _ = make_set("demo")
     path = a / "workload.3.et"

@@ -13,14 +13,14 @@ from chakra.schema.protobuf import et_def_pb2 as chakra_pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 from google.protobuf.json_format import MessageToDict
 
-from traceforge._proto import traceforge_et_pb2 as our_pb
-from traceforge.emit.reference import encode_rank
-from traceforge.emit.splice import StageEncoder
-from traceforge.emit.writer import role_values, write_trace_set
-from traceforge.layout import Layout
-from traceforge.plan.program import stage_program
+from traceforge.chakra._proto import traceforge_et_pb2 as our_pb
+from traceforge.config import build_spec
+from traceforge.parallel.layout import Layout
+from traceforge.program.stage import stage_program
 from traceforge.read.reader import find_rank_files, read_trace
-from traceforge.spec import build_spec
+from traceforge.write.reference import encode_rank
+from traceforge.write.splice import StageEncoder
+from traceforge.write.writer import role_values, write_trace_set
 
 
 def as_dict(message) -> dict:

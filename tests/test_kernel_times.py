@@ -17,11 +17,11 @@ from collections import Counter
 import pytest
 from cli_runner import invoke, one_line_error
 
-from traceforge.errors import SpecError
-from traceforge.kernels.keys import KernelKey
-from traceforge.kernels.kineto import read_profile
-from traceforge.kernels.times import load_kernel_times
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.machine.kernels.keys import KernelKey
+from traceforge.machine.kernels.kineto import read_profile
+from traceforge.machine.kernels.times import load_kernel_times
 
 BF16 = "c10::BFloat16"
 
@@ -127,10 +127,10 @@ def test_hostile_files_get_one_line(tmp_path, monkeypatch, kind):
     elif kind == "dir":
         os.mkdir(name)
     elif kind == "huge":
-        monkeypatch.setattr("traceforge.kernels.times.MAX_KERNEL_FILE_BYTES", 1000)
+        monkeypatch.setattr("traceforge.machine.kernels.times.MAX_KERNEL_FILE_BYTES", 1000)
         (tmp_path / name).write_text(json.dumps({"kernels": []}) + " " * 2000)
     elif kind == "gzip-bomb":
-        monkeypatch.setattr("traceforge.kernels.times.MAX_KERNEL_FILE_BYTES", 10_000)
+        monkeypatch.setattr("traceforge.machine.kernels.times.MAX_KERNEL_FILE_BYTES", 10_000)
         (tmp_path / name).write_bytes(gzip.compress(b" " * 1_000_000))
     elif kind == "not-gzip":
         (tmp_path / name).write_bytes(b"\x1f\x8b" + b"\x00" * 40)
@@ -230,7 +230,7 @@ def _wgrad(shape):
 
 
 def test_measured_kernels_replace_the_model_and_only_them(tmp_path):
-    from traceforge.plan.compute import CostModel
+    from traceforge.model.compute import CostModel
 
     bf = "bf16"
     given = {KernelKey("gemm", QKV, bf): 100.0, KernelKey("gemm", PROJ, bf): 50.0,
@@ -292,7 +292,7 @@ def test_trace_durations_are_the_table_sums(make_set, tmp_path):
 def test_profile_import_end_to_end(tmp_path):
     """A synthetic step profile holding two of demo's kernels: those two are measured (the median
     of their calls), every other kernel keeps the model's time, and generate says so."""
-    from traceforge.plan.compute import CostModel
+    from traceforge.model.compute import CostModel
 
     p = Profile()
     for us in (90.0, 95.0, 120.0):  # qkv forward, three layers
@@ -321,7 +321,7 @@ def test_profile_import_end_to_end(tmp_path):
 
 def test_calibrate_measures_what_the_spec_prices(tmp_path):
     from traceforge.cli.calibrate import write_table
-    from traceforge.kernels.measure import MEASURED_KINDS, needed_kernels
+    from traceforge.model.calibrate import MEASURED_KINDS, needed_kernels
 
     spec = build_spec("llama3-8b", overrides={"layers": 2, "tp": 2, "pp": 1, "dp": 1, "world_size": 2, "global_batch": 1,
                                               "seq_len": 1024})
@@ -365,7 +365,7 @@ def test_calibrate_without_torch_or_cuda_says_so(tmp_path, monkeypatch):
 def test_calibrate_replaces_only_a_table(tmp_path, monkeypatch):
     from traceforge.cli import calibrate as cli
 
-    monkeypatch.setattr("traceforge.kernels.measure.torch_timer", lambda spec, w, r: (lambda key: 2.0, "FakeGPU"))
+    monkeypatch.setattr("traceforge.model.calibrate.torch_timer", lambda spec, w, r: (lambda key: 2.0, "FakeGPU"))
     path = tmp_path / "t.csv"
     path.write_text("my notes, not a table\n")
     one_line_error(invoke("calibrate", "-o", path), "did not write")

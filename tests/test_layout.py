@@ -1,15 +1,15 @@
 """Group membership from the rank-order definition (docs/design.md, Facts): rank = sum of coordinate x
 stride, innermost dimension first. Literal groups come from docs/design.md and the README; the rest from
-tests/traffic.py's stride arithmetic, never from traceforge.layout itself."""
+tests/traffic.py's stride arithmetic, never from traceforge.parallel.layout itself."""
 
 from __future__ import annotations
 
 import pytest
 from oracle import COLL, coord_of, expected_groups, load_set, order_dims, rank_of
 
-from traceforge.emit.writer import write_trace_set
-from traceforge.layout import Layout
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.parallel.layout import Layout
+from traceforge.write.writer import write_trace_set
 
 KIND_ORDER = ("tp", "pp", "dp", "emb", "mp", "world")  # mp (tp x pp), then world, after every older kind
 

@@ -11,8 +11,8 @@ from cli_runner import invoke
 from oracle import load_set
 from test_traffic import M, megatron_buckets
 
-from traceforge.errors import SpecError
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 AR, AG, A2A, RS = 0, 2, 6, 7
@@ -41,7 +41,7 @@ def test_llama3_8b_overlapped_buckets_close_at_parameter_boundaries():
     """core/distributed/param_and_grad_buffer.py: parameters in backward order (linear_fc2,
     linear_fc1, its norm, linear_qkv, its norm, linear_proj, ... embedding), a bucket closes
     after the parameter that brings it to max(4e7, 1e6*d) = 4e7 elements. t4 p2 d4, stage 0."""
-    from traceforge.plan.program import stage_program
+    from traceforge.program.stage import stage_program
 
     h, f, kv_dim, t = 4096, 14336, 8 * 128, 4
     fc2, fc1, qkv, proj = f * h // t, 2 * h * f // t, h * (h + 2 * kv_dim) // t, h * h // t
@@ -285,7 +285,7 @@ def test_moe_routing_counts_are_gathered_over_tp_x_ep(make_set):
 def test_model_parallel_group_literal_seed_example():
     """Megatron's model-parallel group is tp x pp: {0,1,2,3} {4,5,6,7} in tp-pp-dp order and
     {0,1,4,5} {2,3,6,7} in tp-dp-pp (megatron) order."""
-    from traceforge.layout import Layout
+    from traceforge.parallel.layout import Layout
 
     for order, expected in (("tp-pp-dp", {(0, 1, 2, 3), (4, 5, 6, 7)}), ("megatron", {(0, 1, 4, 5), (2, 3, 6, 7)})):
         layout = Layout.from_spec(build_spec("demo", overrides=dict(order=order)))

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from traceforge.config import SpecError, build_spec
+from traceforge.machine.gpu_memory import GPU_MEMORY_MIB, gpu_memory_bytes
 from traceforge.memory import memory_report
-from traceforge.memory.activations import PassBytes, chunk_activations, layer_activations
-from traceforge.memory.gpus import GPU_MEMORY_MIB, gpu_memory_bytes
 from traceforge.memory.report import ALLOCATOR_RESERVE, CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR
 from traceforge.memory.states import stage_states
 from traceforge.memory.walk import peak
-from traceforge.model import model_chunks, padded_vocab
-from traceforge.plan.pipeline import gpipe, interleaved, one_f_one_b, zbv
-from traceforge.spec import SpecError, build_spec
+from traceforge.model.activations import PassBytes, chunk_activations, layer_activations
+from traceforge.model.params import padded_vocab
+from traceforge.parallel.partition import model_chunks
+from traceforge.parallel.pipeline import gpipe, interleaved, one_f_one_b, zbv
 
 # A llama layer small enough to count by hand: h 64, f 128, 4 heads of 16, 2 KV heads, vocab 256.
 SMALL = dict(arch="llama", layers=4, hidden=64, ffn_hidden=128, heads=4, kv_heads=2, vocab=256, seq_len=32,
@@ -229,9 +230,9 @@ def test_suggested_fixes_fit_under_the_overhead_the_user_gave():
     """The refusal's fixes are checked with the same context (--context-gb) as the refusal."""
     import dataclasses
 
+    from traceforge.config import build_spec
     from traceforge.memory.feasibility import _candidates, fixes
     from traceforge.memory.report import memory_report
-    from traceforge.spec import build_spec
 
     spec = build_spec("llama3-70b", overrides=dict(seq_len=131072))
     plain = memory_report(spec)

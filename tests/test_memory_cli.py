@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke, one_line_error
 
+from traceforge.config import build_spec
+from traceforge.config.presets import PRESETS
 from traceforge.memory import memory_report
-from traceforge.presets import PRESETS
-from traceforge.spec import build_spec
 
 
 def test_json_is_exactly_the_contract():

@@ -11,10 +11,10 @@ from cli_runner import invoke
 from mutate import read_nodes
 from oracle import COMP, load_set
 
-from traceforge import schema as S
+from traceforge.chakra import schema as S
 from traceforge.memory import memory_report
 from traceforge.memory.manifest import manifest_spec
-from traceforge.plan.program import StagePlanner, _cached
+from traceforge.program.stage import StagePlanner, _cached
 from traceforge.report.build import build_report
 
 MEMORY = (S.MEM_ALLOC_BYTES, S.MEM_FREE_BYTES)

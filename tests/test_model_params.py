@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.model import is_moe_layer, layer_param_list, layer_params
-from traceforge.presets import PRESETS
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.config.presets import PRESETS
+from traceforge.model.params import is_moe_layer, layer_param_list, layer_params
 
 VARIANTS = [(name, {}) for name in sorted(PRESETS)] + [
     ("deepseek-v3", {"tp": 2, "ep": 32, "order": "megatron", "sequence_parallel": True}),  # MLA and routed + shared experts split over TP
@@ -67,10 +67,10 @@ def test_megatrons_default_bucket_size_is_never_refused_a_given_one_is():
     7168 x 2048 = 29.4 M elements each) or three fc2 weights (14.7 M) a bucket, at least 128 + 85
     per MoE layer, 12,354 for the 58; that is what Megatron would lay out,
     so it is built. The same count from a --bucket-mb the user gave is refused as a typo
-    (plan/data.py, MAX_BUCKETS)."""
-    from traceforge.errors import SpecError
-    from traceforge.model import model_chunks
-    from traceforge.plan.data import MAX_BUCKETS, chunk_buffers
+    (program/data.py, MAX_BUCKETS)."""
+    from traceforge.base.errors import SpecError
+    from traceforge.parallel.buckets import MAX_BUCKETS, chunk_buffers
+    from traceforge.parallel.partition import model_chunks
 
     flags = {"tp": 1, "pp": 1, "ep": 1, "cp": 1, "order": "megatron", "moe_router_num_groups": 1, "moe_router_group_topk": 1,
              "global_batch": 16, "world_size": 1, "dp_mode": "ddp", "overlap_grad_reduce": True}
@@ -92,7 +92,7 @@ def test_the_gradient_buffers_hold_each_parameter_of_a_stage_once(overrides):
     """What a stage's buckets reduce is what it holds: stage_params' dense count on every stage.
     A tied word embedding is one parameter where the embedding and the LM head share a stage
     (one stage, or a V's stage 0), so it is bucketed once there; elsewhere each holder has a copy."""
-    from traceforge.model import chunk_param_list, model_chunks, stage_params
+    from traceforge.parallel.partition import chunk_param_list, model_chunks, stage_params
 
     spec = build_spec("demo", None, {"tp": 1, "layers": 8, "order": "megatron", **overrides})
     for stage in range(spec.pp):

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 from oracle import A2A, AG, COLL, RS, load_set
 
-from traceforge.errors import SpecError
-from traceforge.model import active_params, total_params
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.model.params import active_params, total_params
 
 
 def deepseek_count(h, layers, heads, q_lora, kv_lora, nope, rope, v, ffn, moe_ffn, experts, shared, dense, vocab,

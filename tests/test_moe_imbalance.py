@@ -12,10 +12,10 @@ import pytest
 from cli_runner import invoke, one_line_error
 from oracle import COMP, RECV, SEND, TAG_LIMIT, load_set
 
-from traceforge.errors import SpecError
-from traceforge.memory.activations import routing_imbalance
-from traceforge.spec import build_spec
-from traceforge.spec.routing import Routing
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.config.routing import Routing
+from traceforge.model.activations import routing_imbalance
 
 H, SEQ, K, EP, M, LAYERS = 128, 64, 2, 4, 2, 2
 TOKEN_BYTES = H * 2  # bf16

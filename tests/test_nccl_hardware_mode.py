@@ -1,6 +1,6 @@
 """The hardware estimate on NCCL's cost model (docs/collective-model.md): a collective across
 nodes runs at its NICs, k members per node on k of them, and the replay charges what
-traceforge/nccl_model.py says; the class reduction stays exact; a set naming a GPU NCCL has no
+traceforge/machine/nccl.py says; the class reduction stays exact; a set naming a GPU NCCL has no
 tables for stays on the alpha-beta links, with a note."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 from test_timeline import COLL, COMP, node, write_set
 
-from traceforge import nccl_model as N
-from traceforge.plan.ops import Coll
-from traceforge.report import replay as replay_module
+from traceforge.ir.enums import Coll
+from traceforge.machine import nccl as N
+from traceforge.machine.links import LinkModel
 from traceforge.report.build import build_report
-from traceforge.report.replay import replay
-from traceforge.report.timing_replay import LinkModel
+from traceforge.timing import replay as replay_module
+from traceforge.timing.replay import replay
 
 MB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""NCCL's cost model (traceforge/nccl_model.py): each algorithm's arithmetic by hand, the protocol
+"""NCCL's cost model (traceforge/machine/nccl.py): each algorithm's arithmetic by hand, the protocol
 NCCL picks at small and large sizes, the NICs a node-crossing group rings through, and the
 machine's checks."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge import nccl_model as N
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
+from traceforge.machine import nccl as N
 
 GB = 1 << 30
 A100 = N.DGX["a100"]  # 12 NVLinks of 25 GB/s, 8 x 200 Gb/s NICs

@@ -78,10 +78,10 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_graph_is_read(graph):
-    assert "traceforge.report.rank_scan" in graph["traceforge.report.file_templates"]
-    assert "traceforge.report.file_templates" in graph["traceforge.report.scan"]
+    assert "traceforge.ir.program" in graph["traceforge.read.file_templates"]
+    assert "traceforge.read.file_templates" in graph["traceforge.read.scan"]
     # inside a function: `plan` loads the planner only when the command runs
-    assert "traceforge.planner.run" in graph["traceforge.cli.plan"]
+    assert "traceforge.plan_output.run" in graph["traceforge.cli.plan"]
 
 
 def test_no_module_imports_itself_through_others(graph):
@@ -107,20 +107,46 @@ def test_a_circle_through_a_function_local_import_is_found(tmp_path):
     assert cycle_from(graph, "pkg.a") == ["pkg.a", "pkg.b", "pkg.a"]
 
 
-def layered_modules() -> list[str]:
+def layered_packages() -> list[str]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
-    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
-    return [name.strip() for layer in layers for name in layer.replace("|", ":").split(":") if name.strip()]
+    layers = next(c for c in contracts if c["type"] == "layers")
+    assert layers["containers"] == ["traceforge"]
+    return [name.strip() for layer in layers["layers"] for name in layer.replace("|", ":").split(":") if name.strip()]
 
 
-def test_every_module_is_in_a_layer(graph):
-    """A module outside every layer would import anything unchecked. The packages that hold
-    modules of two layers (plan, memory, kernels) and the root are not layers themselves."""
-    layered = layered_modules()
-    assert "traceforge.spec" in layered and "traceforge.cli" in layered  # the contract is read
-    missing = [m for m in sorted(graph)
-               if not any(m == name or m.startswith(name + ".") or name.startswith(m + ".") for name in layered)]
-    assert not missing, f"name these modules in a layer of pyproject.toml's [tool.importlinter]: {', '.join(missing)}"
-    unknown = [name for name in layered if name not in graph]
-    assert not unknown, f"layers name modules that do not exist: {', '.join(unknown)}"
+def test_every_package_is_a_layer(graph):
+    """Each package of traceforge is a layer of the contract (pyproject.toml's
+    [tool.importlinter]), so a new package cannot escape the check by not being named, and no
+    module sits outside a package but the root's own."""
+    layered = layered_packages()
+    assert "config" in layered and "cli" in layered  # the contract is read
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    loose = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    assert not loose, f"move these modules into the package of their layer: {', '.join(sorted(loose))}"
+    missing = sorted(packages - set(layered))
+    assert not missing, f"name these packages in a layer of pyproject.toml's [tool.importlinter]: {', '.join(missing)}"
+    unknown = sorted(set(layered) - packages - {"__main__"})
+    assert not unknown, f"layers name packages that do not exist: {', '.join(unknown)}"
+
+
+def test_plan_loads_no_trace_reader_and_no_protobuf(tmp_path):
+    """`traceforge plan` times its candidates in memory: the process that plans (and prints the
+    answer) never imports a trace reader or the protobuf bindings; writing the top sets would."""
+    import subprocess
+
+    probe = (
+        "import atexit, sys\n"
+        "def loaded():\n"
+        "    bad = sorted(m for m in sys.modules if m.startswith(('traceforge.read', 'traceforge.chakra._proto',"
+        " 'traceforge.chakra.fields', 'google.protobuf')))\n"
+        "    sys.stderr.write('loaded: ' + ' '.join(bad) + '\\n')\n"
+        "atexit.register(loaded)\n"
+        "sys.argv = ['traceforge', 'plan', '--gpus', '8', '-n', '2', '--json']\n"
+        "from traceforge.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert '"candidates"' in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "loaded:", done.stderr

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from traceforge.errors import SpecError
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.machine.links import LinkModel
 from traceforge.memory import memory_report
-from traceforge.planner.bound import step_lower_bound
-from traceforge.planner.estimate import estimate
-from traceforge.planner.search import Base, search
-from traceforge.planner.space import LEVELS, READS, Model, _layouts, count, dp_modes, layout_counts, schedules, walk
-from traceforge.report.timing_replay import LinkModel
-from traceforge.spec import build_spec
+from traceforge.search.bound import step_lower_bound
+from traceforge.search.candidates import Base, search
+from traceforge.search.estimate import estimate
+from traceforge.search.space import LEVELS, READS, Model, _layouts, count, dp_modes, layout_counts, schedules, walk
 
 DEMO = Model(world=4, gpus_per_node=8, layers=4, heads=8, experts=0, global_batch=8)
 FIXED = {"schedule": "1f1b", "recompute": "none", "dp_mode": "ddp"}
@@ -125,7 +125,7 @@ def test_legal_is_exactly_what_generate_accepts():
     model = Model(world=8, gpus_per_node=8, layers=4, heads=8, experts=0, global_batch=8)
     fixed = {"recompute": "none"}
     walked = {}
-    from traceforge.spec import spec_builder
+    from traceforge.config import spec_builder
 
     builder = spec_builder("demo", None, {"order": "megatron"})
 
@@ -233,7 +233,7 @@ def test_the_search_runs_without_the_command_line_loaded():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    code = ("import sys; from traceforge.planner.run import Query, run_search; "
+    code = ("import sys; from traceforge.plan_output.run import Query, run_search; "
             "r = run_search(Query('demo', None, None, {'dp_mode': 'ddp', 'recompute': 'none'}, overhead_gb=1.0), 8, 1, "
             "quiet=True); assert r.candidates; assert not [m for m in sys.modules if m.startswith('traceforge.cli')]")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,

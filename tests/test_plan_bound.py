@@ -1,4 +1,4 @@
-"""The planner's lower bound (planner/bound.py with its data-parallel floors, dp_bound.py) never
+"""The planner's lower bound (search/bound.py with its data-parallel floors, dp_bound.py) never
 exceeds the replayed step, on layouts whose data-parallel groups cross nodes, for every
 data-parallel mode and schedule; and the floors are the programs' own traffic by hand."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from traceforge.planner.bound import _pipeline, layout_floor, step_lower_bound
-from traceforge.planner.dp_bound import spans, stage_floors
-from traceforge.planner.estimate import estimate
-from traceforge.planner.search import Base, probe_specs, search
-from traceforge.planner.space import Model
-from traceforge.report.timing_replay import LinkModel
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.machine.links import LinkModel
+from traceforge.search.bound import _pipeline, layout_floor, step_lower_bound
+from traceforge.search.candidates import Base, probe_specs, search
+from traceforge.search.dp_bound import spans, stage_floors
+from traceforge.search.estimate import estimate
+from traceforge.search.space import Model
 
 # Two GPUs per node: data-parallel groups of a 16-GPU layout cross nodes.
 LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2)
@@ -36,8 +36,8 @@ def test_a_layouts_floor_never_exceeds_the_bound_of_any_of_its_candidates(link):
     """bound.layout_floor rules a whole layout (tp cp pp dp ep) out before it is validated: it must
     be at most every legal candidate's bound (every micro-batch, schedule, split, recompute and
     dp mode; the bound is at most the replay, tested above), and say something (not 0)."""
-    from traceforge.errors import SpecError
-    from traceforge.planner.space import walk
+    from traceforge.base.errors import SpecError
+    from traceforge.search.space import walk
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 16})
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
@@ -72,9 +72,9 @@ def test_moe_layout_floors_never_exceed_their_candidates_bounds_nor_replays():
     for every dp and pipeline depth) and its ring's floor (ring_floor.py, the cheap floor every
     context-parallel layout gets first) are at most every legal candidate's bound, the ring's at
     most the recorded one; and at most the replay of each ring layout's fastest-bound candidate."""
-    from traceforge.errors import SpecError
-    from traceforge.planner.ring_floor import ring_layout_floor
-    from traceforge.planner.space import walk
+    from traceforge.base.errors import SpecError
+    from traceforge.search.ring_floor import ring_layout_floor
+    from traceforge.search.space import walk
 
     builder = Base("demo", None, MOE_BASE).builder()
 
@@ -113,8 +113,8 @@ def test_the_ring_floor_is_the_ring_blocks_of_the_specs_own_cost_model(overrides
     """ring_floor reads the ring's blocks from a cost model of the spec at dp 1 without experts (one
     model for every dp and ep): they must be the spec's own model's blocks; and its layout floor,
     for one spec, the busiest stage's layers times the micro-batches, or one micro-batch's path."""
-    from traceforge.plan.compute import CostModel
-    from traceforge.planner.ring_floor import ring_layout_floor
+    from traceforge.model.compute import CostModel
+    from traceforge.search.ring_floor import ring_layout_floor
 
     spec = build_spec("demo", overrides={"order": "megatron", **overrides})
     cost = CostModel(spec)
@@ -132,9 +132,9 @@ def test_a_layout_refused_on_its_sizes_alone_has_no_legal_candidate_and_no_floor
     floor is then infinite (never validated once a candidate ranks). Every candidate of an empty
     layout must be illegal, and the sizes kept must be the sizes with a legal candidate or a
     refusal that read a probe value. kv_heads 2 refuses tp 4 and 8 on the layout alone."""
-    from traceforge.errors import SpecError
-    from traceforge.planner.search import probes
-    from traceforge.planner.space import _layouts, walk
+    from traceforge.base.errors import SpecError
+    from traceforge.search.candidates import probes
+    from traceforge.search.space import _layouts, walk
 
     validate = Base("demo", None, {"order": "megatron", "global_batch": 16, "kv_heads": 2}).builder()
     model = Model(world=16, gpus_per_node=8, layers=4, heads=8, experts=0, global_batch=16)
@@ -183,7 +183,7 @@ def test_a_tiny_budget_still_proves_how_far_an_moe_plan_is_from_the_best():
 def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_hand():
     """tp1 pp2 dp8 on demo (4 layers), global batch 16, micro-batch 1: 2 micro-batches, each
     stage at least half of (embedding + 4 layers + head) forward and backward, per micro-batch."""
-    from traceforge.planner.bound import _pieces
+    from traceforge.search.bound import _pieces
 
     spec = build_spec("demo", None, {"world_size": 16, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 1,
                                      "order": "megatron", "recompute": "none"})
@@ -203,9 +203,9 @@ def test_a_layouts_floor_counts_the_layers_its_busiest_stage_must_hold():
     """4 layers on 3 stages: whatever the split or the chunks, some stage holds 2 layers, more than
     a third of the model (4 layers, the embedding and the head), so the floor is m x 2 layers'
     forward and backward; and still at most every legal candidate's bound."""
-    from traceforge.errors import SpecError
-    from traceforge.planner.bound import _pieces
-    from traceforge.planner.space import walk
+    from traceforge.base.errors import SpecError
+    from traceforge.search.bound import _pieces
+    from traceforge.search.space import walk
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 24})
     model = Model(world=24, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=24)
@@ -240,7 +240,7 @@ def test_one_micro_batch_waits_on_every_stage_and_the_bound_says_so(schedule):
     so the step is at least one micro-batch's forward and backward through the whole model (by hand:
     every layer's floors, the embedding's and the head's), without the weight-gradient GEMMs a
     zero-bubble schedule defers; and still at most the replay."""
-    from traceforge.planner.bound import _pieces
+    from traceforge.search.bound import _pieces
 
     vp = 2 if schedule == "zbv" else 1  # (interleaving needs pp > 2, dualpipev 2 x pp micro-batches)
     spec = build_spec("demo", None, {"world_size": 8, "tp": 1, "pp": 2, "global_batch": 4, "micro_batch": 1,
@@ -266,7 +266,7 @@ def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
                                      "order": "megatron"})
     assert spans(spec, 2)[0]["dp"] == (spec.dp,)  # members tp = 2 ranks apart on 2-GPU nodes: one per node
     n, m, d = spec.dp, spec.num_microbatches, LINK
-    from traceforge.model import stage_params
+    from traceforge.parallel.partition import stage_params
 
     p = stage_params(spec, 0)
     units = p.embedding + sum(p.dense.values()) + p.head
@@ -342,7 +342,7 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
 def test_a_spent_budget_with_every_floor_known_says_how_far_from_exact_first(monkeypatch):
     from cli_runner import invoke
 
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor, whatever the budget
     result = invoke("plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute", "none", "--budget", "1e-9",
@@ -390,8 +390,8 @@ def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_fla
 
 def _replayed_nodes(spec) -> int:
     """What the replay counts against its node limit: every rank class's program."""
-    from traceforge.planner.estimate import in_memory_trace_set
-    from traceforge.report.timing_replay import rank_classes
+    from traceforge.search.estimate import in_memory_trace_set
+    from traceforge.timing.engine import rank_classes
 
     ts = in_memory_trace_set(spec)
     color = rank_classes(ts, LINK.gpus_per_node)
@@ -420,7 +420,7 @@ def test_replay_node_floor_never_exceeds_what_the_replay_counts(flags):
     """The search sets a candidate aside as too big by this floor without building it, so the
     floor must stay at or under the replay's own count, on every schedule, recompute mode, CP
     ring, ZeRO-3, FP8 and MoE (balanced routing, as plan ranks); and it must be close enough to be of use."""
-    from traceforge.planner.bound import replay_nodes_floor
+    from traceforge.search.bound import replay_nodes_floor
 
     spec = build_spec("demo", None, {"world_size": 16, "global_batch": 32, "micro_batch": 1, "order": "megatron",
                                      "steps": 2, **flags})
@@ -432,7 +432,7 @@ def test_replay_node_floor_never_exceeds_what_the_replay_counts(flags):
 
 def test_a_candidate_past_the_node_limit_is_set_aside_unbuilt(monkeypatch):
     """With the limit lowered below every candidate's floor, none is replayed, each is counted."""
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     def never(*_args, **_kwargs):
         raise AssertionError("a candidate past the node limit was built for replay")
@@ -448,7 +448,7 @@ def test_a_candidate_past_the_node_limit_is_set_aside_unbuilt(monkeypatch):
 
 def _note_replays(monkeypatch) -> list:
     """The candidates the search hands to replay, in the order it does."""
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     order: list = []
     real = search_module._replay
@@ -465,7 +465,7 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
     """Under a budget, a candidate whose replay (its node floor at the seconds per node known so
     far) would end past the deadline is not started; the next ones in bound order that can end
     are; the skipped ones stay in the certificate."""
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 16})
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
@@ -490,7 +490,7 @@ def test_when_validation_spends_the_budget_the_cheapest_candidate_is_ranked(monk
     """Past the deadline before any replay, the plan still ranks one and ends soon: layouts are
     validated until one gives a candidate that fits, and the cheapest of the candidates found
     (fewest replay nodes) is replayed, not the first in bound order (which may cost minutes)."""
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 16})
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
@@ -514,8 +514,8 @@ def test_data_parallel_floors_charge_each_group_at_the_nodes_it_spans():
     nodes, and NCCL's model (as the replay) times its collectives at that span. So the DP chain is
     the program's own gradient bucket AllReduce at NCCL's charge for 8 ranks on 4 nodes, well above
     the cheapest span 8 ranks could have (2 nodes of 4); with dp innermost the group is one node."""
-    from traceforge.plan.ops import NodeType
-    from traceforge.plan.program import build_program
+    from traceforge.ir.enums import NodeType
+    from traceforge.program.stage import build_program
 
     link = LinkModel(gpus_per_node=8, nics_per_node=8, gpu="h100")
     for order, nodes in (("megatron", 4), ("dp-tp-cp-ep-pp", 1)):
@@ -546,7 +546,7 @@ def test_one_micro_batch_crosses_every_stage_boundary_twice_and_the_bound_charge
     send crosses nodes), one micro-batch: its forward crosses 3 boundaries and its gradient 3
     back, each a send the next stage's compute waits for: the pipeline's floor is the compute
     path plus exactly 6 sends. Long sequences make the sends worth 40 % of the step."""
-    from traceforge.planner.bound import _pieces, pipeline_links
+    from traceforge.search.bound import _pieces, pipeline_links
 
     spec = build_spec("demo", None, {"world_size": 8, "tp": 1, "pp": 4, "global_batch": 2, "micro_batch": 1,
                                      "seq_len": 4096, "recompute": "none", "dp_mode": "ddp", "order": "megatron"})
@@ -569,7 +569,7 @@ def test_a_stage_waits_for_its_blocking_sends_between_computes(flags, sends):
     the model starts there) and a compute follows each send: its last compute ends no earlier than
     m forwards and backwards plus m sends. With --overlap-p2p-comm, or torch's zb-h1, no compute
     waits for a send."""
-    from traceforge.planner.bound import _pieces, pipeline_links
+    from traceforge.search.bound import _pieces, pipeline_links
 
     spec = build_spec("demo", None, {"world_size": 4, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 1,
                                      "seq_len": 4096, "recompute": "none", "dp_mode": "ddp", "order": "megatron", **flags})
@@ -588,11 +588,11 @@ def test_the_bucket_reduced_after_a_stages_last_compute_is_in_its_tail(schedule)
     micro-batch's) ends on its chunk's first layers, and their gradient bucket, the buffer's last,
     is issued only then: its ReduceScatter (dist-opt) follows the stage's last compute, and the
     tail counts it at the replay's charge for the DP group (the program's own op)."""
-    from traceforge.plan.ops import NodeType
-    from traceforge.plan.pipeline import passes_of
-    from traceforge.plan.program import build_program
-    from traceforge.planner.dp_bound import _stage_parts
-    from traceforge.report.ring import wire_bytes
+    from traceforge.ir.enums import NodeType
+    from traceforge.machine.collectives import wire_bytes
+    from traceforge.parallel.pipeline import passes_of
+    from traceforge.program.stage import build_program
+    from traceforge.search.dp_bound import _stage_parts
 
     spec = build_spec("demo", None, {"world_size": 16, "pp": 2, "global_batch": 32, "micro_batch": 1, "order": "megatron",
                                      "dp_mode": "dist-opt", "schedule": schedule, "recompute": "none",

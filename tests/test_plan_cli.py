@@ -63,7 +63,7 @@ def test_piped_table_shows_every_column_whole():
 def test_write_top_folder(tmp_path):
     """K sets (more than -k ranks is fine), each its own folder with a spec.json that generate reads
     back into the same spec; plan.csv ranks what plan.json lists; the plot; --force replaces it."""
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
 
     out = tmp_path / "top"
     result = invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 1, "--write-top", 2, "-o", out)
@@ -253,8 +253,8 @@ def test_json_document_keys_exactly_the_issues():
 def test_every_feasible_layout_beyond_the_replay_limit(monkeypatch):
     """When the replay refuses every feasible candidate (too many nodes), plan says so in one line
     instead of printing an empty table; one refused among others is counted in a note."""
-    from traceforge.planner import search
-    from traceforge.report.timing_replay import ReplayTooBig
+    from traceforge.search import candidates as search
+    from traceforge.timing.engine import ReplayTooBig
 
     real = search.estimate
 
@@ -353,7 +353,7 @@ def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
 def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
     """--all can rank thousands: the plot keeps the best PLOT_MAX bars (a PNG that wide would not
     render) and says so; plan.csv keeps them all."""
-    from traceforge.planner.write import PLOT_MAX
+    from traceforge.plan_output.write import PLOT_MAX
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "top"
@@ -369,7 +369,7 @@ def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
 def test_sweep_says_which_values_the_budget_cut_short(monkeypatch):
     """A value whose search ran out of --budget may not show its best: the sweep says which, and by
     how much at most (its best step over the floor no unreplayed candidate can beat)."""
-    import traceforge.planner.search as search_module
+    import traceforge.search.candidates as search_module
 
     monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor known, whatever the budget
     args = (*QUERY, "--gpus", 16, "--sweep", "--scale-out-bw", "25,50")

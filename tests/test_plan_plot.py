@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from traceforge.planner.write import plot_figure, plot_svg  # noqa: E402
+from traceforge.plan_output.write import plot_figure, plot_svg  # noqa: E402
 
 # Seven candidates of three families, the families interleaved in rank order (so grouping bars
 # by colour would move the second after the whole family of the first); MFU as plan's JSON has it, a fraction.

@@ -18,7 +18,7 @@ pytest.importorskip("hypothesis", reason="the property test needs hypothesis (pi
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from properties import legal_specs, problems  # noqa: E402
 
-from traceforge.emit.writer import write_trace_set  # noqa: E402
+from traceforge.write.writer import write_trace_set  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None,

@@ -9,13 +9,13 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.base.errors import TraceReadError
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.frame import CORRUPT, EMPTY, TRUNCATED, UNREADABLE, FrameError, frames, payload_at, read_file
+from traceforge.chakra.wire import varint
 from traceforge.check.run import check_trace_set
 from traceforge.cli import app, load_commands
-from traceforge.errors import TraceReadError
-from traceforge.read.frame import CORRUPT, EMPTY, TRUNCATED, UNREADABLE, FrameError, frames, payload_at, read_file
 from traceforge.report.build import build_report
-from traceforge.wire import varint
 
 COMP, COLL = pb.COMP_NODE, pb.COMM_COLL_NODE
 
@@ -180,7 +180,7 @@ class _Terminal:
 
 
 def test_progress_is_drawn_on_a_terminal_only(monkeypatch):
-    from traceforge.read import progress as P
+    from traceforge.base import progress as P
 
     monkeypatch.setattr(P, "EVERY_S", 0.0)
     for tty in (True, False):

@@ -18,10 +18,10 @@ from mutate import recv, send, write_set
 from oracle import ancestors, depends_on, load_set, unfinished
 
 from traceforge.check.run import check_trace_set
-from traceforge.plan import program as planner
-from traceforge.spec import build_spec
-from traceforge.spec import schedules as rules
-from traceforge.spec.schedules import MEGATRON_SCHEDULES
+from traceforge.config import build_spec
+from traceforge.config import schedules as rules
+from traceforge.config.schedules import MEGATRON_SCHEDULES
+from traceforge.program import stage as planner
 
 COMP, SEND, RECV = 4, 5, 6
 P, M = 4, 8
@@ -165,7 +165,7 @@ def test_blocking_sends_outside_a_batch_deadlock_the_v_schedules(tmp_path, monke
     Megatron posted them, though torch's runtime never waits on a send before the step's end.
     Under rendezvous two neighbouring stages each wait on a send the other has not yet posted
     a receive for; an eager replay finds nothing."""
-    from traceforge.emit.writer import write_trace_set
+    from traceforge.write.writer import write_trace_set
 
     spec = build_spec("demo", overrides=dict(TINY, schedule="zbv"))
     monkeypatch.setitem(rules.SCHEDULES, "zbv", dataclasses.replace(rules.SCHEDULES["zbv"], framework="megatron"))

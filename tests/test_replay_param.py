@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("torch", reason="replay tests need torch (pip install 'traceforge[replay]')")
 pytest.importorskip("et_replay.tools.comm_replay", reason="replay tests need PARAM's et_replay (docs/replay.md)")
 
-from traceforge.browse.export_param import export_param  # noqa: E402
-from traceforge.browse.param_replay import measured_by_kind, result_file, run_replay, torchrun_command  # noqa: E402
+from traceforge.export.param import export_param  # noqa: E402
 from traceforge.read.reader import read_trace  # noqa: E402
+from traceforge.report.param_replay import measured_by_kind, result_file, run_replay, torchrun_command  # noqa: E402
 
 TINY = dict(hidden=64, ffn_hidden=256, heads=4, seq_len=64, vocab=256, tied_embeddings=False)
 PIPE = dict(TINY, tp=1, pp=4, dp=2, layers=8, num_microbatches=8)

@@ -1,6 +1,6 @@
 """The planner's fast paths for building and replaying a candidate equal their plain definitions.
 
-plan/ops.py labels ops from a cached prefix and sorts deps with a fast path; the replay indexes
+program/ops.py labels ops from a cached prefix and sorts deps with a fast path; the replay indexes
 each program once (a numpy transpose of the deps) and runs compute nodes inline in its event
 loop. Each is checked here against the definition it replaces, written the plain way, or
 against what the replay's timing model says from first principles (benchmarks/bench_replay.py
@@ -16,18 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traceforge.cluster import Cluster
-from traceforge.layout import Layout
-from traceforge.plan.ops import Context, NodeType, ProgramBuilder, _sorted_unique
-from traceforge.plan.program import build_program
-from traceforge.planner.estimate import estimate, in_memory_trace_set
-from traceforge.report.rank_scan import RankProgram, RankScan
-from traceforge.report.replay import replay
-from traceforge.report.scan import COLL, COMP, RECV, SEND
-from traceforge.report.timeline import step_estimate
-from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, LinkModel, _ProgramIndex, gc_paused
-from traceforge.report.traceset import TraceSet
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.ir.enums import COLL, COMP, RECV, SEND, NodeType
+from traceforge.ir.program import RankProgram, RankScan
+from traceforge.ir.traceset import TraceSet
+from traceforge.machine.cluster import Cluster
+from traceforge.machine.links import LinkModel
+from traceforge.parallel.layout import Layout
+from traceforge.program.ops import Context, ProgramBuilder, _sorted_unique
+from traceforge.program.stage import build_program
+from traceforge.search.estimate import estimate, in_memory_trace_set
+from traceforge.timing.engine import ASTRA_SIM, HARDWARE, _ProgramIndex, gc_paused
+from traceforge.timing.replay import replay
+from traceforge.timing.timeline import step_estimate
 
 SPECS = [
     ("demo", {}),

@@ -26,8 +26,8 @@ import json
 import numpy as np
 import pytest
 
+from traceforge.machine.links import LinkModel
 from traceforge.report.build import build_report
-from traceforge.report.timing_replay import LinkModel
 
 A = 512 * 512 * 2
 XENT = 512 * 4
@@ -233,8 +233,8 @@ def strip_annotations(directory):
     """Rewrite a set as a foreign tool might: no dim/step/phase/... attributes, no group file."""
     from mutate import encode
 
-    from traceforge._proto import traceforge_et_pb2 as pb
-    from traceforge.read.frame import frames
+    from traceforge.chakra._proto import traceforge_et_pb2 as pb
+    from traceforge.chakra.frame import frames
 
     for path in directory.glob("*.et"):
         meta, nodes = pb.GlobalMetadata(), []
@@ -306,7 +306,7 @@ def test_png_skipped_with_install_hint_without_matplotlib(demo, tmp_path, monkey
 
 
 def test_write_refuses_non_empty_dir(demo, tmp_path):
-    from traceforge.errors import UserError
+    from traceforge.base.errors import UserError
 
     (tmp_path / "rep").mkdir()
     (tmp_path / "rep" / "x").write_text("keep")
@@ -350,7 +350,7 @@ def test_cli_bad_input_is_one_line(tmp_path):
 
 
 def test_link_model_validation(make_set):
-    from traceforge.errors import UserError
+    from traceforge.base.errors import UserError
 
     _, out, _ = make_set(**BULK)
     with pytest.raises(UserError, match="scale-out-bw"):

@@ -1,4 +1,4 @@
-"""A rank scanned through another rank's file template (report/file_templates.py) must give
+"""A rank scanned through another rank's file template (read/file_templates.py) must give
 exactly what a full scan of its file gives: on generated sets, and on files damaged anywhere,
 inside the rank-specific values or outside them."""
 
@@ -10,12 +10,12 @@ import uuid
 
 import pytest
 
-from traceforge.errors import TraceReadError
-from traceforge.read.frame import read_file, split
-from traceforge.report import records
-from traceforge.report import scan as scan_module
-from traceforge.report.records import value_spans
-from traceforge.report.scan import scan_rank, scan_ranks
+from traceforge.base.errors import TraceReadError
+from traceforge.chakra.frame import read_file, split
+from traceforge.read import records
+from traceforge.read import scan as scan_module
+from traceforge.read.records import value_spans
+from traceforge.read.scan import scan_rank, scan_ranks
 
 FIELDS = ("rank", "nodes", "compute_micros", "max_step", "role_traffic", "group_roles", "peer_roles", "shape",
           "dangling_deps", "has_annotations")
@@ -43,8 +43,8 @@ def _through_templates(items):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    from traceforge.emit.writer import write_trace_set
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
+    from traceforge.write.writer import write_trace_set
 
     out = tmp_path_factory.mktemp("tpl") / "set"
     write_trace_set(build_spec("demo", overrides={"tp": 2, "pp": 4, "dp": 4}), out, jobs=1)

@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from traceforge.report.matrix import write_matrix_csv
+from traceforge.traffic.matrix import write_matrix_csv
 
 
 def _by_csv_writer(matrix, path, label):

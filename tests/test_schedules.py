@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from oracle import ancestors, depends_on, load_set
 
+from traceforge.base.errors import SpecError
 from traceforge.check.run import check_trace_set
-from traceforge.errors import SpecError
-from traceforge.plan.pipeline import dualpipev, zbv, zero_bubble
+from traceforge.config import build_spec
+from traceforge.parallel.pipeline import dualpipev, zbv, zero_bubble
 from traceforge.report.build import build_report
-from traceforge.spec import build_spec
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 FIXTURES = sorted((Path(__file__).parent / "data" / "schedules").glob("*.json"))
@@ -376,7 +376,7 @@ def test_a_chunk_may_hold_only_the_embedding_or_the_loss(make_set, schedule):
 
 
 def test_llama3_405b_interleaves_with_embedding_and_loss_accounted():
-    from traceforge.model import model_chunks
+    from traceforge.parallel.partition import model_chunks
     spec = build_spec("llama3-405b", overrides=dict(schedule="interleaved", virtual_stages=2,
                                                     account_for_embedding_in_pipeline_split=True,
                                                     account_for_loss_in_pipeline_split=True))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from oracle import COLL, COLL_TYPES, load_set
 
-from traceforge.memory.activations import _per_token_layer
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.model.activations import _per_token_layer
 
 BF16 = 2
 
@@ -87,8 +87,8 @@ def test_model_flops_count_every_query_heads_value_product():
     # over heads*d_v channels, halved by the mask: 3 * s * (heads*d_qk + heads*d_v). Under GQA the
     # values are shared, the product is not (Megatron training.py num_floating_point_operations:
     # standard_self_attn_core_term uses query_projection_size for both QK^T and PV).
-    from traceforge.model import active_params
-    from traceforge.planner.estimate import model_flops_per_step
+    from traceforge.model.flops import model_flops_per_step
+    from traceforge.model.params import active_params
 
     spec = build_spec("qwen3-235b-a22b")
     q = spec.heads * spec.head_dim
@@ -100,7 +100,7 @@ def test_model_flops_count_every_query_heads_value_product():
 def test_an_moe_layer_normalizes_its_mlp_input_as_a_dense_layer_does(make_set):
     # Megatron's TransformerLayer runs pre_mlp_layernorm (and the residual add) before the MLP,
     # dense or MoE; the MoE layer's router node carries that norm's work beside the router GEMM.
-    from traceforge.plan.compute import CostModel
+    from traceforge.model.compute import CostModel
 
     spec, out, _ = make_set("demo", experts=4, top_k=2, ep=2, tp=1, pp=1, dp=2, world_size=2, order="megatron",
                             global_batch=2, micro_batch=1)

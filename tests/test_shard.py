@@ -5,10 +5,11 @@ import os
 
 import pytest
 
-from traceforge.emit.shard import merge_shards, parse_shard, shard_ranks, write_shard
-from traceforge.emit.writer import write_trace_set
-from traceforge.errors import UserError
-from traceforge.spec import build_spec
+from traceforge.base.errors import UserError
+from traceforge.base.shards import parse_shard
+from traceforge.config import build_spec
+from traceforge.write.shard import merge_shards, shard_ranks, write_shard
+from traceforge.write.writer import write_trace_set
 
 SPEC = dict(tp=2, pp=2, dp=6, num_microbatches=3)
 

@@ -8,11 +8,11 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from typer.testing import CliRunner
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.browse.export import write_rank_json
-from traceforge.browse.show import parse_range
+from traceforge.base.errors import UserError
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.cli import app, load_commands
-from traceforge.errors import UserError
+from traceforge.export.json_docs import write_rank_json
+from traceforge.inspect.show import parse_range
 from traceforge.read.reader import attrs, read_trace
 
 load_commands()

@@ -12,9 +12,10 @@ import pytest
 from mutate import attr, edit, set_int
 from typer.testing import CliRunner
 
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.cli import app, load_commands
-from traceforge.emit.astra import Cluster, write_astra_bundle
+from traceforge.machine.cluster import Cluster
+from traceforge.write.astra import write_astra_bundle
 
 LOGS = Path(__file__).parent / "data" / "astra_logs"
 BINARY = os.environ.get("ASTRA_SIM_BIN")

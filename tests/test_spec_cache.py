@@ -8,17 +8,18 @@ import dataclasses
 
 import pytest
 
-from traceforge.anatomy import layer_anatomy, layer_structure
-from traceforge.errors import SpecError
-from traceforge.memory.activations import layer_activations
+from traceforge.base.errors import SpecError
+from traceforge.config import Spec, build_spec
+from traceforge.config.cache import ignoring
+from traceforge.machine.links import LinkModel
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
-from traceforge.model import _layer_param_tuple, _layer_params, _model_chunks, stage_params
-from traceforge.planner.bound import _layer_pieces, _pieces, _pipeline, _record_pieces, pipeline_links
-from traceforge.planner.dp_bound import _stage_parts, spans, unit_gathers
-from traceforge.planner.ring_floor import ring_blocks
-from traceforge.report.timing_replay import LinkModel
-from traceforge.spec import Spec, build_spec
-from traceforge.spec_cache import ignoring
+from traceforge.model.activations import layer_activations
+from traceforge.model.anatomy import layer_anatomy, layer_structure
+from traceforge.model.params import _layer_param_tuple, _layer_params
+from traceforge.parallel.partition import _model_chunks, stage_params
+from traceforge.search.bound import _layer_pieces, _pieces, _pipeline, _record_pieces, pipeline_links
+from traceforge.search.dp_bound import _stage_parts, spans, unit_gathers
+from traceforge.search.ring_floor import ring_blocks
 
 LINK = LinkModel(intra_gbps=400.0, inter_gbps=50.0, gpus_per_node=4)
 

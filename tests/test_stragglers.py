@@ -8,14 +8,14 @@ import pytest
 from cli_runner import invoke, one_line_error
 from oracle import COMP, load_set
 
-from traceforge.emit.durations import duration_scale, scaled_durations
-from traceforge.emit.reference import encode_rank
-from traceforge.emit.splice import StageEncoder
-from traceforge.emit.writer import program_key, role_values
-from traceforge.errors import SpecError
-from traceforge.layout import Layout
-from traceforge.plan.program import stage_program
-from traceforge.spec import build_spec
+from traceforge.base.errors import SpecError
+from traceforge.config import build_spec
+from traceforge.parallel.layout import Layout
+from traceforge.program.stage import stage_program
+from traceforge.write.durations import duration_scale, scaled_durations
+from traceforge.write.reference import encode_rank
+from traceforge.write.splice import StageEncoder
+from traceforge.write.writer import program_key, role_values
 
 
 def _without_duration(nodes):

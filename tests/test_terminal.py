@@ -126,7 +126,7 @@ def test_memory_table_fits(tmp_path, columns):
 
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_presets_table_fits(tmp_path, columns):
-    from traceforge.presets import PRESETS
+    from traceforge.config.presets import PRESETS
 
     shown, written, code = run_in_terminal(["presets"], columns, tmp_path)
     assert code == 0, shown
@@ -179,7 +179,7 @@ def test_check_table_fits(demo_set, tmp_path, columns):
 
 
 def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_budget():
-    from traceforge.read.progress import _eta
+    from traceforge.base.progress import _eta
 
     # a quarter done in 10 s: the other three quarters take 30 s at that rate
     assert _eta(10.0, 0.25) == ", about 30 s left"

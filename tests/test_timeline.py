@@ -8,10 +8,11 @@ import json
 import pytest
 from mutate import encode
 
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.machine.links import LinkModel
 from traceforge.report.build import build_report
-from traceforge.report.timeline import sample_ranks
-from traceforge.report.timing_replay import LinkModel, rank_classes
+from traceforge.timing.engine import rank_classes
+from traceforge.timing.timeline import sample_ranks
 
 COMP, SEND, RECV, COLL = pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE
 

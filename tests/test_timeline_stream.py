@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from traceforge.machine.cluster import node_of
+from traceforge.machine.collectives import RECV_NAME, SEND_NAME, coll_name
 from traceforge.report.build import build_report
-from traceforge.report.ring import RECV_NAME, SEND_NAME, coll_name
-from traceforge.report.timeline import ALL, CLASSES, timeline_ranks, write_chrome_trace
-from traceforge.report.traffic import node_of
+from traceforge.timing.timeline import ALL, CLASSES, timeline_ranks, write_chrome_trace
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
 

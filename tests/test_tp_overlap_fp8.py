@@ -126,9 +126,9 @@ def test_refusals(tmp_path):
 def test_fp8_gemms_at_the_fp8_rate():
     """Layer GEMMs are FP8 kernels at 1,979 TFLOP/s dense (H100) times their own fraction; the LM
     head stays bf16 (Megatron's output layer is not a TE module)."""
-    from traceforge.hardware import FP8, GPUS, wave_efficiency
-    from traceforge.plan.compute import CostModel, Kernel
-    from traceforge.spec import build_spec
+    from traceforge.config import build_spec
+    from traceforge.machine.gpus import FP8, GPUS, wave_efficiency
+    from traceforge.model.compute import CostModel, Kernel
 
     over = dict(tp=1, pp=1, dp=1, world_size=1, global_batch=1, layers=1)
     tokens, h = 8192, 4096  # llama3-8b: s 8192, b 1; qkv out = (32 + 2*8) heads x 128

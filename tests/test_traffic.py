@@ -2,7 +2,7 @@
 
 Every expected count and byte size below is computed here from the spec's numbers and the
 formulas of docs/traffic-model.md (Megatron-LM conventions) and the README; nothing is taken
-from traceforge.plan or traceforge.model (the GPT-3 175B check reads the planner's output ops,
+from traceforge.program or traceforge.model.params (the GPT-3 175B check reads the planner's output ops,
 never its arithmetic). Where the docs are silent the Megatron/DeepSpeed source fact is named.
 Notation as docs/traffic-model.md: b micro-batch, s sequence, h hidden, f FFN, V vocabulary
 (padded to a multiple of 128*t), L layers, t/p/d parallel sizes,
@@ -41,8 +41,8 @@ from oracle import (
     unfinished,
 )
 
-from traceforge.emit.writer import write_trace_set
-from traceforge.spec import build_spec
+from traceforge.config import build_spec
+from traceforge.write.writer import write_trace_set
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
@@ -842,7 +842,7 @@ def test_zero2_buckets_are_deepspeeds_and_memory_holds_the_largest():
     12 * 12288**2 / 8 = 226.5 M parameters per rank, so a bucket holds two layers (453 M), not
     the 40-48 M of Megatron's overlapped buckets."""
     from traceforge.memory.states import stage_states
-    from traceforge.plan.program import stage_program
+    from traceforge.program.stage import stage_program
 
     spec = build_spec("gpt3-175b", overrides=dict(dp_mode="zero2", num_microbatches=None, global_batch=24))
     mm = M.of(spec.to_dict())
@@ -883,7 +883,7 @@ def _count(ops, group, types=None):
 
 def test_gpt3_175b_worked_check():
     """The GPT-3 175B layout (docs/traffic-model.md, Sources): t8 p16 d12, b1, global batch 1536 (m = 128), s 2048."""
-    from traceforge.plan.program import stage_program  # read the planner's output, not its arithmetic
+    from traceforge.program.stage import stage_program  # read the planner's output, not its arithmetic
 
     spec = build_spec("gpt3-175b")
     mm = M.of(spec.to_dict())
@@ -921,7 +921,7 @@ def test_overlapped_gradient_buckets_on_the_first_stage_only():
     """Megatron (distributed_data_parallel.py): with --overlap-grad-reduce, buckets of
     max(4e7, 1e6*d) elements, and only on the first pipeline stage (elsewhere DP is off the
     critical path, so bucketing is turned off)."""
-    from traceforge.plan.program import stage_program
+    from traceforge.program.stage import stage_program
 
     spec = build_spec("gpt3-175b", overrides=dict(overlap_grad_reduce=True))
     mm = M.of(spec.to_dict())

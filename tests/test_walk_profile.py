@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from traceforge.memory.activations import PassBytes
 from traceforge.memory.walk import moments, peak
-from traceforge.plan.pipeline import _build
+from traceforge.model.activations import PassBytes
+from traceforge.parallel.pipeline import _build
 
 SCHEDULES = [("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("interleaved", 3), ("zb-h1", 1),
              ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2)]
@@ -47,7 +47,7 @@ def test_the_memoized_schedule_profile_sizes_as_the_passes_do():
     """memory_report sizes each stage from schedule_profile (memoized on the schedule's name and
     sizes); it must give what the stage's own passes give."""
     from traceforge.memory.walk import profile_peak, schedule_profile
-    from traceforge.plan.pipeline import passes_of
+    from traceforge.parallel.pipeline import passes_of
 
     rng = random.Random(11)
     for name, v in SCHEDULES:

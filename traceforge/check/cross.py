@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceforge.check.findings import Finding
-from traceforge.check.nodes import COLL, RECV, SEND, WORLD, coll_label, p2p_label
+from traceforge.check.nodes import WORLD, coll_label, p2p_label
 from traceforge.check.program import PAIR, Program
 from traceforge.check.rank import RankSummary
+from traceforge.ir.enums import COLL, RECV, SEND
 
 
 def unpack(seq: bytes) -> array:

@@ -8,7 +8,7 @@ check/templates.py's sound per-payload templates, so every value is the node's o
 its name) and which role each value plays in check's terms (the n-th group, the n-th peer, or the
 rank itself as a Send's comm_src or a Recv's comm_dst). A file of the same length with the same
 bytes everywhere else, and the same varint continuation bits inside the values, frames and parses
-like the template (report/file_templates.py makes the same cut). Its summary is then the
+like the template (read/file_templates.py makes the same cut). Its summary is then the
 template's (no findings; the same Program, the same structure) with its own groups and peers,
 provided what check would judge about the values holds: pg_name plain digits naming a group other
 than "all ranks", peers below 2**31 and inside the set, the rank's own number where a Send or Recv
@@ -23,12 +23,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from traceforge import schema as S
-from traceforge.check.nodes import COLL, RECV, SEND, WORLD, CheckRecord
+from traceforge.chakra import schema as S
+from traceforge.chakra.spans import INT32_MAX, find_spans
+from traceforge.chakra.wire import read_varint
+from traceforge.check.nodes import WORLD, CheckRecord
 from traceforge.check.program import Program
 from traceforge.check.templates import is_sound
-from traceforge.read.spans import INT32_MAX, find_spans
-from traceforge.wire import read_varint
+from traceforge.ir.enums import COLL, RECV, SEND
 
 FIXED, VARINT, TEXT = 0xFF, 0x80, 0x00  # bits that must equal the template's, per byte
 LIMIT = 128  # templates kept per worker (~0.4 MB each at ~1,300 nodes)

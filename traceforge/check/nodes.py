@@ -19,20 +19,21 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from traceforge import schema as S
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.read.decode import node_attributes, parse_node
+from traceforge.chakra import fields as F
+from traceforge.chakra import schema as S
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.decode import node_attributes, parse_node
+from traceforge.ir.enums import COLL, COMP, RECV, SEND
 
 INVALID, METADATA, MEM_LOAD, MEM_STORE = pb.INVALID_NODE, pb.METADATA_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE
-COMP, SEND, RECV, COLL = S.COMP_NODE, S.SEND_NODE, S.RECV_NODE, S.COLL_NODE
 COMM_TYPES = frozenset((SEND, RECV, COLL))
-TYPE_NAMES = S.NODE_TYPE_NAMES
-COLL_NAMES = S.COLL_TYPE_NAMES
+TYPE_NAMES = F.NODE_TYPE_NAMES
+COLL_NAMES = F.COLL_TYPE_NAMES
 SIMULATED_COLLS = frozenset((0, 2, 6, 7))  # ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 BROADCAST = 5
 TAG_LIMIT = S.TAG_LIMIT  # ASTRA-sim's NATIVE send/recv tags live in [0, 5e8)
 UINT32 = 1 << 32
-MAX_COMM_SIZE = (1 << 62) - 1  # bytes; the limit report reads (report/records.py) and int64 arrays hold
+MAX_COMM_SIZE = (1 << 62) - 1  # bytes; the limit report reads (read/records.py) and int64 arrays hold
 MAX_DURATION = S.MAX_STEP_MICROS + 1  # µs; the limit generate keeps to (schema.py): x1000 in ns stays < 2^63
 WORLD = 0  # group id of "all ranks" (pg_name absent, empty or "0")
 

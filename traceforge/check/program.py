@@ -27,7 +27,8 @@ import pickle
 from array import array
 from dataclasses import dataclass
 
-from traceforge.check.nodes import COLL, COMM_TYPES, SEND, CheckRecord
+from traceforge.check.nodes import COMM_TYPES, CheckRecord
+from traceforge.ir.enums import COLL, SEND
 
 PAIR = 16  # bytes per packed (comm_type, size) entry of a group sequence
 

@@ -18,15 +18,16 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from traceforge._proto import traceforge_et_pb2 as pb
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.decode import CorruptNode, PayloadCache
+from traceforge.chakra.frame import FrameError, frames, payload_at, read_file
+from traceforge.chakra.wire import read_varint
 from traceforge.check.file_templates import FileTemplates, Matched, build_template
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
-from traceforge.check.nodes import COLL, SEND, WORLD, CheckRecord, decode_node
+from traceforge.check.nodes import WORLD, CheckRecord, decode_node
 from traceforge.check.program import Program, Structure, analyse, build
 from traceforge.check.templates import decode_with_templates
-from traceforge.read.decode import CorruptNode, PayloadCache
-from traceforge.read.frame import FrameError, frames, payload_at, read_file
-from traceforge.wire import read_varint
+from traceforge.ir.enums import COLL, SEND
 
 # Records by payload bytes; cleared when full. Payloads without rank-specific values (compute
 # nodes: ~1,100 per stage, 16 stages interleaved in rank order) have their own cache, which the

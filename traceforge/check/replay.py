@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from traceforge.check.cross import CrossRank, Symmetry
 from traceforge.check.findings import WARNING, Finding
-from traceforge.check.nodes import COLL, RECV, SEND
 from traceforge.check.program import Program
+from traceforge.ir.enums import COLL, RECV, SEND
 
 GENERAL, ASTRA = "general", "astra-sim"
 MODELS = (GENERAL, ASTRA)

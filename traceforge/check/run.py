@@ -23,17 +23,17 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from traceforge.base.errors import UserError
+from traceforge.base.output import MANIFEST_FILE
+from traceforge.base.pool import cores, fan_out
+from traceforge.base.progress import Progress
 from traceforge.check.cross import CrossRank
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
 from traceforge.check.replay import ASTRA, EAGER, GENERAL, MODELS, P2P_MODELS, RENDEZVOUS, Replay
-from traceforge.errors import TraceReadError, UserError
-from traceforge.parallel import cores, fan_out
-from traceforge.read.progress import Progress
-from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, parse_groups, read_json_file
-from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.read.reader import find_rank_files, load_comm_groups, manifest_world_size, read_json_file
 
-__all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set", "load_comm_groups"]
+__all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set"]
 
 CHUNK_RANKS = 32  # ranks per worker task: neighbours share most node bytes (cache hits)
 PARALLEL_MIN_RANKS = 64
@@ -198,27 +198,6 @@ def resolve_p2p(model: str, p2p: str | None) -> str:
         raise UserError("--model astra-sim replays ASTRA-sim's eager sends: drop --p2p, or use --model general "
                         f"with --p2p {p2p}")
     return p2p
-
-
-def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:
-    """The communicator groups {id: ranks} and where they came from; None when there is no file.
-    ASTRA-sim parses group ids as integers, so check also requires decimal keys."""
-    if isinstance(source, Mapping):
-        name = "the given groups"
-        groups = parse_groups(dict(source), name)
-    else:
-        path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
-        name = str(path)
-        loaded = load_groups(Path(directory), Path(source) if source is not None else None)
-        if loaded is None:
-            return None, COMM_GROUP_FILE
-        groups = loaded
-    out: dict[int, list[int]] = {}
-    for key, members in groups.items():
-        if not (key.isascii() and key.isdigit()):
-            raise TraceReadError(f"{name}: group key {key!r} is not a decimal id (ASTRA-sim parses keys as integers)")
-        out[int(key)] = list(members)
-    return out, (name if isinstance(source, Mapping) else Path(name).name)
 
 
 def _group_file_findings(groups: dict[int, list[int]], world: int, name: str) -> list[Finding]:

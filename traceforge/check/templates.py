@@ -3,7 +3,7 @@
 Ranks of one pipeline stage write the same communication nodes but for pg_name (a new TP or DP
 group) and comm_src/comm_dst (a new peer), so most of a rank's communication payloads are new
 bytes although nothing check judges about them is. The payload with those values cut out is a
-template key (the same cut as report's, report/records.py); a payload whose key was seen gets
+template key (the same cut as report's, read/records.py); a payload whose key was seen gets
 the template's record with its own values put in, without a protobuf parse.
 
 Exact, because a template is only made, and only used, when every rank-specific value is plain:
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from traceforge import schema as S
-from traceforge.check.nodes import COLL, CheckRecord, decode_node
-from traceforge.read.decode import CorruptNode, PayloadCache, parse_node
-from traceforge.read.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
-from traceforge.wire import read_varint
+from traceforge.chakra import schema as S
+from traceforge.chakra.decode import CorruptNode, PayloadCache, parse_node
+from traceforge.chakra.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
+from traceforge.chakra.wire import read_varint
+from traceforge.check.nodes import CheckRecord, decode_node
+from traceforge.ir.enums import COLL
 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
 

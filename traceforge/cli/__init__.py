@@ -23,7 +23,7 @@ from rich.console import Console
 from typer.core import TyperArgument, TyperGroup
 
 from traceforge import __version__
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
 
 
 class Commands(TyperGroup):

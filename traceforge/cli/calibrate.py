@@ -9,15 +9,15 @@ from typing import Any, Optional
 
 import typer
 
+from traceforge.base.errors import UserError
+from traceforge.base.output import check_output_file, write_output_file
 from traceforge.cli import app, out, user_errors
 from traceforge.cli.generate import spec_parameters
-from traceforge.errors import UserError
-from traceforge.kernels.keys import KernelKey
-from traceforge.kernels.measure import Timer
-from traceforge.kernels.table import format_csv, format_json
-from traceforge.kernels.times import load_kernel_times
-from traceforge.output import check_output_file, write_output_file
-from traceforge.spec import Spec, build_spec, load_config_file
+from traceforge.config import Spec, build_spec, load_config_file
+from traceforge.machine.kernels.keys import KernelKey
+from traceforge.machine.kernels.table import format_csv, format_json
+from traceforge.machine.kernels.times import load_kernel_times
+from traceforge.model.calibrate import Timer
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -35,7 +35,7 @@ def _is_table(path: Path) -> bool:
 def calibrate(**kwargs: Any) -> None:
     """Time the GEMM, attention and element-wise kernels a spec runs on this GPU with PyTorch; write the table --kernel-times reads."""
     # Looked up when the command runs (start-up time; and tests swap torch_timer for a fake GPU).
-    from traceforge.kernels.measure import needed_kernels, torch_timer
+    from traceforge.model.calibrate import needed_kernels, torch_timer
 
     preset, config, path = kwargs.pop("preset"), kwargs.pop("config"), kwargs.pop("out")
     warmup, repeat, quiet = kwargs.pop("warmup"), kwargs.pop("repeat"), kwargs.pop("quiet")
@@ -52,7 +52,7 @@ def calibrate(**kwargs: Any) -> None:
 
 def write_table(path: Path, spec: Spec, keys: list[KernelKey], timer: Timer, device: str, quiet: bool = False) -> None:
     """Measure ``keys`` with ``timer`` and write the table (the half tests drive with any timer)."""
-    from traceforge.kernels.measure import measure
+    from traceforge.model.calibrate import measure
 
     times, left = measure(keys, timer)
     if path.suffix.lower() == ".csv":

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
+from traceforge.base import progress
+from traceforge.base.errors import UserError
+from traceforge.base.pool import resolve_jobs
+from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
-from traceforge.errors import UserError
-from traceforge.parallel import resolve_jobs
-from traceforge.read import progress
-from traceforge.tables import Fit, print_fitted
 
 # Narrow windows: the message wraps; the node's id and name go before it does.
 CHECK_FIT = Fit(wrap={"message": 40, "name": 20, "kind": 16}, drop=("node", "name"))
@@ -79,8 +79,8 @@ def _check_expanded(directory: Path, prefix: str | None, comm_groups: Path | Non
     """Expand into a scratch Chakra set of compute, Send and Recv nodes, and check that."""
     import tempfile
 
-    from traceforge.browse.expand import ALGORITHMS, write_chakra
     from traceforge.check.run import check_trace_set
+    from traceforge.export.expand import ALGORITHMS, write_chakra
 
     if algorithm not in ALGORITHMS:
         raise UserError(f"--expand {algorithm!r} is not known: use {', '.join(ALGORITHMS)}")

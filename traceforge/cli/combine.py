@@ -31,7 +31,7 @@ def combine(
     manifest lists each job's source and global ranks, and 'traceforge report' splits the
     traffic per job. Written all or nothing.
     """
-    from traceforge.emit.combine import combine_sets
+    from traceforge.write.combine import combine_sets
 
     header = combine_sets(sets, out_dir, placement, block=block, prefix=prefix, force=force)
     jobs = ", ".join(f"{Path(j['source']).name} ({j['world_size']})" for j in header["jobs"])

@@ -15,24 +15,24 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
+from traceforge.base.errors import UserError
+from traceforge.base.output import check_output_dir, check_prefix
+from traceforge.base.pool import resolve_jobs
+from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
-from traceforge.cluster import FIELD, Cluster
-from traceforge.emit.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
-from traceforge.errors import UserError
+from traceforge.config import build_spec, load_config_file, preset_values, requested_order
+from traceforge.config.presets import PRESETS
+from traceforge.machine.cluster import FIELD, Cluster
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
-from traceforge.hardware import capacity_text
-from traceforge.kernels.times import summary_lines
+from traceforge.machine.gpus import capacity_text
+from traceforge.machine.kernels.times import summary_lines
 from traceforge.memory.report import DOES_NOT_FIT, TIGHT
-from traceforge.model import active_params, total_params
-from traceforge.output import check_output_dir, check_prefix
-from traceforge.parallel import resolve_jobs
-from traceforge.presets import PRESETS
-from traceforge.spec import build_spec, load_config_file, preset_values, requested_order
-from traceforge.tables import Fit, print_fitted
+from traceforge.model.params import active_params, total_params
+from traceforge.write.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
 
 # -- generate -------------------------------------------------------------------------------
 
@@ -70,8 +70,9 @@ def _astra_options() -> list[inspect.Parameter]:
 
 def generate(**kwargs: Any) -> None:
     """Plan every rank's traffic for a spec and write the Chakra ET trace set."""
-    from traceforge.emit.shard import parse_shard, shard_ranks, write_shard
-    from traceforge.emit.writer import write_trace_set
+    from traceforge.base.shards import parse_shard
+    from traceforge.write.shard import shard_ranks, write_shard
+    from traceforge.write.writer import write_trace_set
 
     run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim",
                 "allow_oom", "gpu_memory_gb", "overhead_gb", "allocator_reserve_pct")
@@ -95,7 +96,7 @@ def generate(**kwargs: Any) -> None:
             raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
         cluster, astra = Cluster.from_options(**cluster_opts), AstraOptions.from_options(**cluster_opts)
         check_bundle(run["out_dir"], spec.world_size, cluster, astra)  # refuse before writing anything
-        from traceforge.plan.program import stage_program
+        from traceforge.program.stage import stage_program
 
         check_messages([stage_program(spec, s) for s in range(spec.pp)], astra)
     elif any(v is not None for v in cluster_opts.values()):
@@ -139,7 +140,7 @@ def generate(**kwargs: Any) -> None:
         from traceforge.cli.report import print_report
 
         if cluster is not None:  # the report's machine is the bundle's
-            from traceforge.report.timing_replay import LinkModel
+            from traceforge.machine.links import LinkModel
 
             print_report(run["out_dir"], gpus_per_node=cluster.gpus_per_node, link=LinkModel.from_cluster(cluster))
         else:
@@ -221,8 +222,8 @@ class _progress:
 def _changed_from_preset(spec: Any, explicit: dict) -> dict[str, tuple[Any, Any]]:
     """The preset's values that no flag gave but that other flags changed (a preset's sequence
     parallelism goes with its TP: --tp 1 turns it off): name -> (the preset's, the spec's)."""
-    from traceforge.presets import get_preset
-    from traceforge.spec import normalize_order
+    from traceforge.config import normalize_order
+    from traceforge.config.presets import get_preset
 
     doc, preset = spec.to_dict(), get_preset(spec.preset)
     same = {"order": lambda a, b: normalize_order(str(a)) == normalize_order(str(b))}
@@ -285,7 +286,7 @@ def merge(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary."),
 ) -> None:
     """Join the shards of a trace set: check they are all there, write comm_group.json and manifest.json."""
-    from traceforge.emit.shard import merge_shards
+    from traceforge.write.shard import merge_shards
 
     started = time.perf_counter()
     doc = merge_shards(directory)

@@ -1,5 +1,5 @@
 """The machine flags (--gpus-per-node, --scale-up-bw, ...) of `generate --astra-sim` and `report`,
-both built from traceforge.cluster.FIELDS: same names, units, help and validation."""
+both built from traceforge.machine.cluster.FIELDS: same names, units, help and validation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from traceforge.cluster import FIELD, FIELDS, Cluster, check_value, describe
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
+from traceforge.machine.cluster import FIELD, FIELDS, Cluster, check_value, describe
 
 # report's flags before the shared cluster: old flag -> (new flag's field, factor to its unit, old unit).
 # Kept for one release as hidden aliases that print a note.

@@ -13,14 +13,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 from traceforge.cli.options import spec_parameters
-from traceforge.hardware import capacity_text
+from traceforge.config import build_spec, load_config_file
+from traceforge.machine.gpu_memory import overhead_bytes, reserve_fraction
+from traceforge.machine.gpus import capacity_text
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
-from traceforge.memory.gpus import overhead_bytes, reserve_fraction
 from traceforge.memory.report import DOES_NOT_FIT
-from traceforge.spec import build_spec, load_config_file
-from traceforge.tables import Fit, print_fitted
 
 GB = 1e9
 

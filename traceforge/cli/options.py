@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from traceforge.spec import FIELDS
+from traceforge.config import FIELDS
 
 
 def spec_parameters() -> list[inspect.Parameter]:

@@ -1,7 +1,7 @@
 """`traceforge plan`: every legal layout of a model on N GPUs, ranked by estimated step time.
 
 The spec flags are generate's (spec.FIELDS): a value given fixes that axis (e.g. --tp 8), the
-others are searched (planner/space.py). Machine flags are generate --astra-sim's and report's;
+others are searched (search/space.py). Machine flags are generate --astra-sim's and report's;
 with --sweep one of them (or --gpus) takes a comma-separated list.
 """
 
@@ -17,20 +17,21 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from traceforge.base.errors import UserError
+from traceforge.base.limits import MAX_WORLD_SIZE
+from traceforge.base.output import check_output_dir
+from traceforge.base.pool import resolve_jobs
+
+# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
+from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.options import spec_parameters
-from traceforge.cluster import FIELD, Cluster, check_value
-from traceforge.emit.astra import network_dimensions
-from traceforge.errors import UserError
-from traceforge.output import check_output_dir
-from traceforge.parallel import resolve_jobs
-from traceforge.spec import MAX_WORLD_SIZE, load_config_file
+from traceforge.config import load_config_file
+from traceforge.machine.cluster import FIELD, Cluster, check_value
+from traceforge.write.astra import network_dimensions
 
-# What a command runs is imported inside it, for start-up time (see cli/__init__.py).
-from traceforge.tables import Fit, print_fitted
-
-# The axes plan varies (planner/space.py), and the ones it sets from them unless given.
+# The axes plan varies (search/space.py), and the ones it sets from them unless given.
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
 DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
            "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
@@ -122,7 +123,7 @@ def plan(**kwargs: Any) -> None:
     while searching. A spec flag fixes its axis (e.g. --tp 8 or --schedule 1f1b); the other axes
     are searched. Bad input, no legal layout or none that fits: one line on stderr, exit 2.
     """
-    from traceforge.planner import run as planner_run
+    from traceforge.plan_output import run as planner_run
 
     opts = {k: kwargs.pop(k) for k in [p.name for p in _plan_options()]}
     machine = {k: kwargs.pop(k) for k in FIELD}
@@ -195,7 +196,7 @@ def plan(**kwargs: Any) -> None:
         raise UserError("-o DIR is where --write-top, --sweep or --shard write: add one of them, or drop -o "
                         "(the plan itself is printed)")
     if opts["out_dir"] is not None and opts["shard"] is None and (swept or opts["write_top"] is not None):
-        from traceforge.planner.write import is_plan_output
+        from traceforge.plan_output.write import is_plan_output
 
         # refuse an -o we may not write now, not after a long search
         check_output_dir(opts["out_dir"], opts["force"], [opts["config"]] if opts["config"] else [], is_plan_output)
@@ -231,7 +232,7 @@ def plan(**kwargs: Any) -> None:
 def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool,
                 assumed: str | None = None) -> None:
     """A plan's answer: its JSON document, or the table."""
-    from traceforge.planner.rows import json_document
+    from traceforge.plan_output.rows import json_document
 
     if as_json:
         print_json(json_document(gpus, counts, ranked))
@@ -246,7 +247,7 @@ def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dic
 def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]],
                  as_json: bool) -> None:
     """A sweep's answer: the best layout per value, as JSON or one table."""
-    from traceforge.planner.rows import json_document
+    from traceforge.plan_output.rows import json_document
 
     if as_json:
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
@@ -297,7 +298,7 @@ def print_whole(table: Table, how: Fit = PLAN_FIT) -> None:
         out.width = saved
 
 
-# The communicator groups whose names do not explain themselves (traceforge/layout.py's GROUP_KINDS).
+# The communicator groups whose names do not explain themselves (traceforge/parallel/layout.py's GROUP_KINDS).
 GROUP_NAMES = {"emb": "the first and last stage's embedding sync", "dps": "hsdp's shard group",
                "dpr": "hsdp's replica group", "edp": "expert data-parallel", "mp": "tp x pp (grad norm)",
                "world": "all GPUs", "tpep": "tp x ep", "epx": "EP across nodes", "epn": "EP inside a node",
@@ -308,7 +309,7 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     """What the plan assumed and how far from exact its answer may be (first, before the rows),
     then the ranked candidates: layout, step and its split (compute, communication left exposed
     per dimension, pipeline bubble and waiting), throughput and memory."""
-    from traceforge.layout import GROUP_KINDS
+    from traceforge.parallel.layout import GROUP_KINDS
 
     if assumed:
         out.print(f"{title}: {assumed}", markup=False, soft_wrap=True)

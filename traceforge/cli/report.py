@@ -12,13 +12,13 @@ from typing import Any
 
 import typer
 
+from traceforge.base import progress
+from traceforge.base.errors import UserError
+from traceforge.base.output import check_output_dir
+from traceforge.base.pool import resolve_jobs
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
-from traceforge.cluster import FIELD, Cluster, describe
-from traceforge.errors import UserError
-from traceforge.output import check_output_dir
-from traceforge.parallel import resolve_jobs
-from traceforge.read import progress
+from traceforge.machine.cluster import FIELD, Cluster, describe
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -51,7 +51,7 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     bundle decides: GPUs per node come from it unless given, and a flag that disagrees with it is
     refused (one line) rather than silently ignored. The hardware mode times with the alpha-beta
     link model: a bundle's machine fills what no flag gives."""
-    from traceforge.report.collective_cost import NETWORK_FILE, load_network, machine_of
+    from traceforge.machine.astra import NETWORK_FILE, load_network, machine_of
 
     path = Path(directory) / NETWORK_FILE
     if mode == "hardware" and path.is_file():
@@ -75,7 +75,7 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
 
 
 def _timeline_tracks(value: str) -> int | str:
-    from traceforge.report.timeline import ALL, CLASSES
+    from traceforge.timing.timeline import ALL, CLASSES
 
     text = value.strip().lower()
     if text in (ALL, CLASSES):
@@ -103,9 +103,9 @@ def report(
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
+    from traceforge.machine.links import LinkModel
     from traceforge.report.build import build_report, estimate_mode
     from traceforge.report.render import render_comparison
-    from traceforge.report.timing_replay import LinkModel
 
     if out_dir is None:
         answer_to_stdout("the report")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
+from traceforge.base.errors import UserError
+from traceforge.base.output import check_output_dir, check_output_file, is_simulator_log
 from traceforge.cli import app, err, out, user_errors
-from traceforge.errors import UserError
-from traceforge.output import check_output_dir, check_output_file, is_simulator_log
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from traceforge.errors import SpecError
+from traceforge.base.errors import SpecError
+from traceforge.config import Spec
 from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, memory_report
-from traceforge.spec import Spec
 
 GB = 1e9
 # Past this multiple of the GPU's memory a spec is a typo (--vocab 10**12), refused even with

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
+from traceforge.config import FIELD_BY_NAME, Spec, build_spec
 from traceforge.memory.report import MemoryReport, memory_report
-from traceforge.spec import FIELD_BY_NAME, Spec, build_spec
 
 
 def manifest_spec(manifest: dict | None) -> Spec | None:

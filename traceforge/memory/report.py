@@ -24,13 +24,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from traceforge.memory.activations import chunk_activations
-from traceforge.memory.gpus import gpu_memory_bytes
+from traceforge.config import Spec
+from traceforge.config.cache import ignoring
+from traceforge.machine.gpu_memory import gpu_memory_bytes
 from traceforge.memory.states import StageStates, stage_states
 from traceforge.memory.walk import profile_peak, schedule_profile
-from traceforge.model import model_chunks, p2p_bytes
-from traceforge.spec import Spec
-from traceforge.spec_cache import ignoring
+from traceforge.model.activations import chunk_activations
+from traceforge.model.params import p2p_bytes
+from traceforge.parallel.partition import model_chunks
 
 MIB, GIB = 2**20, 2**30
 # CUDA context (~0.5 GiB on Hopper with CUDA 12's lazy loading) plus cuBLAS/cuDNN workspaces

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.model import StageParams, stage_params
-from traceforge.plan.data import largest_bucket
-from traceforge.spec import Spec
+from traceforge.config import Spec
+from traceforge.parallel.buckets import largest_bucket
+from traceforge.parallel.partition import StageParams, stage_params
 
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq
@@ -79,7 +79,7 @@ def stage_states(spec: Spec, stage: int) -> StageStates:
     if mode in SHARDS_PARAMETERS:
         largest = max(_units(params), default=0)
         dp_buffers = GATHERED_UNITS * e * largest + g * largest
-    elif mode == "zero2":  # the traffic's own buckets (plan/data.py): the largest, whole, until reduced
+    elif mode == "zero2":  # the traffic's own buckets (program/data.py): the largest, whole, until reduced
         dp_buffers = g * largest_bucket(spec, stage)
     else:
         dp_buffers = 0  # Megatron's grad buffer is the bucket memory; dist-opt gathers into the weights

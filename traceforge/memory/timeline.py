@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from traceforge.memory.activations import chunk_activations
+from traceforge.config import Spec
 from traceforge.memory.report import _stage_parts
-from traceforge.model import model_chunks
-from traceforge.plan.pipeline import Pass, schedule
-from traceforge.spec import Spec
+from traceforge.model.activations import chunk_activations
+from traceforge.parallel.partition import model_chunks
+from traceforge.parallel.pipeline import Pass, schedule
 
 GB = 1e9
 Run = tuple[str, int, int | None, float, float]  # (phase, micro-batch, chunk or None, start, end)

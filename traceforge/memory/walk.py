@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.memory.activations import PassBytes
-from traceforge.plan.pipeline import Pass, passes_of
+from traceforge.model.activations import PassBytes
+from traceforge.parallel.pipeline import Pass, passes_of
 
 KIND_NAMES = {"F": "forward", "F&": "forward", "B": "backward", "I": "input-gradient pass", "W": "weight-gradient pass"}
 

@@ -9,18 +9,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from traceforge._proto import traceforge_et_pb2 as pb
-from traceforge.errors import TraceReadError
-from traceforge.files import MAX_JSON_FILE_BYTES, Fields, read_json
-from traceforge.read.frame import frames, read_file
-from traceforge.schema import COMM_GROUP_FILE, MANIFEST_FILE
-from traceforge.spec import MAX_WORLD_SIZE, Spec
+from traceforge.base.errors import TraceReadError
+from traceforge.base.files import MAX_JSON_FILE_BYTES, Fields, read_json
+from traceforge.base.limits import MAX_WORLD_SIZE
+from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE
+from traceforge.chakra._proto import traceforge_et_pb2 as pb
+from traceforge.chakra.frame import frames, read_file
+from traceforge.config import Spec
 
 
 @dataclass
@@ -224,3 +225,24 @@ def every_rank_file(directory: Path, prefix: str | None, needed_by: str) -> tupl
     if missing:
         raise TraceReadError(f"{directory}: no {prefix}.{missing[0]}.et; {needed_by} needs every rank 0..{world - 1}")
     return prefix, files, world
+
+
+def load_comm_groups(directory: Path, source: Path | str | Mapping | None) -> tuple[dict[int, list[int]] | None, str]:
+    """The communicator groups {id: ranks} and where they came from; None when there is no file.
+    ASTRA-sim parses group ids as integers, so check also requires decimal keys."""
+    if isinstance(source, Mapping):
+        name = "the given groups"
+        groups = parse_groups(dict(source), name)
+    else:
+        path = Path(source) if source is not None else Path(directory) / COMM_GROUP_FILE
+        name = str(path)
+        loaded = load_groups(Path(directory), Path(source) if source is not None else None)
+        if loaded is None:
+            return None, COMM_GROUP_FILE
+        groups = loaded
+    out: dict[int, list[int]] = {}
+    for key, members in groups.items():
+        if not (key.isascii() and key.isdigit()):
+            raise TraceReadError(f"{name}: group key {key!r} is not a decimal id (ASTRA-sim parses keys as integers)")
+        out[int(key)] = list(members)
+    return out, (name if isinstance(source, Mapping) else Path(name).name)

@@ -11,22 +11,34 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from traceforge.emit.combine import job_of_rank
-from traceforge.errors import UserError
-from traceforge.layout import Layout
+from traceforge.base.errors import UserError
+from traceforge.base.output import atomic_output_dir
+from traceforge.ir.enums import COMP
+from traceforge.ir.traceset import TraceSet
+from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
+from traceforge.machine.cluster import node_of
+from traceforge.machine.links import LinkModel
+from traceforge.machine.nccl import GPU_GENERATION, NCCL_VERSION
 from traceforge.memory.manifest import manifest_memory, manifest_spec
-from traceforge.nccl_model import GPU_GENERATION, NCCL_VERSION
-from traceforge.output import atomic_output_dir
-from traceforge.report.collective_cost import NETWORK_FILE, AstraNetwork, load_network
-from traceforge.report.experts import ExpertGroup, expert_groups
-from traceforge.report.matrix import (
+from traceforge.memory.timeline import counter_events, memory_counter
+from traceforge.parallel.layout import Layout
+from traceforge.read.traceset import load_trace_set
+from traceforge.report.render import render_report
+from traceforge.simulate.result import trace_set_identity
+from traceforge.simulate.view import simulated_chrome_trace, simulated_view
+from traceforge.timing.engine import ASTRA_SIM, HARDWARE, MODES, ReplayResult, ReplayTooBig
+from traceforge.timing.replay import replay
+from traceforge.timing.timeline import CLASSES, RANK_PID, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace
+from traceforge.traffic.dimensions import DimTraffic, dimension_traffic
+from traceforge.traffic.experts import ExpertGroup, expert_groups
+from traceforge.traffic.matrix import (
     MAX_DENSE_RANKS,
     PlotUnavailable,
     node_matrix,
@@ -36,23 +48,8 @@ from traceforge.report.matrix import (
     write_links_csv,
     write_matrix_csv,
 )
-from traceforge.report.render import render_report
-from traceforge.report.replay import replay
-from traceforge.report.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
-from traceforge.report.timeline import (
-    CLASSES,
-    StepEstimate,
-    chrome_trace,
-    memory_track,
-    step_estimate,
-    timeline_ranks,
-    write_chrome_trace,
-)
-from traceforge.report.timing_replay import ASTRA_SIM, HARDWARE, MODES, LinkModel, ReplayResult, ReplayTooBig
-from traceforge.report.traceset import TraceSet, load_trace_set
-from traceforge.report.traffic import DimTraffic, dimension_traffic, node_of
-from traceforge.simulate.result import trace_set_identity
-from traceforge.simulate.view import simulated_chrome_trace, simulated_view
+from traceforge.traffic.testmatrix import MatrixRow, collective_test_matrix, write_test_matrix
+from traceforge.write.combine import job_of_rank
 
 # The node matrix goes into report.json up to this many nodes (always into its CSV).
 JSON_NODE_MATRIX_LIMIT = 256
@@ -335,7 +332,7 @@ def build_report(
             raise UserError("--estimate hardware times transfers with the alpha-beta link model: drop --astra-model, "
                             "or use --estimate astra-sim")
         astra_model = False
-    link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.cluster)
+    link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.machine.cluster)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     ts = load_trace_set(Path(directory), prefix, jobs)
@@ -389,3 +386,20 @@ def build_report(
                                     f"recv without its partner); run 'traceforge check'")
         seconds["replay"] = time.perf_counter() - t0
     return report
+
+
+def memory_track(result: ReplayResult, spec, stage_of_rank: Callable[[int], int]) -> Callable[[int], list[dict]]:
+    """Class c's memory counter events (traceforge.memory.timeline), pid left open; none when
+    its program does not match the spec's schedule."""
+    def events(c: int) -> list[dict]:
+        program = result.programs[c]
+        steps = program.steps.tolist()
+        first = min(steps, default=0)
+        compute = [kind == COMP and step == first for kind, step in zip(program.types.tolist(), steps, strict=True)]
+        stage = stage_of_rank(result.reps[c])
+        if not 0 <= stage < spec.pp:
+            return []
+        points = memory_counter(spec, stage, program.names, compute, result.start[c], result.finish[c])
+        return counter_events(points, RANK_PID) if points else []
+
+    return events

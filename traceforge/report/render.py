@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from traceforge.hardware import capacity_text
-from traceforge.report.traffic import DimTraffic
+from traceforge.base.tables import Fit, print_fitted
+from traceforge.machine.gpus import capacity_text
 from traceforge.simulate.view import _span
-from traceforge.tables import Fit, print_fitted
+from traceforge.traffic.dimensions import DimTraffic
 
 TEST_ROWS_SHOWN = 16
 NODE_MATRIX_SHOWN = 8

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.errors import UserError
+from traceforge.base.errors import UserError
 
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
 NODE_EVENT = re.compile(r"\b(issue|callback),sys->id=(\d+), tick=(\d+), node->id=(\d+)")

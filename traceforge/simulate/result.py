@@ -19,12 +19,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from traceforge.errors import UserError
-from traceforge.files import INT64_MAX, MAX_JSON_FILE_BYTES, Fields, read_json, read_regular_file
-from traceforge.output import write_output_file
-from traceforge.schema import MANIFEST_FILE
+from traceforge.base.errors import UserError
+from traceforge.base.files import INT64_MAX, MAX_JSON_FILE_BYTES, Fields, read_json, read_regular_file
+from traceforge.base.limits import MAX_WORLD_SIZE
+from traceforge.base.output import MANIFEST_FILE, write_output_file
 from traceforge.simulate.astra_log import AstraLog
-from traceforge.spec import MAX_WORLD_SIZE
 
 FORMAT = 1
 SIMULATION_FILE = "simulation.json"

@@ -18,20 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from traceforge.emit.astra import (
-    ASTRA_BINARY,
-    ASTRA_REPO,
-    BUNDLE_FILES,
-    NETWORK_FILE,
-    REMOTE_MEMORY_FILE,
-    SYSTEM_FILE,
-)
-from traceforge.errors import UserError
-from traceforge.files import read_json
-from traceforge.output import atomic_output_dir, is_simulator_log
-from traceforge.parallel import kill_group, release_signals, signals_held
+from traceforge.base.errors import UserError
+from traceforge.base.files import read_json
+from traceforge.base.output import COMM_GROUP_FILE, atomic_output_dir, is_simulator_log
+from traceforge.base.pool import kill_group, release_signals, signals_held
+from traceforge.machine.astra import ASTRA_BINARY, ASTRA_REPO, BUNDLE_FILES, NETWORK_FILE, REMOTE_MEMORY_FILE, SYSTEM_FILE
 from traceforge.read.reader import read_manifest
-from traceforge.schema import COMM_GROUP_FILE
 from traceforge.simulate.astra_log import FINISHED, AstraLog, read_astra_log
 
 ENV_BINARY = "ASTRA_SIM"

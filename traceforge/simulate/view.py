@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from traceforge.report.scan import COLL, COMP, RECV, SEND
-from traceforge.report.timeline import Split, _measure, _overlap, _union, chrome_trace
-from traceforge.report.timing_replay import LinkModel, ReplayResult
-from traceforge.report.traceset import TraceSet
+from traceforge.ir.enums import COLL, COMP, RECV, SEND
+from traceforge.ir.traceset import TraceSet
+from traceforge.machine.links import LinkModel
 from traceforge.simulate.result import Simulation
+from traceforge.timing.engine import ReplayResult
+from traceforge.timing.timeline import Split, _measure, _overlap, _union, chrome_trace
 
 
 @dataclass

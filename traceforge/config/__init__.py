@@ -1,0 +1,49 @@
+"""The training spec: one validated, immutable description of model, layout and step.
+
+A spec is assembled from three layers, later ones winning: a preset (default ``demo``), an
+optional config file (YAML, TOML or JSON; flat keys named like the CLI flags in snake_case),
+and CLI flags. ``build_spec`` merges them, fills every default explicitly and refuses every
+impossible combination with one line naming the field and the fix.
+
+The package, by job: ``fields`` (the key table and the Spec record), ``files`` (reading spec
+files), ``build`` (the merge), one module per domain's check (``architecture``, ``parallelism``,
+``batch``, ``experts``, ``schedule``, ``data_parallel``, ``machine``) and ``limits``. The names
+below are the ones the rest of traceforge uses: import them from here.
+"""
+
+from __future__ import annotations
+
+from traceforge.base.errors import SpecError
+from traceforge.config.build import DERIVED_DEFAULTS, build_spec, preset_values, spec_builder
+from traceforge.config.data_parallel import DP_MODE_ALIASES, SHARDED_OPTIMIZER_MODES
+from traceforge.config.experts import moe_layer_count
+from traceforge.config.fields import DTYPE_BYTES, FIELD_BY_NAME, FIELDS, Field, Spec
+from traceforge.config.files import load_config_file
+from traceforge.config.limits import (
+    EP_TAG_KINDS,
+    MAX_NODES_PER_RANK,
+    MAX_STRAGGLER_FACTOR,
+    MAX_TAG,
+    RING_KINDS,
+    ep_tag_base,
+    estimated_nodes_per_rank,
+    overlap_tags,
+)
+from traceforge.config.parallelism import (
+    KNOWN_DIMS,
+    MEGATRON_ORDER,
+    ORDER_ALIASES,
+    REQUIRED_DIMS,
+    complete_order,
+    normalize_order,
+    requested_order,
+)
+from traceforge.config.schedules import V_SHAPED
+
+__all__ = [
+    "DERIVED_DEFAULTS", "DP_MODE_ALIASES", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
+    "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MEGATRON_ORDER",
+    "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "SHARDED_OPTIMIZER_MODES", "Spec", "SpecError", "V_SHAPED",
+    "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
+    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder",
+]

@@ -1,1 +1,0 @@
-"""The planner: per pipeline stage, a rank-independent program of ops (see ops.py)."""

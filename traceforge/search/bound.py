@@ -1,0 +1,351 @@
+"""A lower bound on a candidate's replayed step time, without building its programs.
+
+The search replays candidates in increasing bound order and stops once the bound passes the
+K-th best replayed step (branch and bound), so the bound must never exceed the replay:
+
+- one layer's forward (or backward) is recorded into a scratch builder by the same
+  LayerTemplate the stage programs use; its longest dependency path, compute at its recorded
+  duration and each transfer at its cheapest link class (latency + wire bytes / bandwidth, the
+  replay's own charge, never more), is a floor for that layer: every op of the next layer
+  follows this layer's stream position, so floors of consecutive layers add;
+- a stage computes its chunks' forward and backward once per micro-batch, one compute at a
+  time;
+- pipeline fill: a stage cannot start before micro-batch 0's forward has passed every earlier
+  virtual stage; drain (schedules whose backward is not split, where a stage's last layer
+  compute is a full backward): the gradient then still crosses every earlier virtual stage;
+- one micro-batch's path: its forward through every virtual stage, then its backward (without
+  the weight-gradient GEMMs a zero-bubble schedule defers) back through every one: with few
+  micro-batches per stage (one, at the largest data-parallel sizes) the stages wait on each
+  other and this, not a stage's own work, is the floor;
+- on these paths every crossing between virtual stages on two stages is a send the receiver's
+  compute waits for (its recv gates it), at the replay's cheapest charge for the pair's link
+  class; and where the sender's next compute waits for its sends (Megatron's schedules without
+  --overlap-p2p-comm, ScheduleGPipe before its first backward) they are on the stage's own path.
+
+- the data-parallel traffic and the optimizer (dp_bound.py): a DP group's collectives one
+  after another, and what follows a stage's last backward compute.
+
+The sharing of links, compute slowed beside NCCL's kernels and waiting for peers are left out:
+they only add to the replay.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from traceforge.config import Spec
+from traceforge.config.cache import ignoring, unchecked_copy
+from traceforge.config.routing import BALANCED
+from traceforge.config.schedules import SCHEDULES
+from traceforge.ir.enums import NodeType
+from traceforge.machine.links import LinkModel
+from traceforge.model.compute import CostModel
+from traceforge.model.params import activation_bytes, is_moe_layer, p2p_bytes
+from traceforge.parallel.layout import Layout
+from traceforge.parallel.partition import model_chunks, placement, placement_in, virtual_stage, virtual_stage_in, virtual_stage_layers
+from traceforge.parallel.pipeline import passes_of
+from traceforge.program.embedding import embedding_backward, embedding_forward, head_backward, head_forward
+from traceforge.program.layer import LayerTemplate
+from traceforge.program.ops import Op, ProgramBuilder
+from traceforge.program.stage import layer_group_sizes
+from traceforge.program.tensor import TensorParallel
+from traceforge.search.dp_bound import ROUNDING_US, UNSPLIT, stage_floors, unit_gathers
+
+
+@dataclass(frozen=True)
+class Piece:
+    forward: float
+    backward: float
+    nodes: int = 0  # ops one micro-batch records through it, forward and backward (a floor for MoE)
+    backward_input: float = 0.0  # the backward without its weight-gradient GEMMs (a zero-bubble I pass)
+
+
+def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
+    """Longest path through a scratch recording's ops (ids are topological)."""
+    end: list[float] = []
+    for op in ops:
+        if op.type == NodeType.COMP:
+            cost = float(op.duration_micros)
+        elif op.type == NodeType.COLL:
+            assert op.comm_type is not None and op.group is not None
+            cost = link.floor_micros(int(op.comm_type), op.comm_size, sizes[op.group], None)
+        elif op.type == NodeType.SEND:
+            cost = link.floor_send(op.comm_size, None)
+        else:
+            cost = 0.0
+        end.append(max((end[d] for d in op.deps), default=0.0) + cost)
+    return max(end, default=0.0)
+
+
+def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
+            ) -> tuple[float, int]:
+    """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
+    depend on the routing of each micro-batch, its computes do not); input_only: the weight-
+    gradient GEMMs kept aside, as a zero-bubble schedule's input-gradient pass records them."""
+    b = ProgramBuilder(0, layer_group_sizes(spec))
+    if input_only:
+        b.split_backward = []
+    emit(b)
+    ops = b.program.ops
+    nodes = sum(op.type == NodeType.COMP for op in ops) if only_compute else len(ops)
+    return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
+
+
+def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
+    (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
+    return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
+
+
+# The searched fields a layer's, the embedding's and the head's recorded ops never read.
+PIPELINE_AND_DP = ("pp", "world_size", "schedule", "virtual_stages",
+                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                   "dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
+DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+    """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
+    if not spec.experts or spec.moe_routing == BALANCED:
+        # A layer's ops read the data-parallel size and the micro-batch count only to number
+        # p2p tags, and an MoE layer's routing to draw imbalanced counts (balanced routing moves
+        # the same copies in every micro-batch): recorded with both at 1, one recording serves
+        # every pipeline depth and data-parallel size of a (tp, cp, ep) layout.
+        spec = with_data_parallel_one(spec)
+    return _layer_pieces(spec, link)
+
+
+def with_data_parallel_one(spec: Spec) -> Spec:
+    """spec with dp and the micro-batch count at 1."""
+    return unchecked_copy(spec, dp=1, num_microbatches=1, global_batch=spec.micro_batch)
+
+
+def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+    cost = CostModel(spec)
+    tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)  # the embedding's and head's
+    # The layers' TP as the programs run it (program/stage.py): TransformerEngine's, with FP8
+    # gathers and --tp-comm-overlap's ring exchanges; a plain one charges more than the replay.
+    template = LayerTemplate(spec, TensorParallel.for_layers(spec), cost)
+
+    def layer(index: int, moe: bool) -> Piece:
+        def fwd(b: ProgramBuilder) -> None:
+            b.ctx.layer, b.ctx.microbatch = index, 0
+            template.forward(b, index)
+
+        def bwd(b: ProgramBuilder) -> None:
+            b.ctx.layer, b.ctx.microbatch, b.ctx.phase = index, 0, "bwd"
+            if spec.recompute == "full":
+                template.forward(b, index, recompute=True)
+            template.backward(b, index, recompute_core=spec.recompute == "selective")
+
+        return _piece(spec, link, fwd, bwd, only_compute=moe)
+
+    out = {"embed": _piece(spec, link, lambda b: embedding_forward(b, tp, cost, spec),
+                           lambda b: embedding_backward(b, tp, cost)),
+           "head": _piece(spec, link, lambda b: head_forward(b, tp, cost, spec),
+                          lambda b: head_backward(b, tp, cost))}
+    kinds = {is_moe_layer(spec, i): i for i in range(spec.layers)}
+    for moe, index in kinds.items():
+        out["moe" if moe else "dense"] = layer(index, moe)
+    return out
+
+
+_layer_pieces = ignoring(*PIPELINE_AND_DP)(_record_pieces)
+
+
+def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
+    """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
+    stage is a class of its own (its program or its neighbours' differ, up the chain from the
+    stage that holds the embedding), and a stage's program holds every pass of its layers, the
+    embedding and the head, for every micro-batch and step. So a candidate above the replay's
+    node limit by this count is set aside without building its programs."""
+    pieces = _pieces(spec, link)
+    per_microbatch = pieces["embed"].nodes + pieces["head"].nodes + sum(
+        pieces["moe" if is_moe_layer(spec, i) else "dense"].nodes for i in range(spec.layers))
+    return spec.steps * spec.num_microbatches * per_microbatch
+
+
+# A stage's sends to its next and previous stage: True when every rank's crosses nodes, False
+# when none does, None when some do (the cheaper link class is then charged).
+Links = tuple[tuple[bool | None, bool | None], ...]
+
+
+@ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
+          "overlap_param_gather", "overlap_p2p_comm", "account_for_embedding_in_pipeline_split",
+          "account_for_loss_in_pipeline_split", maxsize=8192)
+def pipeline_links(spec: Spec, gpus_per_node: int) -> Links:
+    """Per stage: whether its ranks' sends to the next and to the previous stage cross nodes."""
+    layout = Layout.from_spec(spec)
+    node = np.arange(layout.world_size) // gpus_per_node
+    stage_of = layout.coords["pp"]
+
+    def crosses(peer: np.ndarray, ranks: np.ndarray) -> bool | None:
+        across = node[peer[ranks]] != node[ranks]
+        return True if across.all() else False if not across.any() else None
+
+    nxt, prv = layout.pipeline_peers
+    return tuple((crosses(nxt, r), crosses(prv, r)) for r in (np.flatnonzero(stage_of == s) for s in range(spec.pp)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: bool) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The sends a stage's compute waits for within one step, as (virtual-stage boundaries sent
+    across in one batch, how many such batches): each boundary k is the one between virtual
+    stages k and k+1. Megatron without --overlap-p2p-comm (blocking) posts a pass's sends, and
+    an F& pair's two, as one batch the next compute waits for (program/stage.py); the step's last
+    batch follows its last compute, so it is not counted (the drain counts a gradient's). torch's
+    ScheduleGPipe waits for its forward sends before its first backward."""
+    rule = SCHEDULES[name]
+    vs = [virtual_stage_in(name, p, stage, c) for c in range(v)]
+    stage_at = [placement_in(name, p, k)[0] for k in range(p * v)]
+
+    def sends(kind: str, chunk: int) -> tuple[int, ...]:
+        k = vs[chunk]
+        if kind in ("F", "F&"):
+            return (k,) if k + 1 < p * v and stage_at[k + 1] != stage else ()
+        if kind in ("B", "I"):
+            return (k - 1,) if k > 0 and stage_at[k - 1] != stage else ()
+        return ()  # a W pass sends nothing
+
+    passes = passes_of(name, stage, p, m, v)
+    groups: list[tuple[int, ...]] = []
+    i = 0
+    while i < len(passes):
+        kind, chunk, _ = passes[i]
+        batch = sends(kind, chunk)
+        if kind == "F&" and i + 1 < len(passes) and passes[i + 1][0] == "B":
+            i += 1
+            batch += sends("B", passes[i][1])
+        groups.append(batch)
+        i += 1
+    out: Counter[tuple[int, ...]] = Counter()
+    if blocking:
+        out.update(batch for batch in groups[:-1] if batch)
+    elif rule.drain_forward_sends:
+        first_backward = next((k for k, (kind, _, _) in enumerate(passes) if kind == "B"), 0)
+        if first_backward and groups[first_backward - 1]:
+            out[groups[first_backward - 1]] += 1
+    return tuple(sorted(out.items()))
+
+
+@ignoring(*DP_MODE, maxsize=65536)
+def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
+              links: Links | None = None) -> tuple[list[float], float, list[float]]:
+    """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
+    end: the last micro-batch's gradient back through every virtual stage, per stage: when the
+    last step's last-micro-batch backward of one of its chunks can start at the earliest), over
+    all steps. gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers);
+    links: pipeline_links (None: either link class)."""
+    pieces = _pieces(spec, link)
+    ranges = virtual_stage_layers(spec)
+    n = len(ranges)
+
+    def vstage(j: int) -> Piece:
+        units = [pieces["embed"]] if j == 0 else []
+        units += [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in ranges[j]]
+        units += [pieces["head"]] if j == n - 1 else []
+        f, b = sum(u.forward for u in units), sum(u.backward for u in units)
+        bi = sum(u.backward_input for u in units)
+        if gathers is None or not units:
+            return Piece(f, b, 0, bi)
+        g = gathers[j]
+        assert len(g) == len(units)
+        # A pass: its first gather then every compute, or every gather then its last compute
+        # (dp_bound.unit_gathers); the backward runs the units in reverse.
+        return Piece(max(g[0] + f, sum(g) + units[-1].forward), max(g[-1] + b, sum(g) + units[0].backward), 0,
+                     max(g[-1] + bi, sum(g) + units[0].backward_input))
+
+    charges: dict[bool | None, float] = {}
+
+    def hop(k: int) -> float:
+        """An activation from virtual stage k to k+1 (or its gradient back): a send that starts
+        after the sender's compute and that the receiver's next compute waits for (its recv
+        gates it), at the replay's cheapest charge for the pair's link class; nothing when both
+        are on one stage (the bottom of a V) or beyond the model's ends."""
+        if spec.pp == 1 or k + 1 >= n:
+            return 0.0
+        a, b = placement(spec, k)[0], placement(spec, k + 1)[0]
+        if a == b:
+            return 0.0
+        inter = None if links is None else links[a][0 if b == (a + 1) % spec.pp else 1]
+        if inter not in charges:
+            charges[inter] = link.floor_send(p2p_bytes(spec), inter)
+        return charges[inter]
+
+    per = [vstage(j) for j in range(n)]
+    hops = [hop(k) for k in range(n)]
+    fill = [0.0]
+    drain = [0.0]
+    for p, t in zip(per, hops, strict=True):
+        fill.append(fill[-1] + p.forward + t)
+        drain.append(drain[-1] + p.backward + t)
+    m = spec.num_microbatches
+    unsplit = spec.schedule in UNSPLIT
+    # One micro-batch's forward crosses every virtual stage in order, then its backward every one
+    # back (each waits for the next one's gradient): a dependency path through the whole model,
+    # whatever the schedule; a zero-bubble schedule may defer the weight-gradient GEMMs off it.
+    chain = fill[-1] + sum(p.backward + t if unsplit else p.backward_input + t for p, t in zip(per, hops, strict=True))
+    blocking = SCHEDULES[spec.schedule].framework == "megatron" and not spec.overlap_p2p_comm
+    ends, pipeline, starts = [], chain, []
+    for stage in range(spec.pp):
+        vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
+        chunks = [per[j] for j in vstages]
+        first = min(vstages)
+        # The sends between two of the stage's computes that the later one waits for.
+        sends = sum(count * max(hops[k] for k in batch) for batch, count in
+                    _blocking_sends(spec.schedule, stage, spec.pp, m, spec.virtual_stages, blocking))
+        work = m * sum(c.forward + c.backward for c in chunks) + sends
+        ends.append(fill[first] + spec.steps * work)
+        pipeline = max(pipeline, ends[-1] + (drain[first] if unsplit else 0.0))
+        # A chunk's last backward follows, on the stage's one compute stream, every forward of
+        # the chunk (its first after the fill reached it) and, unless weight-gradient passes
+        # are split off and deferred (zero-bubble schedules), every earlier backward; and in a
+        # later step, all the stage's work of the steps before.
+        earlier = fill[first] + (spec.steps - 1) * work
+        starts.append(min(max(fill[j], earlier) + m * c.forward + ((m - 1) * c.backward if unsplit else 0.0)
+                          for j, c in zip(vstages, chunks, strict=True)))
+    assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
+    return ends, pipeline, starts
+
+
+def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+    """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
+    ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link), pipeline_links(spec, link.gpus_per_node))
+    floors = stage_floors(spec, link)
+    # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
+    best = pipeline + floors[0].tail
+    for end, start, floor in zip(ends, starts, floors, strict=True):
+        # A step's once-per-step data-parallel collectives (gradient buckets, parameter
+        # gathers) are issued from its chunks' last-micro-batch backwards on: after `start`.
+        best = max(best, end + floor.tail, spec.steps * floor.chain, start + floor.after_backward)
+    return best / spec.steps
+
+
+# The values a layout's floor is computed at: the least compute per micro-batch (no recomputation:
+# full and selective recomputation only add ops to a layer's backward), on a schedule and mode
+# every layout admits. Neither the schedule nor the dp mode is read by the layer floors.
+FLOOR_PROBE = dict(recompute="none", schedule="1f1b", virtual_stages=1, dp_mode="ddp", shard_size=None,
+                   overlap_grad_reduce=True, overlap_param_gather=False)
+
+
+def layout_floor(specs: list[Spec], link: LinkModel) -> float:
+    """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
+    from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
+    computes at least its share (1/pp) of every micro-batch's forward and backward of the whole
+    model, and at least ceil(layers / pp) layers' (whatever the split and the chunks, some stage
+    holds that many), and step_lower_bound's stage term (m x its chunks' work) is at least that
+    for every schedule, split, recomputation and dp mode; and one micro-batch's path (_pipeline's
+    chain) is at least its forward and input-gradient backward through every layer. No spec: 0."""
+    best = float("inf")
+    for spec in specs:
+        pieces = _pieces(spec, link)
+        layers = [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in range(spec.layers)]
+        units = [pieces["embed"], pieces["head"]] + layers
+        work = sum(u.forward + u.backward for u in units)
+        busiest = -(-spec.layers // spec.pp) * min(u.forward + u.backward for u in layers)
+        path = sum(u.forward + u.backward_input for u in units)  # one micro-batch's path (_pipeline's chain)
+        best = min(best, max(spec.num_microbatches * max(work / spec.pp, busiest), path))
+    return 0.0 if best == float("inf") else best

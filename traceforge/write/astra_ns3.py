@@ -1,0 +1,215 @@
+"""ASTRA-sim's ns-3 backend inputs: the logical topology, the ns-3 config and the physical
+topology file, for the same cluster the analytical bundle describes.
+
+Formats, from the backend's own parsers (astra-sim/network_frontend/ns3/AstraSimNetwork.cc and
+astra-network-ns3 scratch/common.h, ReadConf and SetupNetwork):
+- logical topology: {"logical-dims": ["<npus>", ...]}, strings, innermost first; NPU r is ns-3
+  host r.
+- config: whitespace-separated `KEY value` tokens; an unknown token is skipped, so the file holds
+  no comments (a comment's words would be read as keys).
+- topology: `<nodes> <switches> <links>`, the switch ids, then `<a> <b> <rate> <delay> <error>`
+  per full-duplex link. Hosts are ids 0..N-1, switches after them. Rates are ns-3 DataRate
+  strings (SI bits per second), delays ns-3 Time strings.
+Routing is shortest path over switches only (a host never forwards) with ECMP over equal-cost
+next hops, which shapes the fabric:
+- scale-up: one switch per node (or direct GPU-GPU links with --scale-up-topology
+  fullyconnected); a ring cannot be routed, since GPUs do not forward;
+- fat-tree: each node's scale-up switch has one uplink of gpus_per_node x --scale-out-bw to a
+  leaf. A NIC hung off each GPU would give same-node pairs a second two-hop path through the
+  leaf, and ECMP would send half their traffic over it at NIC speed. The price: one GPU alone
+  may use its node's whole scale-out bandwidth;
+- rail-optimized: GPU g of every node has its own NIC link to rail g's leaf; rails meet at the
+  spines (ns-3 cannot forward through a peer GPU as NCCL's PXN does).
+Leaves take up to LEAF_DOWNLINKS endpoints, split evenly; with more than one leaf, every leaf
+links to each of as many spines as the largest leaf has endpoints, each link as fast as one
+endpoint's: a non-blocking two-tier Clos.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from traceforge.base.errors import UserError
+from traceforge.machine.cluster import Cluster
+
+LOGICAL_FILE = "astra_ns3_logical_topology.json"
+CONFIG_FILE = "astra_ns3_config.txt"
+TOPOLOGY_FILE = "astra_ns3_topology.txt"
+FLOW_FILE = "astra_ns3_flow.txt"  # read for its first integer, the number of extra flows: 0
+TRACE_FILE = "astra_ns3_trace.txt"  # read for its first integer, the number of traced nodes: 0
+OUTPUT_DIR = "astra_ns3_output"  # the config's output files; the run script creates it
+FILES = (LOGICAL_FILE, CONFIG_FILE, TOPOLOGY_FILE, FLOW_FILE, TRACE_FILE)
+
+FABRICS = ("fat-tree", "rail-optimized")
+LEAF_DOWNLINKS = 32
+
+# ECN thresholds per link rate (KMIN/KMAX in KB, PMAX a probability), from the shipped
+# scratch/config/config.txt; ns-3 asserts that every link rate has an entry, so each rate we use
+# takes the entry of the largest listed rate not above it.
+_ECN = ((25e9, 100, 400), (40e9, 200, 800), (100e9, 400, 1600), (200e9, 600, 2400), (400e9, 800, 3200))
+PMAX = 0.2
+
+# The shipped config's settings (CC_MODE 12: no rate-based congestion control, PFC only), with
+# packet tracing off (ENABLE_TRACE 1 writes every packet).
+_SETTINGS = (
+    ("ENABLE_QCN", "1"), ("USE_DYNAMIC_PFC_THRESHOLD", "1"), ("PACKET_PAYLOAD_SIZE", "1000"),
+    ("SIMULATOR_STOP_TIME", "40000000000000.00"), ("CC_MODE", "12"), ("ALPHA_RESUME_INTERVAL", "1"),
+    ("RATE_DECREASE_INTERVAL", "4"), ("CLAMP_TARGET_RATE", "0"), ("RP_TIMER", "900"),
+    ("EWMA_GAIN", "0.00390625"), ("FAST_RECOVERY_TIMES", "1"), ("RATE_AI", "50Mb/s"), ("RATE_HAI", "100Mb/s"),
+    ("MIN_RATE", "100Mb/s"), ("DCTCP_RATE_AI", "1000Mb/s"), ("ERROR_RATE_PER_LINK", "0.0000"),
+    ("L2_CHUNK_SIZE", "4000"), ("L2_ACK_INTERVAL", "1"), ("L2_BACK_TO_ZERO", "0"), ("HAS_WIN", "1"),
+    ("GLOBAL_T", "0"), ("VAR_WIN", "1"), ("FAST_REACT", "1"), ("U_TARGET", "0.95"), ("MI_THRESH", "0"),
+    ("INT_MULTI", "1"), ("MULTI_RATE", "0"), ("SAMPLE_FEEDBACK", "0"), ("PINT_LOG_BASE", "1.05"),
+    ("PINT_PROB", "1.0"), ("NIC_TOTAL_PAUSE_TIME", "0"), ("RATE_BOUND", "1"), ("ACK_HIGH_PRIO", "0"),
+    ("LINK_DOWN", "0 0 0"), ("ENABLE_TRACE", "0"), ("BUFFER_SIZE", "32"),
+    ("QLEN_MON_START", "0"), ("QLEN_MON_END", "20000"),
+)
+
+
+@dataclass(frozen=True)
+class Link:
+    a: int
+    b: int
+    bits_per_second: int
+    latency_ns: float
+
+
+@dataclass
+class Fabric:
+    hosts: int
+    switches: list[int]
+    links: list[Link]
+
+
+def bits(gb_per_second: float) -> int:
+    """GB/s (10^9 bytes) -> bits per second, as ns-3's DataRate reads an SI "bps" string."""
+    return round(gb_per_second * 8e9)
+
+
+def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Cluster, scale_out_fabric: str = "fat-tree") -> Fabric:
+    """The physical network: hosts 0..world-1, then scale-up switches, leaves, spines."""
+    gpn = min(gpus_per_node, world)
+    nodes = world // gpn
+    fabric = Fabric(world, [], [])
+    up_bps, out_bps = bits(cluster.scale_up_bw), bits(cluster.scale_out_bw)
+
+    def new_switch() -> int:
+        fabric.switches.append(world + len(fabric.switches))
+        return fabric.switches[-1]
+
+    node_switch: list[int | None] = [None] * nodes
+    if gpn > 1:
+        for node in range(nodes):
+            gpus = range(node * gpn, (node + 1) * gpn)
+            if up_topology == "Switch":
+                sw = node_switch[node] = new_switch()
+                fabric.links += [Link(g, sw, up_bps, cluster.scale_up_latency) for g in gpus]
+            else:  # FullyConnected
+                fabric.links += [Link(a, b, up_bps, cluster.scale_up_latency) for a in gpus for b in gpus if a < b]
+    if nodes > 1:
+        if scale_out_fabric == "rail-optimized":
+            groups = [[node * gpn + rail for node in range(nodes)] for rail in range(gpn)]
+            endpoints = [_leaves(group, out_bps) for group in groups]
+        else:
+            switches = [sw for sw in node_switch if sw is not None]
+            ends = [(sw, out_bps * gpn) for sw in switches] if len(switches) == nodes else [(g, out_bps) for g in range(world)]
+            endpoints = [_leaves_of(ends)]
+        leaves = [leaf for rail in endpoints for leaf in rail]
+        leaf_ids = []
+        for leaf in leaves:
+            sw = new_switch()
+            leaf_ids.append(sw)
+            fabric.links += [Link(e, sw, bps, cluster.scale_out_latency) for e, bps in leaf]
+        if len(leaves) > 1:
+            spines = [new_switch() for _ in range(max(len(leaf) for leaf in leaves))]
+            uplink = max(bps for leaf in leaves for _, bps in leaf)
+            fabric.links += [Link(leaf, spine, uplink, cluster.scale_out_latency)
+                             for leaf in leaf_ids for spine in spines]
+    return fabric
+
+
+def _leaves(hosts: list[int], bps: int) -> list[list[tuple[int, int]]]:
+    return _leaves_of([(h, bps) for h in hosts])
+
+
+def _leaves_of(ends: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """As few leaves as LEAF_DOWNLINKS allows, sizes as even as possible (consecutive endpoints)."""
+    count = -(-len(ends) // LEAF_DOWNLINKS)
+    size, extra = divmod(len(ends), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    return [ends[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _time(ns: float) -> str:
+    return f"{float(ns):g}ns"
+
+
+def topology_text(fabric: Fabric) -> str:
+    lines = [f"{fabric.hosts + len(fabric.switches)} {len(fabric.switches)} {len(fabric.links)}",
+             " ".join(str(s) for s in fabric.switches)]
+    lines += [f"{link.a} {link.b} {link.bits_per_second}bps {_time(link.latency_ns)} 0" for link in fabric.links]
+    return "\n".join(lines) + "\n"
+
+
+def _ecn_entry(rate: int) -> tuple[int, int]:
+    kmin, kmax = _ECN[0][1:]
+    for listed, lo, hi in _ECN:
+        if rate >= listed:
+            kmin, kmax = lo, hi
+    return kmin, kmax
+
+
+def config_text(fabric: Fabric) -> str:
+    rates = sorted({link.bits_per_second for link in fabric.links})
+    entries = [(rate, *_ecn_entry(rate)) for rate in rates]
+    kmax = " ".join(f"{rate} {hi}" for rate, _, hi in entries)
+    kmin = " ".join(f"{rate} {lo}" for rate, lo, _ in entries)
+    pmax = " ".join(f"{rate} {PMAX}" for rate, _, _ in entries)
+    files = (
+        ("TOPOLOGY_FILE", TOPOLOGY_FILE), ("FLOW_FILE", FLOW_FILE), ("TRACE_FILE", TRACE_FILE),
+        ("TRACE_OUTPUT_FILE", f"{OUTPUT_DIR}/mix.tr"), ("FCT_OUTPUT_FILE", f"{OUTPUT_DIR}/fct.txt"),
+        ("PFC_OUTPUT_FILE", f"{OUTPUT_DIR}/pfc.txt"), ("QLEN_MON_FILE", f"{OUTPUT_DIR}/qlen.txt"),
+    )
+    lines = [f"{k} {v}" for k, v in files + _SETTINGS]
+    lines += [f"KMAX_MAP {len(rates)} {kmax}", f"KMIN_MAP {len(rates)} {kmin}", f"PMAX_MAP {len(rates)} {pmax}"]
+    return "\n".join(lines) + "\n"
+
+
+def logical_text(npus_per_dim: list[int]) -> str:
+    return json.dumps({"logical-dims": [str(n) for n in npus_per_dim]}) + "\n"
+
+
+# ns-3's ASTRA-sim frontend counts a message's bytes in an int (network_frontend/ns3/entry.h).
+MAX_MESSAGE = 2**31 - 1
+
+
+def check_messages(largest_p2p: int, largest_collective: int, splits: int) -> None:
+    """Refuse a set whose Send/Recv, or collective chunk (ASTRA-sim cuts a collective into
+    `splits` chunks and moves at most a chunk per message), exceeds ns-3's int."""
+    worst = max(largest_p2p, -(-largest_collective // splits))
+    if worst > MAX_MESSAGE:
+        raise UserError(f"a message of {worst:,} bytes exceeds the {MAX_MESSAGE:,} ASTRA-sim's ns-3 backend can count "
+                        "(an int): use the analytical or htsim backend, or a smaller micro-batch or bucket")
+
+
+def check(up_topology: str, out_topology: str, scale_out_fabric: str) -> None:
+    if scale_out_fabric not in FABRICS:
+        raise UserError(f"--scale-out-fabric {scale_out_fabric!r} is not known: use fat-tree or rail-optimized")
+    if up_topology == "Ring":
+        raise UserError("--scale-up-topology ring cannot be routed by ASTRA-sim's ns-3 backend (GPUs do not forward): "
+                        "use switch or fullyconnected with --astra-sim-backend ns3")
+    if out_topology != "Switch":
+        raise UserError("--scale-out-topology describes the analytical backend's scale-out; with "
+                        "--astra-sim-backend ns3 choose --scale-out-fabric fat-tree or rail-optimized instead")
+
+
+def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str) -> dict[str, str]:
+    fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
+    return {
+        LOGICAL_FILE: logical_text(npus_per_dim),
+        CONFIG_FILE: config_text(fabric),
+        TOPOLOGY_FILE: topology_text(fabric),
+        FLOW_FILE: "0\n",
+        TRACE_FILE: "0\n",
+    }

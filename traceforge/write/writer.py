@@ -1,0 +1,265 @@
+"""Write a trace set: one <prefix>.<rank>.et per rank, comm_group.json and manifest.json.
+
+Ranks are written in parallel by plain processes (--jobs), each in stage-sorted chunks so a
+worker reuses its stage templates; memory holds one rank's file at a time per worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from traceforge import __version__
+from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE, atomic_output_dir
+from traceforge.base.pool import fan_out
+from traceforge.config import Spec
+from traceforge.model.compute import kernel_time_report
+from traceforge.model.params import padded_vocab, total_params
+from traceforge.parallel.layout import Layout
+from traceforge.parallel.partition import model_chunks
+from traceforge.program.ops import Peer, Program
+from traceforge.program.stage import build_program, program_variants, stage_program
+from traceforge.write.durations import duration_scale, varies
+from traceforge.write.splice import StageEncoder
+
+MAX_CHUNK_RANKS = 256
+CHUNKS_PER_JOB = 16  # enough chunks for a smooth progress bar and balanced workers
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    nodes: int
+    bytes: int
+    sha256: str
+
+
+class RankTable:
+    """Per-rank results in flat arrays, so the manifest costs a few bytes per rank."""
+
+    def __init__(self, ranks: range):
+        self.ranks = ranks
+        n = len(ranks)
+        self.nodes = np.zeros(n, dtype=np.int64)
+        self.bytes = np.zeros(n, dtype=np.int64)
+        self.sha256 = np.zeros(n, dtype="S64")
+
+    def add(self, records: Iterable[RankRecord]) -> None:
+        for rec in records:
+            i = rec.rank - self.ranks.start
+            self.nodes[i], self.bytes[i], self.sha256[i] = rec.nodes, rec.bytes, rec.sha256
+
+    def rows(self) -> Iterator[RankRecord]:
+        for i, rank in enumerate(self.ranks):
+            yield RankRecord(rank, int(self.nodes[i]), int(self.bytes[i]), self.sha256[i].decode())
+
+
+def trace_file_name(prefix: str, rank: int) -> str:
+    return f"{prefix}.{rank}.et"
+
+
+def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, int]:
+    """What each role of a program means on this rank (ep_peers: the members of its EP group
+    by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
+    values: dict[str, int] = {Peer.SELF: rank}
+    for role, peers in layout.ring_peers.items():
+        values[Peer(role)] = int(peers[rank])
+    for kind, ids in layout.group_id_of.items():
+        values[kind] = int(ids[rank])
+    if ep_peers:
+        for j, peer in enumerate(layout.ep_peers[rank].tolist()):
+            values[f"ep{j}"] = peer
+    return values
+
+
+def program_key(spec: Spec, layout: Layout, rank: int) -> tuple[int, int]:
+    """(stage, variant) of the program this rank runs (see program_variants)."""
+    variant = int(layout.coords["ep"][rank]) if program_variants(spec) > 1 else 0
+    return int(layout.coords["pp"][rank]), variant
+
+
+
+class RankWriter:
+    """Encodes and writes ranks; keeps one StageEncoder per stage it has seen."""
+
+    def __init__(self, spec: Spec, layout: Layout, directory: Path, prefix: str):
+        self.spec, self.layout, self.directory, self.prefix = spec, layout, directory, prefix
+        self._encoders: dict[tuple[int, int], StageEncoder] = {}
+        self._ep_peers = program_variants(spec) > 1
+        self._durations_vary = varies(spec)
+
+    def encoder(self, key: tuple[int, int]) -> StageEncoder:
+        if key not in self._encoders:
+            if self._ep_peers:
+                # One program per (stage, EP rank): ranks arrive in key order, so keep only the
+                # current one (memory stays one program per worker, not pp x ep of them).
+                self._encoders.clear()
+                self._encoders[key] = StageEncoder(build_program(self.spec, *key))
+            else:
+                self._encoders[key] = StageEncoder(stage_program(self.spec, *key))
+        return self._encoders[key]
+
+    def encode(self, rank: int) -> tuple[memoryview, int]:
+        """(file bytes, node count) of one rank."""
+        encoder = self.encoder(program_key(self.spec, self.layout, rank))
+        scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
+        return encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+
+    def write(self, rank: int) -> RankRecord:
+        data, nodes = self.encode(rank)
+        with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
+            f.write(data)
+        return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
+
+
+# Worker-process state, inherited through fork.
+_worker: RankWriter | None = None
+
+
+def _write_chunk(ranks: list[int]) -> list[RankRecord]:
+    assert _worker is not None
+    return [_worker.write(r) for r in ranks]
+
+
+def _chunks(layout: Layout, ranks: range, jobs: int) -> list[list[int]]:
+    """Ranks in stage order (so a worker reuses its stage templates), cut into chunks."""
+    rank_ids = np.arange(ranks.start, ranks.stop)
+    program = layout.coords["pp"][rank_ids] * layout.sizes["ep"] + layout.coords["ep"][rank_ids]
+    by_stage = rank_ids[np.argsort(program, kind="stable")]
+    size = max(1, min(MAX_CHUNK_RANKS, len(by_stage) // (max(1, jobs) * CHUNKS_PER_JOB)))
+    return [by_stage[i:i + size].tolist() for i in range(0, len(by_stage), size)]
+
+
+def write_ranks(
+    writer: RankWriter, ranks: range, jobs: int, on_chunk: Callable[[list[RankRecord]], None] | None = None,
+) -> RankTable:
+    global _worker
+    table = RankTable(ranks)
+    chunks = _chunks(writer.layout, ranks, jobs)
+
+    def collect(done: list[RankRecord]) -> None:
+        table.add(done)
+        if on_chunk:
+            on_chunk(done)
+
+    if jobs <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            collect([writer.write(r) for r in chunk])
+        return table
+    # Workers build the stage encoders they need themselves: chunks are in stage order, so the
+    # work of encoding stages spreads over the workers instead of running here serially.
+    _worker = writer
+    try:
+        for done in fan_out(_write_chunk, chunks, jobs):
+            collect(done)
+    finally:
+        _worker = None
+    return table
+
+
+def used_group_ids(spec: Spec, layout: Layout, programs: list[Program]) -> list[int]:
+    """Ids of every group that some node names (pg_name): the comm-group file's keys."""
+    ids: set[int] = set()
+    for program in programs:
+        ranks = layout.stage_ranks(program.stage)
+        for role in program.group_roles:
+            ids.update(int(i) for i in set(layout.group_id_of[role][ranks].tolist()) if i)
+    return sorted(ids)
+
+
+def comm_group_json(layout: Layout, ids: list[int]) -> str:
+    lines = [f'  "{i}": [{", ".join(str(r) for r in layout.group(i).ranks)}]' for i in ids]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, ids: list[int]) -> dict:
+    """Everything in manifest.json but the per-rank rows."""
+    used = set(ids)
+    kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
+    doc = {
+        "tool": "traceforge",
+        "version": __version__,
+        "spec": spec.to_dict(),
+        "world_size": layout.world_size,
+        "order": layout.order,
+        "prefix": prefix,
+        "files": {"traces": f"{prefix}.<rank>.et", "comm_groups": COMM_GROUP_FILE},
+        "model": {
+            "parameters": total_params(spec),
+            "padded_vocab": padded_vocab(spec),
+            "layers_per_stage": [sum(len(c.layers) for c in model_chunks(spec, s)) for s in range(spec.pp)],
+        },
+        "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
+        "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
+    }
+    if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
+        doc["kernel_times"] = kernel_time_report(spec)
+    return doc
+
+
+def write_manifest(path: Path, header: dict, layout: Layout, table: RankTable) -> None:
+    """manifest.json: the header, then one line per rank, streamed."""
+    coords = layout.coords
+    dims = list(coords)
+    with open(path, "w") as f:
+        f.write(json.dumps(header, indent=1)[:-2] + ',\n "ranks": [\n')
+        for i, rec in enumerate(table.rows()):
+            row = {"rank": rec.rank, **{d: int(coords[d][rec.rank]) for d in dims},
+                   "nodes": rec.nodes, "bytes": rec.bytes, "sha256": rec.sha256}
+            f.write(("  " if i == 0 else ",\n  ") + json.dumps(row))
+        f.write("\n ]\n}\n")
+
+
+def finish_trace_set(spec: Spec, layout: Layout, directory: Path, prefix: str, table: RankTable) -> dict:
+    """Write comm_group.json and manifest.json for a complete set; return the manifest header."""
+    # A stage's programs for different EP ranks (imbalanced routing) differ in sizes and peers,
+    # not in the group roles they name: variant 0 stands for all of them.
+    programs = [stage_program(spec, s) for s in range(spec.pp)]
+    ids = used_group_ids(spec, layout, programs)
+    (directory / COMM_GROUP_FILE).write_text(comm_group_json(layout, ids))
+    header = manifest_header(spec, layout, prefix, table, ids)
+    write_manifest(directory / MANIFEST_FILE, header, layout, table)
+    return header
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+# Bytes per node, measured on the presets (153-156): a bound for the free-space check.
+BYTES_PER_NODE = 160
+
+
+def estimate_bytes(spec: Spec, layout: Layout, ranks: range) -> int:
+    """About what writing these ranks takes on disk (planned programs are cached)."""
+    per_stage = [len(stage_program(spec, s).ops) for s in range(spec.pp)]
+    stages = layout.coords["pp"][ranks.start:ranks.stop]
+    counts = np.bincount(stages, minlength=spec.pp)
+    return int(sum(int(c) * n for c, n in zip(counts, per_stage, strict=True))) * BYTES_PER_NODE
+
+
+def write_trace_set(
+    spec: Spec, out: Path, *, prefix: str = "workload", force: bool = False, jobs: int = 1,
+    on_chunk: Callable[[list[RankRecord]], None] | None = None,
+    finish: Callable[[Path, dict], object] | None = None, inputs: Iterable[Path] = (),
+) -> dict:
+    """Plan and write the whole trace set into OUT atomically; return the manifest header
+    (manifest.json without its per-rank rows). ``finish(directory, header)`` may add files
+    (e.g. an ASTRA-sim bundle) before the set is moved into place."""
+    layout = Layout.from_spec(spec)
+    if program_variants(spec) == 1:
+        for stage in range(spec.pp):
+            stage_program(spec, stage)  # planned once here; forked workers inherit the cache
+    need = estimate_bytes(spec, layout, range(layout.world_size))
+    with atomic_output_dir(Path(out), force, inputs, need_bytes=need) as tmp:
+        writer = RankWriter(spec, layout, tmp, prefix)
+        table = write_ranks(writer, range(layout.world_size), jobs, on_chunk)
+        header = finish_trace_set(spec, layout, tmp, prefix, table)
+        if finish is not None:
+            finish(tmp, header)
+        return header
