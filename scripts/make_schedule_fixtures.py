@@ -4,7 +4,7 @@
     pip install torch && python scripts/make_schedule_fixtures.py
 
 The fixtures are the independent reference the zero-bubble and V-shaped schedules are tested
-against (tests/test_schedules.py); CI reads them and never installs torch. Each schedule's
+against (tests/parallel/test_schedules.py); CI reads them and never installs torch. Each schedule's
 per-rank order comes from torch.distributed.pipelining's own ``_calculate_single_rank_operations``
 (the function its constructors call for every rank), run on an instance given only the
 attributes that function reads, so no process group or model is needed. Communication actions

@@ -4,7 +4,7 @@
     python scripts/regen_samples.py            # every sample
     python scripts/regen_samples.py zero3 demo # some of them
 
-Run it when the output format or the planner changes on purpose; tests/test_samples.py
+Run it when the output format or the planner changes on purpose; tests/suites/test_samples.py
 regenerates each sample the same way and requires identical bytes.
 """
 

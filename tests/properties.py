@@ -1,6 +1,6 @@
 """Legal specs drawn across every parallel axis, and what every set written from one must show.
 
-Shared by tests/test_property.py (a bounded, derandomized sample in CI) and
+Shared by tests/suites/test_property.py (a bounded, derandomized sample in CI) and
 benchmarks/bench_property.py (thousands of examples). A draw goes through build_spec, the
 validation `traceforge generate` runs; an illegal one is discarded with `assume`.
 """

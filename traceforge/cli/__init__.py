@@ -6,7 +6,7 @@ command lives in its own module of this package and registers itself on ``app``.
 Every module here is imported whatever the command (each registers its commands; --help lists
 them all), so a command imports the machinery it runs inside its function: those lazy imports
 are for start-up time, the only reason a function-local import has in traceforge. They are still
-imports: lint-imports and tests/test_no_import_cycles.py count them.
+imports: lint-imports and tests/suites/test_no_import_cycles.py count them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ layer's time floor) of hundreds of thousands of specs that differ only in fields
 does not read (a stage's weights do not depend on the micro-batch size), so a memo keyed on
 the whole spec never hits. ``ignoring(*names)`` keys on every field but the named ones: a
 field added to Spec later is part of every key by default, which is the safe side.
-tests/test_spec_cache.py checks, for every use, that the named fields are truly not read.
+tests/config/test_spec_cache.py checks, for every use, that the named fields are truly not read.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
 
 
 # Memoized on the fields it reads (the planner asks for every stage of every pipeline depth,
-# schedule and data-parallel mode of one layer shape): tests/test_spec_cache.py checks them.
+# schedule and data-parallel mode of one layer shape): tests/config/test_spec_cache.py checks them.
 @ignoring("pp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather",
           "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
           "account_for_loss_in_pipeline_split")

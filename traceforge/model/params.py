@@ -125,7 +125,7 @@ def layer_param_list(spec: Spec, layer: int) -> list[Param]:
     weights (traceforge/model/anatomy/: each block names its registration order; TE registers a
     LayerNormLinear's norm weight and bias before its weight and bias). Sums to
     layer_params(...).per_rank(t), and its experts' to layer_params(...).expert / t
-    (tests/test_model_params.py)."""
+    (tests/model/test_model_params.py)."""
     return list(_layer_param_tuple(spec, is_moe_layer(spec, layer)))
 
 

@@ -95,7 +95,7 @@ def stage_layer_ranges(spec: Spec) -> tuple[range, ...]:
 
 
 # What a stage's chunks and parameters never read: the planner asks for them for every candidate
-# (memoized on the rest, spec_cache; tests/test_spec_cache.py checks they are not read).
+# (memoized on the rest, spec_cache; tests/config/test_spec_cache.py checks they are not read).
 NOT_READ_BY_STAGE_LAYOUT = ("micro_batch", "num_microbatches", "recompute", "dp", "world_size", "dp_mode", "shard_size",
                             "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
 

@@ -160,7 +160,7 @@ def count(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any], le
 
 # The keys of the partial candidate each level's function reads: the candidates below a node
 # depend only on the keys the levels below it read, so layouts that agree on those share one count
-# (tests/test_plan.py checks the reads with a dict that notes them).
+# (tests/search/test_plan.py checks the reads with a dict that notes them).
 READS = {_layouts: (), _micro_batches: ("dp",), _recomputes: (), _schedules: ("pp",),
          _splits: ("pp", "virtual_stages"), _dp_modes: ("dp", "tp", "cp")}
 

@@ -18,7 +18,7 @@ representative per class is replayed. A 16-stage pipeline replays 16 programs at
 
 The planner replays candidates of millions of nodes (benchmarks/bench_replay.py), so the event
 loop runs compute nodes inline and classes that run one program share its lookups; the events,
-and their order, are those of the plain method calls (tests/test_replay_paths.py).
+and their order, are those of the plain method calls (tests/timing/test_replay_paths.py).
 """
 
 from __future__ import annotations

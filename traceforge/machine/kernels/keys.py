@@ -30,7 +30,7 @@ SHAPES: dict[str, tuple[str, ...]] = {
     "out_correction_init": ("rows", "channels"),
     "out_correction": ("rows", "channels"),
 }
-# The compute model's element-wise kernels (tests/test_kernel_times.py holds this list to it).
+# The compute model's element-wise kernels (tests/model/test_kernel_times.py holds this list to it).
 ELEMENTWISE_KINDS = (
     "bias_dropout_add", "layernorm", "bias_gelu", "swiglu", "embedding", "cross_entropy", "softmax", "dropout", "gelu",
 )

@@ -62,7 +62,7 @@ __all__ = [
 
 
 # What a layer's anatomy never reads (the planner asks for it for every candidate; memoized on the
-# rest: spec_cache, tests/test_spec_cache.py checks); layer_structure reads no batch size either.
+# rest: spec_cache, tests/config/test_spec_cache.py checks); layer_structure reads no batch size either.
 NOT_READ_BY_LAYER = ("pp", "dp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce",
                      "overlap_param_gather", "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
                      "account_for_loss_in_pipeline_split", "num_microbatches", "recompute", "global_batch", "steps")

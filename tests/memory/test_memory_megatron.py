@@ -10,7 +10,7 @@ import pytest
 
 from traceforge.memory import memory_report
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "memory_tables.py"
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "memory_tables.py"
 _SPEC = importlib.util.spec_from_file_location("memory_tables", _PATH)
 assert _SPEC and _SPEC.loader
 tables = importlib.util.module_from_spec(_SPEC)

@@ -13,7 +13,7 @@ import yaml
 
 from traceforge.read.reader import attrs, iter_nodes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 REGEN_HINT = "the sample no longer matches the planner's output; if that change is intended, run: python scripts/regen_samples.py"
 

@@ -18,7 +18,7 @@ from cli_runner import invoke, one_line_error
 from traceforge.machine.cluster import Cluster
 from traceforge.write.astra import write_astra_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def test_hostile_gpu_memory_is_one_line(value):
 
 def test_non_number_is_one_line_from_the_real_command():
     done = subprocess.run([sys.executable, "-m", "traceforge", "memory", "--gpu-memory-gb", "lots"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}, timeout=120)
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "traceforge: error:" in done.stderr, done.stderr
 
 

@@ -1,7 +1,7 @@
 """The PARAM export (PARAM's comm replay input), read back without torch or PARAM: the documents
 PARAM's parser needs, element counts from bytes and dtype by hand, peers local to their group,
 and a wait wherever the trace makes a later node depend on an op. The replay itself on gloo
-processes is tests/test_replay_param.py (optional: torch and PARAM)."""
+processes is tests/export/test_replay_param.py (optional: torch and PARAM)."""
 
 from __future__ import annotations
 

@@ -437,7 +437,7 @@ def test_attention_length_efficiency_rises_with_the_loop_and_stays_below_one():
 # -- compute beside NCCL's kernels ----------------------------------------------------------------
 
 def test_the_nccl_slowdown_is_the_measured_one_on_every_calibrated_gpu():
-    """The replay's arithmetic with it is tests/test_estimate_modes.py's (compute beside NCCL)."""
+    """The replay's arithmetic with it is tests/timing/test_estimate_modes.py's (compute beside NCCL)."""
     from traceforge.machine.gpus import NCCL_SLOWDOWN
 
     assert 1.0 < NCCL_SLOWDOWN < 1.41  # arXiv 2507.03114: 18.9 % on average, 40 % at most

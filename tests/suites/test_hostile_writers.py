@@ -236,7 +236,7 @@ sys.argv = ["traceforge", "generate", "-q", "-j", "1", "-o", {str(tmp_path / "ou
 sys.addaudithook(hook)
 main()
 ''')
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 2, done.stderr
@@ -334,7 +334,7 @@ def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):
     import sys
 
     _, a, _ = make_set("demo")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "traceforge", *(x.format(d=a) for x in args)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)},
                           pass_fds=(), close_fds=True, preexec_fn=lambda: os.close(1))

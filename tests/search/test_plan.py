@@ -232,7 +232,7 @@ def test_the_search_runs_without_the_command_line_loaded():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     code = ("import sys; from traceforge.plan_output.run import Query, run_search; "
             "r = run_search(Query('demo', None, None, {'dp_mode': 'ddp', 'recompute': 'none'}, overhead_gb=1.0), 8, 1, "
             "quiet=True); assert r.candidates; assert not [m for m in sys.modules if m.startswith('traceforge.cli')]")

@@ -12,7 +12,7 @@ from traceforge.base.errors import UserError
 from traceforge.simulate.astra_log import read_astra_log
 from traceforge.simulate.result import Simulation, load_simulation, trace_set_identity
 
-LOGS = Path(__file__).parent / "data" / "astra_logs"
+LOGS = Path(__file__).parents[1] / "data" / "astra_logs"
 
 
 def test_finished_run_gives_every_rank_and_compute_from_exposed():

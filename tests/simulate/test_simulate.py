@@ -17,7 +17,7 @@ from traceforge.cli import app, load_commands
 from traceforge.machine.cluster import Cluster
 from traceforge.write.astra import write_astra_bundle
 
-LOGS = Path(__file__).parent / "data" / "astra_logs"
+LOGS = Path(__file__).parents[1] / "data" / "astra_logs"
 BINARY = os.environ.get("ASTRA_SIM_BIN")
 needs_astra = pytest.mark.skipif(
     not BINARY or not Path(BINARY).is_file(),

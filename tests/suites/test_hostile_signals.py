@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(ROOT))
 # 16,384 ranks of demo: planned in a moment, then seconds of writing (a signal lands mid-write).
 SLOW = ["generate", "-p", "demo", "--dp", "4096", "--global-batch", "4096", "-j", "2", "-o", "out"]

@@ -323,7 +323,7 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp",
                            "--recompute", "none", "--budget", "1e-9", "-q", "-j", "1", "-n", "2"],
                           capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
@@ -364,7 +364,7 @@ def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_fla
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
     args = [sys.executable, "-m", "traceforge", "plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute",
             "none", "--micro-batch", "1", "-q", "-j", "1", "--all", "--json", "--gpu-memory-gb", "4"]

@@ -23,7 +23,7 @@ from traceforge.parallel.pipeline import dualpipev, zbv, zero_bubble
 from traceforge.report.build import build_report
 
 COMP, SEND, RECV, COLL = 4, 5, 6, 7
-FIXTURES = sorted((Path(__file__).parent / "data" / "schedules").glob("*.json"))
+FIXTURES = sorted((Path(__file__).parents[1] / "data" / "schedules").glob("*.json"))
 V_SHAPED = ("zbv", "dualpipev")
 
 
@@ -169,7 +169,7 @@ def test_trace_pass_order_follows_pytorch(make_set, schedule):
     """End to end: the passes read back from every rank's trace are PyTorch's order (fixture),
     W passes where PyTorch puts them."""
     path = {"zb-h1": "zb-h1_p4_m8", "zbv": "zbv_p4_m8", "dualpipev": "dualpipev_p4_m8"}[schedule]
-    doc = json.loads((Path(__file__).parent / "data" / "schedules" / f"{path}.json").read_text())
+    doc = json.loads((Path(__file__).parents[1] / "data" / "schedules" / f"{path}.json").read_text())
     spec, out, _ = make_set("demo", **SMALL, schedule=schedule)
     ts = load_set(out)
     for rank, nodes in ts.nodes.items():

@@ -50,7 +50,7 @@ from typer.core import TyperArgument, TyperGroup
 from tests.cli_runner import invoke
 from traceforge.cli import app, load_commands
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md",
                *(ROOT / "docs").glob("*.md")])
 RUN_MAX_RANKS = 16
@@ -442,7 +442,7 @@ def paragraphs(doc: Path) -> list[tuple[int, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("doc", [*DOCS, ROOT / "tests" / "test_fidelity.py"], ids=lambda d: str(d.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", [*DOCS, ROOT / "tests" / "program" / "test_fidelity.py"], ids=lambda d: str(d.relative_to(ROOT)))
 def test_module_paths_the_docs_name_exist(doc):
     """`traceforge/read/scan.py`, `plan/`, and `schedules.py` in a list item about `plan/`."""
     problems = []
@@ -494,7 +494,7 @@ def test_no_reference_to_issues_outside_the_repo():
     files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "tests").rglob("*.md"), *PACKAGE.rglob("*.py"), *DOCS,
              *(ROOT / "docs").rglob("*.md"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
              *(ROOT / "examples").glob("*.yaml"), ROOT / ".ci" / "run", ROOT / "pyproject.toml", ROOT / "CHANGELOG.md"]
-    assert ROOT / "tests" / "test_docs_examples.py" in files and ROOT / "CONTRIBUTING.md" in files
+    assert ROOT / "tests" / "suites" / "test_docs_examples.py" in files and ROOT / "CONTRIBUTING.md" in files
     offenders = sorted({f"{p.relative_to(ROOT)}: {ref!r}" for p in files if "_proto" not in p.parts
                         for ref in tracker_references(p.read_text(encoding="utf-8"))})
     assert not offenders, offenders
