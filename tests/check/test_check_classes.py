@@ -14,7 +14,7 @@ from oracle import load_set
 
 from traceforge.chakra import schema as S
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
-from traceforge.check import replay as replay_module
+from traceforge.check import deadlock as replay_module
 from traceforge.check.cross import CrossRank
 from traceforge.check.run import check_trace_set
 

@@ -8,7 +8,7 @@ a size mismatch just never finishes and it exits 0, and a Send without a Recv pa
 Pipeline (each rank's file is read exactly once, in worker processes):
   check_rank   per file: framing, GlobalMetadata, nodes, ids, dependencies, cycles, attributes
   check_cross  across ranks: group membership, per-group collective sequences, Send/Recv pairs
-  check_replay abstract replay of all ranks together: does every communication finish?
+  check_deadlock abstract replay of all ranks together: does every communication finish?
 Memory stays at a few ranks' decoded nodes plus compact per-rank arrays over communication
 nodes and each group's distinct collective sequences.
 """
@@ -28,9 +28,9 @@ from traceforge.base.output import MANIFEST_FILE
 from traceforge.base.pool import cores, fan_out
 from traceforge.base.progress import Progress
 from traceforge.check.cross import CrossRank
+from traceforge.check.deadlock import ASTRA, EAGER, GENERAL, MODELS, P2P_MODELS, RENDEZVOUS, Replay
 from traceforge.check.findings import ERROR, FILE_KINDS, KINDS, REPLAY_BLOCKING, WARNING, Finding
 from traceforge.check.rank import RankSummary, new_check, node_names, summarize_rank
-from traceforge.check.replay import ASTRA, EAGER, GENERAL, MODELS, P2P_MODELS, RENDEZVOUS, Replay
 from traceforge.read.reader import find_rank_files, load_comm_groups, manifest_world_size, read_json_file
 
 __all__ = ["CheckResult", "Finding", "MODELS", "check_trace_set"]

@@ -41,7 +41,7 @@ def simulate(
     exposed communication (and per-node times when the bundle enables ASTRA-sim's trace output).
     Ranks that never finish are located with check's replay. Exit 0 all ranks finished, 1 some
     stalled, 2 unusable input, 3 the simulator failed or timed out."""
-    from traceforge.check.replay import ASTRA
+    from traceforge.check.deadlock import ASTRA
     from traceforge.check.run import check_trace_set
     from traceforge.read.reader import find_rank_files, manifest_world_size
     from traceforge.simulate.result import SIMULATION_FILE, Simulation, is_simulation_file, trace_set_identity

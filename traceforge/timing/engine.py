@@ -1,5 +1,5 @@
 """Analytical replay of a trace set's DAG with time: an estimate of when every node runs, not a
-simulation (check_replay.py is the untimed one that looks for deadlocks).
+simulation (check/deadlock.py is the untimed one that looks for deadlocks).
 
 Timing model (alpha-beta, per link class of the Cluster, LinkModel):
 - compute takes its duration_micros; a rank runs one compute node at a time;
