@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from traceforge.base.errors import SpecError
 from traceforge.config.build import DERIVED_DEFAULTS, build_spec, preset_values, spec_builder
-from traceforge.config.data_parallel import DP_MODE_ALIASES, SHARDED_OPTIMIZER_MODES
+from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, DpModeRule
 from traceforge.config.experts import moe_layer_count
 from traceforge.config.fields import DTYPE_BYTES, FIELD_BY_NAME, FIELDS, Field, Spec
 from traceforge.config.files import load_config_file
@@ -41,9 +41,9 @@ from traceforge.config.parallelism import (
 from traceforge.config.schedules import V_SHAPED
 
 __all__ = [
-    "DERIVED_DEFAULTS", "DP_MODE_ALIASES", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
+    "DERIVED_DEFAULTS", "DP_MODES", "DP_MODE_ALIASES", "DpModeRule", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
     "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MEGATRON_ORDER",
-    "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "SHARDED_OPTIMIZER_MODES", "Spec", "SpecError", "V_SHAPED",
+    "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "Spec", "SpecError", "V_SHAPED",
     "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
     "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder",
 ]

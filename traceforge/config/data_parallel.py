@@ -1,38 +1,45 @@
 """Data parallelism: the mode (DDP, ZeRO stages, Megatron's distributed optimizer, FSDP, HSDP),
-its buckets and overlaps, and the small synchronising collectives."""
+its buckets and overlaps, and the small synchronising collectives. What each mode is and accepts
+is its row in dp_modes.py."""
 
 from __future__ import annotations
 
 from traceforge.base.errors import SpecError
+from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, GRAD_REDUCE, PARAM_GATHER
 from traceforge.config.raw import Raw, divisors
 
-DP_MODE_ALIASES = {"fsdp": "zero3"}
-SHARDED_OPTIMIZER_MODES = ("zero1", "zero2", "dist-opt")
+
+def _modes(names: list[str], last: str) -> str:
+    """The modes named as a sentence does: "a, b and c"."""
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
 
 
 def normalize(r: Raw, v: dict) -> dict:
     """Checked after the schedule: the planner varies the mode innermost (see schedule.normalize)."""
     dp = v["dp"]
     dp_mode = DP_MODE_ALIASES.get(r.need("dp_mode"), r.need("dp_mode"))
+    rule = DP_MODES[dp_mode]
     shard_size = r.get("shard_size")
-    if dp_mode == "hsdp":
+    if rule.replicas:
         if shard_size is None:
-            raise SpecError("dp_mode hsdp needs --shard-size K: the DP ranks that shard parameters among themselves")
+            raise SpecError(f"dp_mode {dp_mode} needs --shard-size K: the DP ranks that shard parameters among themselves")
         if dp % shard_size:
             raise SpecError(f"shard_size ({shard_size}) must divide dp ({dp}): choose from {divisors(dp)}")
     elif shard_size is not None:
         raise SpecError("shard_size applies only to --dp-mode hsdp: drop --shard-size or use hsdp")
-    if dp_mode in ("zero3", "hsdp") and r.get("bucket_mb") is not None and "bucket_mb" in r.explicit:
+    if rule.per_unit and r.get("bucket_mb") is not None and "bucket_mb" in r.explicit:
         raise SpecError(f"bucket_mb does not apply to {dp_mode}, which reduces each layer's gradients on its own: drop it")
-    if v["experts"] and dp_mode in ("zero3", "hsdp"):
-        raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use ddp, zero1, zero2 or dist-opt")
-    if v["cp"] > 1 and dp_mode == "hsdp":
-        raise SpecError("dp_mode hsdp with cp > 1 is not modelled: use zero3 or a Megatron mode")
+    if v["experts"] and not rule.experts:
+        with_experts = [m for m, other in DP_MODES.items() if other.experts]
+        raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use {_modes(with_experts, 'or')}")
+    if v["cp"] > 1 and not rule.context_parallel:
+        raise SpecError(f"dp_mode {dp_mode} with cp > 1 is not modelled: use zero3 or a Megatron mode")
     overlap_grad = bool(r.get("overlap_grad_reduce"))
     overlap_param = bool(r.get("overlap_param_gather"))
-    if overlap_grad and dp_mode not in ("ddp", *SHARDED_OPTIMIZER_MODES):
-        raise SpecError(f"overlap_grad_reduce applies to ddp, zero1, zero2 and dist-opt; {dp_mode} already reduces per layer")
-    if overlap_param and dp_mode not in SHARDED_OPTIMIZER_MODES:
+    if overlap_grad and GRAD_REDUCE not in rule.overlaps:
+        overlapping = [m for m, other in DP_MODES.items() if GRAD_REDUCE in other.overlaps]
+        raise SpecError(f"overlap_grad_reduce applies to {_modes(overlapping, 'and')}; {dp_mode} already reduces per layer")
+    if overlap_param and PARAM_GATHER not in rule.overlaps:
         raise SpecError("overlap_param_gather needs a sharded optimizer: use --dp-mode dist-opt, zero1 or zero2")
     if overlap_param and not overlap_grad:
         raise SpecError("overlap_param_gather needs --overlap-grad-reduce too, as Megatron requires")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceforge.chakra.schema import ELEMENT_BYTES, TORCH_DTYPE
+from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES
 from traceforge.config.schedules import SCHEDULES
 
 # Bytes per element of the spec's dtypes, from the one table of element sizes the traces carry.
@@ -104,7 +105,7 @@ FIELDS: tuple[Field, ...] = (
           "as Megatron without --overlap-p2p-comm; torch's schedules, gpipe, zb-h1, interleaved-zb, zbv and dualpipev, "
           "never wait on a send before the step's end).", bool_flags=("--overlap-p2p-comm", "--no-overlap-p2p-comm")),
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
-          ("ddp", "zero1", "zero2", "dist-opt", "zero3", "fsdp", "hsdp")),
+          tuple(name for mode in DP_MODES for name in (mode, *(a for a, m in DP_MODE_ALIASES.items() if m == mode)))),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
     Field("bucket_mb", float, "Gradient bucket size in MiB (default: zero2 DeepSpeed's 5e8 elements; other modes Megatron's, max(4e7, 1e6*dp) elements with --overlap-grad-reduce on the first stage's first chunk; 0 = one bucket).",
           minimum=0, maximum=1e9),

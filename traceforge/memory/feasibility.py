@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from traceforge.base.errors import SpecError
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, memory_report
 
 GB = 1e9
@@ -21,13 +21,14 @@ def _candidates(spec: Spec) -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = []
     if spec.tp > 1 and not spec.sequence_parallel:
         out.append(("--sequence-parallel", {"sequence_parallel": True}))
-    if spec.dp_mode == "ddp" and spec.dp * spec.cp > 1:
+    rule = DP_MODES[spec.dp_mode]
+    if not rule.shards_optimizer and spec.dp * spec.cp > 1:
         out.append(("--dp-mode dist-opt", {"dp_mode": "dist-opt"}))
     if spec.recompute == "none":
         out.append(("--recompute selective", {"recompute": "selective"}))
     if spec.recompute != "full":
         out.append(("--recompute full", {"recompute": "full"}))
-    if spec.dp_mode in ("ddp", "zero1", "dist-opt", "zero2") and spec.dp * spec.cp > 1:
+    if not rule.shards_parameters and spec.dp * spec.cp > 1:
         out.append(("--dp-mode zero3", {"dp_mode": "zero3"}))
     return out
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.parallel.buckets import largest_bucket
 from traceforge.parallel.partition import StageParams, stage_params
 
 FP32 = 4
 ADAM_MOMENTS = 2 * FP32  # exp_avg and exp_avg_sq
-SHARDS_OPTIMIZER = ("zero1", "dist-opt", "zero2", "zero3", "hsdp")
-SHARDS_GRADIENTS = ("zero2", "zero3", "hsdp")
-SHARDS_PARAMETERS = ("zero3", "hsdp")
 # ZeRO-3 / FSDP hold a gathered unit while it computes and prefetch the next one (FSDP's
 # default forward and backward prefetch of one unit; our planner gathers the same way).
 GATHERED_UNITS = 2
@@ -38,9 +35,10 @@ def _ceil(a: int, b: int) -> int:
 
 def shard_sizes(spec: Spec) -> tuple[int, int]:
     """(dense, expert) shard group sizes: DP x CP (hsdp: --shard-size) and DP x CP / EP."""
-    dense = spec.shard_size if spec.dp_mode == "hsdp" and spec.shard_size else spec.dp * spec.cp
+    replicas = DP_MODES[spec.dp_mode].replicas
+    dense = spec.shard_size if replicas and spec.shard_size else spec.dp * spec.cp
     expert = spec.dp * spec.cp // spec.ep
-    return dense, min(expert, dense) if spec.dp_mode == "hsdp" else expert
+    return dense, min(expert, dense) if replicas else expert
 
 
 def optimizer_bytes_per_param(spec: Spec) -> int:
@@ -72,14 +70,14 @@ def stage_states(spec: Spec, stage: int) -> StageStates:
     dense_shard, expert_shard = shard_sizes(spec)
     sharded = _ceil(dense, dense_shard) + _ceil(expert, expert_shard)
     whole = dense + expert
-    mode, e, g = spec.dp_mode, spec.act_bytes, spec.grad_bytes
-    weights = e * (sharded if mode in SHARDS_PARAMETERS else whole)
-    gradients = g * (sharded if mode in SHARDS_GRADIENTS else whole)
-    optimizer = optimizer_bytes_per_param(spec) * (sharded if mode in SHARDS_OPTIMIZER else whole)
-    if mode in SHARDS_PARAMETERS:
+    rule, e, g = DP_MODES[spec.dp_mode], spec.act_bytes, spec.grad_bytes
+    weights = e * (sharded if rule.shards_parameters else whole)
+    gradients = g * (sharded if rule.shards_gradients else whole)
+    optimizer = optimizer_bytes_per_param(spec) * (sharded if rule.shards_optimizer else whole)
+    if rule.shards_parameters:
         largest = max(_units(params), default=0)
         dp_buffers = GATHERED_UNITS * e * largest + g * largest
-    elif mode == "zero2":  # the traffic's own buckets (program/data.py): the largest, whole, until reduced
+    elif rule.shards_gradients:  # the traffic's own buckets (program/data.py): the largest, whole, until reduced
         dp_buffers = g * largest_bucket(spec, stage)
     else:
         dp_buffers = 0  # Megatron's grad buffer is the bucket memory; dist-opt gathers into the weights

@@ -8,7 +8,9 @@ import math
 from dataclasses import dataclass
 
 from traceforge.base.errors import SpecError
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
+from traceforge.config.dp_modes import DEEPSPEED, MEGATRON_DIST_OPT
+from traceforge.ir.enums import Coll
 from traceforge.model.params import Chunk, Param
 from traceforge.parallel.partition import chunk_param_list, model_chunks
 
@@ -39,7 +41,7 @@ def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
     reduction is off the critical path): max(4e7, 1e6*d) elements."""
     if spec.bucket_mb is not None:
         return None if spec.bucket_mb == 0 else max(1, int(spec.bucket_mb * 2**20) // spec.grad_bytes)
-    if spec.dp_mode == "zero2":
+    if DP_MODES[spec.dp_mode].buckets == DEEPSPEED:
         return DEEPSPEED_REDUCE_BUCKET_ELEMS
     if spec.overlap_grad_reduce and stage == 0 and chunk == 0:
         return max(MEGATRON_MIN_BUCKET_ELEMS, MEGATRON_BUCKET_ELEMS_PER_DP_RANK * spec.dp)
@@ -49,9 +51,10 @@ def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
 def bucket_padding(spec: Spec, group_size: int) -> int:
     """Buckets are padded so they shard evenly: Megatron's distributed optimizer to a multiple
     of lcm(group, 128); other sharded modes to a multiple of the group; AllReduce needs none."""
-    if spec.dp_mode == "ddp":
+    rule = DP_MODES[spec.dp_mode]
+    if rule.grad_reduce == Coll.ALL_REDUCE:
         return 1
-    if spec.dp_mode == "dist-opt":
+    if rule.buckets == MEGATRON_DIST_OPT:
         return math.lcm(group_size, 128)
     return group_size
 
@@ -93,8 +96,8 @@ class Buffer:
         if size and spec.bucket_mb is not None and total // size > MAX_BUCKETS:
             raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
                             f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
-        dist_opt = spec.dp_mode == "dist-opt"
-        before = spec.dp_mode == "zero2"  # DeepSpeed: reduce the bucket before it would overflow
+        dist_opt = DP_MODES[spec.dp_mode].buckets == MEGATRON_DIST_OPT
+        before = DP_MODES[spec.dp_mode].buckets == DEEPSPEED  # reduce the bucket before it would overflow
         multiple = bucket_padding(spec, group_size)
         order = list(counts)
         buf = cls(role, group_size, counts, [], [], [])
@@ -155,7 +158,7 @@ def largest_bucket(spec: Spec, stage: int) -> int:
 
 def shard_group(spec: Spec) -> tuple[str, int]:
     """(group role, size) that ZeRO-3 / HSDP shard parameters over: DP x CP, or HSDP's shard."""
-    if spec.dp_mode == "hsdp":
+    if DP_MODES[spec.dp_mode].replicas:
         assert spec.shard_size is not None  # the spec requires it with hsdp
         return "dps", spec.shard_size
     return "dp", spec.dp * spec.cp

@@ -16,7 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
-from traceforge.config import KNOWN_DIMS, Spec
+from traceforge.config import DP_MODES, KNOWN_DIMS, Spec
 
 # Group kinds in id order, with the grid axes each varies along:
 # tp, cp, pp: one dimension each. dp: the gradient-reduction group, DP x CP (Megatron reduces
@@ -92,7 +92,7 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: Spec) -> Layout:
         return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
-                   spec.shard_size if spec.dp_mode == "hsdp" else None, spec.routing_groups)
+                   spec.shard_size if DP_MODES[spec.dp_mode].replicas else None, spec.routing_groups)
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:

@@ -28,20 +28,20 @@ waits for its parameter AllGathers instead of the optimizer waiting for them.
 
 DeepSpeed's own ZeRO-1/2 code reduces with bucketed AllReduce and keeps its slice; we model the
 ZeRO paper's ReduceScatter + AllGather (the same 2*Psi on the wire for a ring).
+
+Which of these a mode does is its row in config/dp_modes.py: no code here tests a mode's name.
 """
 
 from __future__ import annotations
 
 from traceforge.chakra.schema import TORCH_DTYPE
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
+from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.ir.enums import Coll
 from traceforge.model.params import Chunk
 from traceforge.parallel.buckets import Buffer, chunk_buffers, pad_to, shard_group
 from traceforge.parallel.partition import StageParams
 from traceforge.program.ops import ProgramBuilder
-
-SHARDED_PER_UNIT = ("zero3", "hsdp")
-SHARDED_OPTIMIZER = ("zero1", "zero2", "dist-opt")
 
 
 class DataParallel:
@@ -49,7 +49,7 @@ class DataParallel:
 
     def __init__(self, b: ProgramBuilder, spec: Spec, params: StageParams, chunks: list[Chunk]):
         self.b, self.spec, self.params = b, spec, params
-        self.mode = spec.dp_mode
+        self.rule = DP_MODES[spec.dp_mode]
         self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
@@ -62,7 +62,7 @@ class DataParallel:
 
     def before_unit(self, unit: str, n: int, following: tuple[str, int] | None) -> None:
         """Before a unit computes (forward or backward): its parameters must be whole."""
-        if self.mode not in SHARDED_PER_UNIT:
+        if not self.rule.per_unit:
             return
         gathered = self._prefetched.pop(unit) if unit in self._prefetched else self._gather(unit, n)
         if following is not None:  # prefetch the next unit while this one computes
@@ -82,23 +82,23 @@ class DataParallel:
 
     def after_unit_backward(self, chunk: int, unit: str, n: int, last_microbatch: bool) -> None:
         b, spec = self.b, self.spec
-        if self.mode in SHARDED_PER_UNIT:
+        if self.rule.per_unit:
             padded = pad_to(n, self.shard_size)
-            shard = b.collective(f"{unit}_grad_rs", Coll.REDUCE_SCATTER, padded * spec.grad_bytes, self.shard_group,
+            shard = b.collective(f"{unit}_grad_rs", self.rule.grad_reduce, padded * spec.grad_bytes, self.shard_group,
                                  blocking=False, dtype=TORCH_DTYPE[spec.grad_dtype])
             b.defer(shard)
-            if self.mode == "hsdp":  # the replicas reduce the shard the ReduceScatter produced
+            if self.rule.replicas:  # the replicas reduce the shard the ReduceScatter produced
                 b.defer(b.collective(f"{unit}_grad_ar", Coll.ALL_REDUCE, padded // self.shard_size * spec.grad_bytes,
                                      "dpr", blocking=False, after=(shard,), dtype=TORCH_DTYPE[spec.grad_dtype]))
             return
         for buf in self.buffers[chunk]:
             if unit in buf.counts:
                 buf.produced = list(buf.counts).index(unit) + 1
-            if self.mode == "zero2" or (last_microbatch and spec.overlap_grad_reduce):
+            if self.rule.reduce_every == PER_MICROBATCH or (last_microbatch and spec.overlap_grad_reduce):
                 self._issue_buckets(chunk, buf)
 
     def _issue_buckets(self, chunk: int, buf: Buffer) -> None:
-        ctype = Coll.ALL_REDUCE if self.mode == "ddp" else Coll.REDUCE_SCATTER
+        ctype = self.rule.grad_reduce
         while buf.issued < len(buf.padded) and buf.last_unit[buf.issued] < buf.produced:
             name = self._name(chunk, buf, "grad", buf.issued)
             op = self.b.collective(name, ctype, buf.padded[buf.issued] * self.spec.grad_bytes, buf.role, blocking=False,
@@ -113,7 +113,7 @@ class DataParallel:
 
     def end_of_backward(self) -> None:
         """After the step's last backward: every bucket not yet issued, then the host waits."""
-        if self.mode not in SHARDED_PER_UNIT and self.mode != "zero2":
+        if self.rule.reduce_every == PER_STEP:
             for chunk, buffers in self.buffers.items():
                 for buf in buffers:
                     self._issue_buckets(chunk, buf)
@@ -121,10 +121,10 @@ class DataParallel:
 
     # -- optimizer ---------------------------------------------------------------------------
     def optimizer_params(self) -> int:
-        if self.mode in SHARDED_OPTIMIZER:
+        if self.rule.gather_every == PER_STEP:  # the optimizer updates each bucket's shard
             return sum(-(-sum(buf.counts.values()) // buf.group_size) for bufs in self.buffers.values() for buf in bufs)
         total = self.params.total + self.params.expert_total
-        if self.mode in SHARDED_PER_UNIT:
+        if self.rule.per_unit:
             return -(-total // self.shard_size)
         return total
 
@@ -132,7 +132,7 @@ class DataParallel:
         """Sharded optimizers: AllGather the updated parameters, bucket by bucket in forward
         order. Overlapped, each unit's next forward waits for its own buckets; otherwise the
         host waits for all of them."""
-        if self.mode not in SHARDED_OPTIMIZER:
+        if self.rule.gather_every != PER_STEP:
             return
         b, spec = self.b, self.spec
         for chunk, buffers in self.buffers.items():

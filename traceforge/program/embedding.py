@@ -16,10 +16,11 @@ cross-entropy (last stage), and the tied-embedding gradient AllReduce between th
 from __future__ import annotations
 
 from traceforge.chakra.schema import FLOAT32, TORCH_DTYPE
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.ir.enums import Coll
 from traceforge.model.compute import CostModel
 from traceforge.model.params import local_tokens, padded_vocab
+from traceforge.parallel.buckets import shard_group
 from traceforge.parallel.partition import embedding_stages
 from traceforge.program.ops import ProgramBuilder
 from traceforge.program.tensor import TensorParallel
@@ -58,7 +59,7 @@ def tied_embedding_grad_bytes(spec: Spec) -> int:
     """(V/t)*h*g; with parameters sharded per unit (zero3, hsdp) only the local shard of the
     gradient remains to reduce (Megatron-FSDP all-reduces the local shard)."""
     full = padded_vocab(spec) // spec.tp * spec.hidden * spec.grad_bytes
-    shards = {"zero3": spec.dp * spec.cp, "hsdp": spec.shard_size or 1}.get(spec.dp_mode, 1)
+    shards = shard_group(spec)[1] if DP_MODES[spec.dp_mode].shards_parameters else 1
     return -(-full // shards)
 
 

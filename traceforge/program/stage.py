@@ -9,7 +9,7 @@ from operator import attrgetter
 
 from traceforge.base.errors import SpecError
 from traceforge.chakra.schema import TORCH_DTYPE
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.config.routing import BALANCED
 from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import Coll, NodeType
@@ -50,7 +50,7 @@ def group_sizes(spec: Spec) -> dict[str, int]:
              "emb": 2 if first != last else 1,
              "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
              "tpepp": spec.tp * spec.ep * spec.pp}
-    if spec.dp_mode == "hsdp":
+    if DP_MODES[spec.dp_mode].replicas:
         assert spec.shard_size is not None  # the spec requires it with hsdp
         sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
     return sizes

@@ -34,14 +34,13 @@ a simulator should see. On by default, as Megatron runs them; --no-sync-collecti
 from __future__ import annotations
 
 from traceforge.chakra import schema as S
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.ir.enums import Coll
 from traceforge.model.params import Chunk, is_moe_layer
 from traceforge.parallel.partition import embedding_stages
 from traceforge.program.ops import ProgramBuilder
 
 INT64, FP32, INT32, BOOL = 8, 4, 4, 1
-SHARDED_STATS = ("zero1", "zero2", "dist-opt", "zero3", "hsdp")
 
 
 def batch_tensors(spec: Spec, chunk: Chunk) -> list[tuple[str, int, str]]:
@@ -62,7 +61,7 @@ def batch_tensors(spec: Spec, chunk: Chunk) -> list[tuple[str, int, str]]:
 def stats_group(spec: Spec) -> str:
     """Where gradient statistics are reduced: every rank holds a slice of the gradients with a
     sharded optimizer, only the model-parallel ranks of its replica otherwise."""
-    return "world" if spec.dp_mode in SHARDED_STATS else "mp"
+    return "world" if DP_MODES[spec.dp_mode].shards_optimizer else "mp"
 
 
 def has_expert_optimizer(spec: Spec) -> bool:

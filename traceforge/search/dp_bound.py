@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.config import Spec
+from traceforge.config import DP_MODES, Spec
 from traceforge.config.cache import ignoring
+from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.config.schedules import UNSPLIT_BACKWARD
 from traceforge.ir.enums import Coll
 from traceforge.machine.links import LinkModel
@@ -37,7 +38,7 @@ from traceforge.parallel.buckets import pad_to, shard_group
 from traceforge.parallel.layout import Layout
 from traceforge.parallel.partition import model_chunks, placement, stage_params
 from traceforge.parallel.pipeline import passes_of
-from traceforge.program.data import SHARDED_OPTIMIZER, SHARDED_PER_UNIT, DataParallel
+from traceforge.program.data import DataParallel
 from traceforge.program.ops import ProgramBuilder
 
 # Microseconds a recorded segment may lose to rounding (compute durations are whole
@@ -111,6 +112,7 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
     # up front (from the micro-batch): price it on a spec with one fixed, to keep this memo's key.
     cost = CostModel(dataclasses.replace(spec, micro_batch=1, num_microbatches=1, recompute="none"))
     e, g = spec.act_bytes, spec.grad_bytes
+    rule = DP_MODES[spec.dp_mode]
     out = []
     for stage in range(spec.pp):
         chunks = model_chunks(spec, stage)
@@ -121,17 +123,17 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
         per_mb: dict[str, float] = {}
         tail = max(0.0, cost.optimizer(dp.optimizer_params()).micros - ROUNDING_US)
         last_bucket = [0.0] * len(chunks)
-        if spec.dp_mode in SHARDED_PER_UNIT:
+        if rule.per_unit:
             group, size = shard_group(spec)
             nodes = span_of.get(group, ONE_NODE)
             units = params.embedding + sum(params.dense[layer] for layer in params.layers) + params.head
             # each unit: gathered for its forward and its backward, its gradient reduce-scattered
             aggregate = (2 * _cost(link, Coll.ALL_GATHER, units * e / size, size, nodes)
-                         + _cost(link, Coll.REDUCE_SCATTER, units * g, size, nodes))
+                         + _cost(link, rule.grad_reduce, units * g, size, nodes))
             latency = _unit_latency(link, size, nodes)
             more_units = max(0, len(params.layers) - 1) if aggregate > 0 else 0  # every layer is a unit
             per_mb[group] = aggregate + 3 * more_units * latency
-            if spec.dp_mode == "hsdp":
+            if rule.replicas:
                 replicas = spec.dp * spec.cp // size
                 per_mb["dpr"] = _cost(link, Coll.ALL_REDUCE, units / size * g, replicas, span_of.get("dpr", ONE_NODE))
             # A chunk's backward ends on its last unit (the embedding, else its first layer), whose
@@ -139,19 +141,19 @@ def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
             for position, chunk in enumerate(chunks):
                 n = params.embedding if chunk.first else params.dense[chunk.layers[0]] if chunk.layers else params.head
                 padded = pad_to(n, size)
-                last_bucket[position] = _cost(link, Coll.REDUCE_SCATTER, padded * g, size, nodes) + (
+                last_bucket[position] = _cost(link, rule.grad_reduce, padded * g, size, nodes) + (
                     _cost(link, Coll.ALL_REDUCE, padded // size * g, spec.dp * spec.cp // size, span_of.get("dpr", ONE_NODE))
-                    if spec.dp_mode == "hsdp" else 0.0)
+                    if rule.replicas else 0.0)
         else:
-            grad = Coll.ALL_REDUCE if spec.dp_mode == "ddp" else Coll.REDUCE_SCATTER
-            every_mb = spec.dp_mode == "zero2"  # ZeRO-2 reduces each micro-batch's gradients
+            grad = rule.grad_reduce
+            every_mb = rule.reduce_every == PER_MICROBATCH  # ZeRO-2 reduces each micro-batch's gradients
             gathers = 0.0
             for position, chunk in enumerate(chunks):
                 for buf in dp.buffers[chunk.index]:
                     nodes = span_of.get(buf.role, ONE_NODE)
                     reduce = [_cost(link, grad, n * g, buf.group_size, nodes) for n in buf.padded]
                     gather = ([_cost(link, Coll.ALL_GATHER, n * e // buf.group_size, buf.group_size, nodes)
-                               for n in buf.padded] if spec.dp_mode in SHARDED_OPTIMIZER else [])
+                               for n in buf.padded] if rule.gather_every == PER_STEP else [])
                     target = per_mb if every_mb else once
                     target[buf.role] = target.get(buf.role, 0.0) + sum(reduce)
                     once[buf.role] = once.get(buf.role, 0.0) + sum(gather)
@@ -190,7 +192,7 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
     compute ended), then each next one as a unit's compute starts, one after another on the
     group; a unit computes once its own gather is done. So a pass lasts at least the first
     gather and every compute, and at least every gather and the last compute (bound.py)."""
-    if spec.dp_mode not in SHARDED_PER_UNIT:
+    if not DP_MODES[spec.dp_mode].per_unit:
         return None
     group, size = shard_group(spec)
     span = spans(spec, link.gpus_per_node)

@@ -13,9 +13,10 @@ Axes (a value the user fixes with a flag, e.g. --tp 8 or --schedule 1f1b, is not
 - micro-batch: divisors of global_batch / dp;
 - schedule: 1f1b, gpipe, zb-h1, zbv, dualpipev, and interleaved / interleaved-zb with every
   virtual-stage count that splits the layers into whole chunks;
-- recompute: none, selective, full; dp-mode: ddp, zero1, zero2, dist-opt, zero3, and hsdp at
-  every shard size between 2 and dp/2; gradient reduction overlapped with the backward (and
-  the parameter gather with the forward for sharded optimizers), as Megatron's recipes run.
+- recompute: none, selective, full; dp-mode: every row of config/dp_modes.py (ddp, zero1,
+  zero2, dist-opt, zero3, hsdp), a replicating one (hsdp) sharded within one node, each with
+  every overlap its row accepts (gradient reduction with the backward, the parameter gather
+  with the forward), as Megatron's recipes run.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from traceforge.config import SHARDED_OPTIMIZER_MODES, Spec
+from traceforge.config import DP_MODES as DP_MODE_RULES
+from traceforge.config import Spec
+from traceforge.config.dp_modes import DP_MODE_ALIASES, GRAD_REDUCE, PARAM_GATHER, DpModeRule
 from traceforge.config.schedules import SCHEDULES as SCHEDULE_RULES
 from traceforge.parallel.partition import split_counts
 
 SCHEDULES = tuple(SCHEDULE_RULES)
 RECOMPUTE = ("none", "selective", "full")
-DP_MODES = ("ddp", "zero1", "zero2", "dist-opt", "zero3", "hsdp")
-OVERLAPPED_GRAD_MODES = ("ddp", *SHARDED_OPTIMIZER_MODES)
+DP_MODES = tuple(DP_MODE_RULES)
 # The axes, in the order candidates vary (outermost first) and the order their flags print.
 AXES = ("tp", "cp", "pp", "dp", "ep", "layer_split", "micro_batch", "schedule", "virtual_stages",
         "recompute", "dp_mode", "shard_size")
@@ -129,10 +131,12 @@ def _recomputes(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, An
 def _dp_modes(model: Model, fixed: Mapping[str, Any], partial: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for mode, shard in dp_modes(partial["dp"], partial["tp"], partial["cp"], model.gpus_per_node, fixed):
-        overlap = mode in OVERLAPPED_GRAD_MODES
-        out.append(dict(dp_mode=mode, shard_size=shard, overlap_grad_reduce=fixed.get("overlap_grad_reduce", overlap),
-                        overlap_param_gather=fixed.get("overlap_param_gather",
-                                                       overlap and mode in SHARDED_OPTIMIZER_MODES)))
+        # Every overlap the mode accepts, as Megatron's recipes run (a fixed flag wins).
+        rule = _rule(mode)
+        overlaps = rule.overlaps if rule else ()
+        out.append(dict(dp_mode=mode, shard_size=shard,
+                        overlap_grad_reduce=fixed.get("overlap_grad_reduce", GRAD_REDUCE in overlaps),
+                        overlap_param_gather=fixed.get("overlap_param_gather", PARAM_GATHER in overlaps)))
     return out
 
 
@@ -203,11 +207,17 @@ def walk(model: Model, fixed: Mapping[str, Any], check: Callable[[dict[str, Any]
             yield from walk(model, fixed, check, values, level + 1)
 
 
+def _rule(mode: str) -> DpModeRule | None:
+    """A mode's row (an alias's, as a fixed --dp-mode may name it); None for no mode: the validator refuses it."""
+    return DP_MODE_RULES.get(DP_MODE_ALIASES.get(mode, mode))
+
+
 def dp_modes(dp: int, tp: int, cp: int, gpus_per_node: int, fixed: Mapping[str, Any]) -> list[tuple[str, int | None]]:
     """(dp-mode, hsdp shard size) pairs for dp ranks."""
     out: list[tuple[str, int | None]] = []
     for mode in _fixed(fixed, "dp_mode", list(DP_MODES)):
-        if mode == "hsdp":
+        rule = _rule(mode)
+        if rule and rule.replicas:
             # PyTorch's HYBRID_SHARD: shard inside a node, replicate across nodes.
             node = max(1, gpus_per_node // (tp * cp))
             sizes = [node] if 1 < node < dp and dp % node == 0 else []
