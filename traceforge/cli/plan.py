@@ -298,18 +298,11 @@ def print_whole(table: Table, how: Fit = PLAN_FIT) -> None:
         out.width = saved
 
 
-# The communicator groups whose names do not explain themselves (traceforge/parallel/layout.py's GROUP_KINDS).
-GROUP_NAMES = {"emb": "the first and last stage's embedding sync", "dps": "hsdp's shard group",
-               "dpr": "hsdp's replica group", "edp": "expert data-parallel", "mp": "tp x pp (grad norm)",
-               "world": "all GPUs", "tpep": "tp x ep", "epx": "EP across nodes", "epn": "EP inside a node",
-               "tpepp": "tp x ep x pp", "amax": "FP8 amax reduction"}
-
-
 def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any], assumed: str | None = None) -> None:
     """What the plan assumed and how far from exact its answer may be (first, before the rows),
     then the ranked candidates: layout, step and its split (compute, communication left exposed
     per dimension, pipeline bubble and waiting), throughput and memory."""
-    from traceforge.parallel.layout import GROUP_KINDS
+    from traceforge.parallel.groups import GROUP_KINDS
 
     if assumed:
         out.print(f"{title}: {assumed}", markup=False, soft_wrap=True)
@@ -317,7 +310,8 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
         out.print(f"answer: {_answer(ranked[0]['step_ms'], counts)}", markup=False, soft_wrap=True)
 
     # every group whose communication any row leaves exposed (hsdp's dps/dpr carry its data parallelism)
-    dims = [d for d in GROUP_KINDS if any(r["exposed_ms"].get(d, 0.0) > 0 for r in ranked)]
+    kinds = [k for k in GROUP_KINDS if any(r["exposed_ms"].get(k.name, 0.0) > 0 for r in ranked)]
+    dims = [k.name for k in kinds]
     table = Table(title=title)
     cols = ["#", "tp", "cp", "pp", "dp", "ep", "vp", "mb", "#mb", "schedule", "recompute", "dp mode", "step ms",
             "tokens/s", "TFLOP/s", "MFU %", "compute ms", *(f"x-{d} ms" for d in dims), "idle ms", "peak GB",
@@ -340,7 +334,7 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     if len(merged) < len(cells):
         out.print("a/b: consecutive candidates that differ only in that layout value and tie on every figure shown, listed "
                   "once (e.g. zero1 and dist-opt move the same bytes; --json lists each)", markup=False, soft_wrap=True)
-    groups = "; ".join(f"{d}: {GROUP_NAMES[d]}" for d in dims if d in GROUP_NAMES)
+    groups = "; ".join(f"{k.name}: {k.label}" for k in kinds if k.label)  # the groups whose names do not explain themselves
     out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
               "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
               "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "

@@ -6,7 +6,8 @@ group is the grid with that kind's axes moved last and reshaped to (groups, size
 
 Mixture-of-experts layers see the same ranks through a second grid, as Megatron's expert rank
 generator does: the data-parallel slab (cp x dp ranks) is refactored as ep x expert-dp, so the
-order string must keep cp, ep and dp adjacent (the spec checks it).
+order string must keep cp, ep and dp adjacent (the spec checks it). Which axes of which grid each
+kind of group spans, and in which order kinds take their ids, is groups.py's table.
 """
 
 from __future__ import annotations
@@ -17,21 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from traceforge.config import DP_MODES, KNOWN_DIMS, Spec
-
-# Group kinds in id order, with the grid axes each varies along:
-# tp, cp, pp: one dimension each. dp: the gradient-reduction group, DP x CP (Megatron reduces
-# dense gradients over both). emb: the first and last pipeline stage at equal tp, dp (the tied
-# word-embedding gradient). dps/dpr: FSDP HYBRID_SHARD's shard groups of K consecutive DP ranks
-# and the replica groups across them. ep: expert parallel (MoE AllToAll). edp: expert data
-# parallel (expert gradients). Kinds added later come last, so earlier ids never move:
-# mp: Megatron's model-parallel group, tp x pp (parallel_state.py, 'tp-pp'; cp not included).
-# world: every rank (the distributed optimizer's gradient statistics). tpep: tp x ep of the
-# expert grid (the MoE dispatcher's routing-count AllGather).
-# epx/epn: node-limited routing's two-step dispatch, the EP group cut into G routing groups (nodes)
-# of ep/G consecutive EP ranks: epn the ranks of one node, epx the ranks at one position of every node.
-# tpepp: tp x ep x pp of the expert grid (parallel_state.py 'tp-ep-pp'), where the expert optimizer
-# of a replicated (ddp) optimizer reduces its gradient statistics.
-GROUP_KINDS = ("tp", "cp", "pp", "dp", "emb", "dps", "dpr", "ep", "edp", "mp", "world", "tpep", "epx", "epn", "tpepp", "amax")
+from traceforge.parallel.groups import BLOCKS, ENDS, GROUP_KIND, GROUP_KINDS, ROWS, block_size
 
 
 @dataclass(frozen=True)
@@ -118,38 +105,24 @@ class Layout:
     def members(self, dim: str) -> np.ndarray:
         return self._rows(dim)
 
-    def _rows(self, kind: str) -> np.ndarray:
+    def _rows(self, name: str) -> np.ndarray:
+        """Every group of a kind as (groups, size), by its row in groups.GROUP_KINDS."""
+        kind = GROUP_KIND[name]
         empty = np.zeros((0, 1), dtype=np.int64)
-        if kind in ("tp", "cp", "pp"):
-            return self.dense.rows((kind,))
-        if kind == "dp":
-            return self.dense.rows(("cp", "dp"))
-        if kind == "emb":
-            pp_rows = self.dense.rows(("pp",))
-            return pp_rows[:, [0, -1]] if pp_rows.shape[1] > 1 else empty
-        if kind in ("dps", "dpr"):
-            if not self.dp_shard:
-                return empty
-            dp_rows = self._rows("dp")
-            blocks = dp_rows.reshape(len(dp_rows), -1, self.dp_shard)  # (groups, replicas, shard)
-            rows = blocks.reshape(-1, self.dp_shard) if kind == "dps" else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
-            return rows[np.argsort(rows[:, 0], kind="stable")]
-        if kind == "mp":
-            return self.dense.rows(("tp", "pp"))
-        if kind == "amax":  # FP8 amax reduction: every rank of a stage (Megatron's tp-cp-dp)
-            return self.dense.rows(("tp", "cp", "dp"))
-        if kind == "world":
-            return self.dense.ids.reshape(1, -1)
-        if self.expert is None:
+        grid = self.expert if kind.expert else self.dense
+        if grid is None:
             return empty
-        if kind in ("epx", "epn"):
-            if self.ep_groups < 2:
-                return empty
-            ep_rows = self.expert.rows(("ep",))  # members in EP-coordinate order
-            blocks = ep_rows.reshape(len(ep_rows), self.ep_groups, -1)  # (groups, nodes, per node)
-            rows = blocks.reshape(-1, blocks.shape[2]) if kind == "epn" else blocks.transpose(0, 2, 1).reshape(-1, self.ep_groups)
-            return rows[np.argsort(rows[:, 0], kind="stable")]
-        return self.expert.rows({"ep": ("ep",), "edp": ("dp",), "tpep": ("tp", "ep"), "tpepp": ("tp", "ep", "pp")}[kind])
+        rows = grid.rows(kind.axes)  # members in coordinate order along the axes
+        if kind.cut == ROWS:
+            return rows
+        if kind.cut == ENDS:
+            return rows[:, [0, -1]] if rows.shape[1] > 1 else empty
+        block = block_size(kind, rows.shape[1], self.dp_shard, self.ep_groups)
+        if not block:
+            return empty
+        blocks = rows.reshape(len(rows), -1, block)  # (groups, blocks, members of a block)
+        cut = blocks.reshape(-1, block) if kind.cut == BLOCKS else blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
+        return cut[np.argsort(cut[:, 0], kind="stable")]
 
     @cached_property
     def group_rows(self) -> dict[str, tuple[int, np.ndarray]]:
@@ -158,16 +131,16 @@ class Layout:
         out: dict[str, tuple[int, np.ndarray]] = {}
         next_id = 1
         for kind in GROUP_KINDS:
-            rows = self._rows(kind)
+            rows = self._rows(kind.name)
             if rows.shape[1] >= 2:
-                out[kind] = (next_id, rows)
+                out[kind.name] = (next_id, rows)
                 next_id += len(rows)
         return out
 
     @property
     def groups(self) -> dict[str, list[Group]]:
         """Every group of size > 1 as objects, by kind (kinds without groups map to [])."""
-        out: dict[str, list[Group]] = {kind: [] for kind in GROUP_KINDS}
+        out: dict[str, list[Group]] = {kind.name: [] for kind in GROUP_KINDS}
         for kind, (first, rows) in self.group_rows.items():
             out[kind] = [Group(first + i, kind, tuple(int(r) for r in row)) for i, row in enumerate(rows)]
         return out
@@ -181,7 +154,7 @@ class Layout:
     @cached_property
     def group_id_of(self) -> dict[str, np.ndarray]:
         """Per kind, the id of each rank's group (0 where the rank has none of that kind)."""
-        out = {kind: np.zeros(self.world_size, dtype=np.int64) for kind in GROUP_KINDS}
+        out = {kind.name: np.zeros(self.world_size, dtype=np.int64) for kind in GROUP_KINDS}
         for kind, (first, rows) in self.group_rows.items():
             out[kind][rows] = first + np.arange(len(rows))[:, None]
         return out

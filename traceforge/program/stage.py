@@ -16,7 +16,9 @@ from traceforge.ir.enums import Coll, NodeType
 from traceforge.model.activations import chunk_activations
 from traceforge.model.compute import CostModel
 from traceforge.model.params import Chunk, activation_bytes, p2p_bytes
-from traceforge.parallel.partition import embedding_stages, model_chunks, placement, stage_params, virtual_stage
+from traceforge.parallel.groups import LAYER_KINDS
+from traceforge.parallel.groups import group_sizes as kind_sizes
+from traceforge.parallel.partition import model_chunks, placement, stage_params, virtual_stage
 from traceforge.parallel.pipeline import p2p_tag, schedule
 from traceforge.program.data import DataParallel
 from traceforge.program.embedding import (
@@ -35,25 +37,16 @@ Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emi
 
 
 def layer_group_sizes(spec: Spec) -> dict[str, int]:
-    """Members of the groups a layer's own ops use (TP, CP, EP): what the planner's bound
-    records a layer with, without reading the pipeline or the data-parallel size."""
-    return {"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "tpep": spec.tp * spec.ep, "epx": spec.routing_groups,
-            "epn": spec.ep // spec.routing_groups}
+    """Members of the groups a layer's own ops use (TP, CP, EP and its dispatch groups): what the
+    planner's bound records a layer with, without reading the pipeline or the data-parallel size."""
+    return kind_sizes(spec.tp, spec.cp, spec.ep, spec.routing_groups, kinds=LAYER_KINDS)
 
 
 def group_sizes(spec: Spec) -> dict[str, int]:
-    """Members of each group role; collectives on single-member groups are dropped."""
-    dp = spec.dp * spec.cp  # gradients are reduced over DP x CP
-    first, last = embedding_stages(spec)
-    # FP8's amax reduction (once per model chunk, not in a layer's ops) spans TP x CP x DP.
-    sizes = {**layer_group_sizes(spec), "amax": spec.tp * spec.cp * spec.dp, "pp": spec.pp, "dp": dp,
-             "emb": 2 if first != last else 1,
-             "edp": dp // spec.ep, "mp": spec.tp * spec.pp, "world": spec.world_size,
-             "tpepp": spec.tp * spec.ep * spec.pp}
-    if DP_MODES[spec.dp_mode].replicas:
-        assert spec.shard_size is not None  # the spec requires it with hsdp
-        sizes.update(dps=spec.shard_size, dpr=spec.dp // spec.shard_size)
-    return sizes
+    """Members of each group role (parallel/groups.py's kinds); collectives on single-member
+    groups are dropped."""
+    shard = spec.shard_size if DP_MODES[spec.dp_mode].replicas else None
+    return kind_sizes(spec.tp, spec.cp, spec.ep, spec.routing_groups, spec.pp, spec.dp, shard)
 
 
 def program_variants(spec: Spec) -> int:

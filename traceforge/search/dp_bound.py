@@ -35,6 +35,7 @@ from traceforge.ir.enums import Coll
 from traceforge.machine.links import LinkModel
 from traceforge.model.compute import CostModel
 from traceforge.parallel.buckets import pad_to, shard_group
+from traceforge.parallel.groups import DATA_PARALLEL_KINDS
 from traceforge.parallel.layout import Layout
 from traceforge.parallel.partition import model_chunks, placement, stage_params
 from traceforge.parallel.pipeline import passes_of
@@ -70,7 +71,7 @@ def spans(spec: Spec, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...]], .
     stage_of = layout.coords["pp"]
     rows = layout.group_rows
     out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(spec.pp)]
-    for role in ("dp", "edp", "dps", "dpr"):
+    for role in DATA_PARALLEL_KINDS:
         if role not in rows:
             continue
         nodes = np.sort(rows[role][1] // gpus_per_node, axis=1)
