@@ -5,10 +5,11 @@ optional config file (YAML, TOML or JSON; flat keys named like the CLI flags in 
 and CLI flags. ``build_spec`` merges them, fills every default explicitly and refuses every
 impossible combination with one line naming the field and the fix.
 
-The package, by job: ``fields`` (the key table and the Spec record), ``files`` (reading spec
-files), ``build`` (the merge), one module per domain's check (``architecture``, ``parallelism``,
-``batch``, ``experts``, ``schedule``, ``data_parallel``, ``machine``) and ``limits``. The names
-below are the ones the rest of traceforge uses: import them from here.
+The package, by job: ``fields`` (the key table and the Spec record), ``views`` (the spec's parts,
+what functions and memos take), ``files`` (reading spec files), ``build`` (the merge), one module
+per domain's check (``architecture``, ``parallelism``, ``batch``, ``experts``, ``schedule``,
+``data_parallel``, ``machine``), the rule tables (``schedules``, ``dp_modes``) and ``limits``. The
+names below are the ones the rest of traceforge uses: import them from here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from traceforge.base.errors import SpecError
 from traceforge.config.build import DERIVED_DEFAULTS, build_spec, preset_values, spec_builder
 from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, DpModeRule
 from traceforge.config.experts import moe_layer_count
-from traceforge.config.fields import DTYPE_BYTES, FIELD_BY_NAME, FIELDS, Field, Spec
+from traceforge.config.fields import DTYPE_BYTES, FIELD_BY_NAME, FIELDS, Field, Spec, spec_fields
 from traceforge.config.files import load_config_file
 from traceforge.config.limits import (
     EP_TAG_KINDS,
@@ -39,11 +40,26 @@ from traceforge.config.parallelism import (
     requested_order,
 )
 from traceforge.config.schedules import V_SHAPED
+from traceforge.config.views import (
+    DataParallelConfig,
+    Layer,
+    LayerRun,
+    MachineConfig,
+    ModelConfig,
+    PipelineConfig,
+    Placement,
+    ShardingConfig,
+    Staged,
+    TraceConfig,
+    TrainingConfig,
+)
 
 __all__ = [
+    "DataParallelConfig", "Layer", "LayerRun", "MachineConfig", "ModelConfig", "PipelineConfig", "Placement",
+    "ShardingConfig", "Staged", "TraceConfig", "TrainingConfig",
     "DERIVED_DEFAULTS", "DP_MODES", "DP_MODE_ALIASES", "DpModeRule", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
     "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MEGATRON_ORDER",
     "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "Spec", "SpecError", "V_SHAPED",
     "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
-    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder",
+    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder", "spec_fields",
 ]

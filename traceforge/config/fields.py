@@ -7,12 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from traceforge.chakra.schema import ELEMENT_BYTES, TORCH_DTYPE
 from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES
 from traceforge.config.schedules import SCHEDULES
+from traceforge.config.views import DTYPE_BYTES, LayerRun, Placement, TraceConfig
 
-# Bytes per element of the spec's dtypes, from the one table of element sizes the traces carry.
-DTYPE_BYTES = {name: ELEMENT_BYTES[torch_name] for name, torch_name in TORCH_DTYPE.items()}
+__all__ = ["DTYPE_BYTES", "FIELDS", "FIELD_BY_NAME", "Field", "SPEC_KEYS", "Spec", "spec_fields"]
 
 
 @dataclass(frozen=True)
@@ -150,120 +149,45 @@ FIELDS: tuple[Field, ...] = (
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
 
-@dataclass(frozen=True)
-class Spec:
-    """A normalized spec: every value explicit and every combination checked."""
+# The order a spec's keys take in manifest.json and every document that carries a spec: the order
+# sets have always been written with (a Spec's fields come from its parts, config/views.py, in
+# theirs).
+SPEC_KEYS = (
+    "arch", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab", "seq_len", "max_position_embeddings",
+    "tied_embeddings", "qk_norm", "tp", "cp", "ep", "pp", "dp", "world_size", "order", "order_unchecked",
+    "cp_comm_type", "micro_batch", "global_batch", "num_microbatches", "dtype", "grad_dtype", "sequence_parallel",
+    "recompute", "experts", "top_k", "moe_layer_freq", "moe_first_dense_layers", "moe_ffn_hidden", "shared_experts",
+    "moe_router_num_groups", "moe_router_group_topk", "moe_routing", "seed", "straggler", "compute_jitter",
+    "schedule", "virtual_stages", "layers_per_stage", "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "dp_mode", "shard_size", "bucket_mb",
+    "overlap_grad_reduce", "overlap_param_gather", "sync_collectives", "attention_mask_in_dataloader", "steps", "gpu",
+    "gpu_tflops", "gpu_hbm_gbps", "gpu_efficiency", "attention", "bias_fusion", "gradient_accumulation_fusion",
+    "kernel_times", "tp_comm_overlap", "fp8", "preset",
+)
 
-    arch: str
-    layers: int
-    hidden: int
-    ffn_hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    vocab: int
-    seq_len: int
-    max_position_embeddings: int
-    tied_embeddings: bool
-    qk_norm: bool
-    tp: int
-    cp: int
-    ep: int
-    pp: int
-    dp: int
-    world_size: int
-    order: str
-    order_unchecked: bool
-    cp_comm_type: str
-    micro_batch: int
-    global_batch: int
-    num_microbatches: int
-    dtype: str
-    grad_dtype: str
-    sequence_parallel: bool
-    recompute: str
-    experts: int
-    top_k: int
-    moe_layer_freq: int
-    moe_first_dense_layers: int
-    moe_ffn_hidden: int
-    shared_experts: int
-    moe_router_num_groups: int
-    moe_router_group_topk: int
-    moe_routing: str
-    seed: int
-    straggler: tuple[tuple[int, float], ...]
-    compute_jitter: float
-    schedule: str
-    virtual_stages: int
-    layers_per_stage: tuple[int, ...] | None
-    decoder_first_pipeline_num_layers: int | None
-    decoder_last_pipeline_num_layers: int | None
-    account_for_embedding_in_pipeline_split: bool
-    account_for_loss_in_pipeline_split: bool
-    overlap_p2p_comm: bool
-    dp_mode: str
-    shard_size: int | None
-    bucket_mb: float | None
-    overlap_grad_reduce: bool
-    overlap_param_gather: bool
-    sync_collectives: bool
-    attention_mask_in_dataloader: bool
-    steps: int
-    gpu: str
-    gpu_tflops: float
-    gpu_hbm_gbps: float
-    gpu_efficiency: float | None  # None: the preset's per-kernel calibration (machine/gpus.py)
-    attention: str
-    bias_fusion: bool
-    gradient_accumulation_fusion: bool
-    # measured kernel times, TransformerEngine overlap and FP8 (machine.normalize_engine)
-    kernel_times: str | None
-    tp_comm_overlap: bool
-    fp8: str
-    preset: str
+
+@dataclass(frozen=True)
+class Spec(LayerRun, Placement, TraceConfig):
+    """A normalized spec: every value explicit and every combination checked. Its fields are its
+    parts' (config/views.py: model, sharding, machine, pipeline, data, training, trace), and a
+    Spec is each part and each composite of them: a function that reads only the model takes a
+    ModelConfig and is given a Spec; ``spec.model`` (``.layer``, ``.placement``, ...) is the part
+    alone, what a memo of that function keys on."""
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON holds it (tuples as lists), so a spec read back from a manifest compares equal."""
         def plain(value: Any) -> Any:
             return [plain(v) for v in value] if isinstance(value, tuple) else value
 
-        return {k: plain(v) for k, v in dataclasses.asdict(self).items()}
+        return {k: plain(getattr(self, k)) for k in SPEC_KEYS}
 
-    @property
-    def act_bytes(self) -> int:
-        """Bytes per activation/parameter element (e)."""
-        return DTYPE_BYTES[self.dtype]
+    def __repr__(self) -> str:
+        return f"Spec({', '.join(f'{k}={getattr(self, k)!r}' for k in SPEC_KEYS)})"
 
-    @property
-    def grad_bytes(self) -> int:
-        """Bytes per gradient element as reduced (g)."""
-        return DTYPE_BYTES[self.grad_dtype]
 
-    @property
-    def mla(self) -> bool:
-        """Multi-head latent attention (DeepSeek-V2/V3) instead of standard (GQA) attention."""
-        return self.kv_lora_rank > 0
-
-    @property
-    def routing_groups(self) -> int:
-        """EP routing groups (nodes) the dispatch crosses in two steps: the router's expert groups
-        when each is a block of whole EP ranks, else 1 (Megatron limits the routing to M groups
-        at any ep, with its one flat AllToAll; DeepSeek's node-limited two-step dispatch needs
-        the groups to be the ranks' nodes)."""
-        groups = self.moe_router_num_groups
-        return groups if groups > 1 and self.ep % groups == 0 else 1
-
-    @property
-    def node_limited(self) -> bool:
-        """Expert dispatch across routing groups (nodes) first, then inside them."""
-        return self.routing_groups > 1
-
-    @property
-    def order_dims(self) -> tuple[str, ...]:
-        return tuple(self.order.split("-"))
+def spec_fields() -> tuple[dataclasses.Field, ...]:
+    """Spec's fields in the order documents carry them (SPEC_KEYS)."""
+    by_name = {f.name: f for f in dataclasses.fields(Spec)}
+    return tuple(by_name[name] for name in SPEC_KEYS)

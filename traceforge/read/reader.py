@@ -6,7 +6,6 @@ file can be broken becomes a TraceReadError naming the file and byte offset.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -21,7 +20,7 @@ from traceforge.base.limits import MAX_WORLD_SIZE
 from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.chakra.frame import frames, read_file
-from traceforge.config import Spec
+from traceforge.config import spec_fields
 
 
 @dataclass
@@ -148,7 +147,7 @@ _KIND_WORDS: dict[type | tuple[type, ...], str] = {int: "a whole number", str: "
 
 def _spec_kinds() -> dict[str, type | tuple[type, ...]]:
     """The JSON type of every plain spec field, from the Spec dataclass's annotations."""
-    return {f.name: _SPEC_KINDS[str(f.type)] for f in dataclasses.fields(Spec) if str(f.type) in _SPEC_KINDS}
+    return {f.name: _SPEC_KINDS[str(f.type)] for f in spec_fields() if str(f.type) in _SPEC_KINDS}
 
 
 def check_manifest(doc: object, path: Path | str) -> dict:
