@@ -19,13 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from traceforge.config import build_spec  # noqa: E402
 from traceforge.memory import memory_report  # noqa: E402
 from traceforge.memory import report as report_module  # noqa: E402
-from traceforge.model.activations import layer_activations, routing_imbalance  # noqa: E402
-from traceforge.parallel.partition import virtual_stage_layers  # noqa: E402
+from traceforge.model import activations  # noqa: E402
+from traceforge.parallel import partition  # noqa: E402
 
 
 def _cold() -> None:
-    for cached in (report_module.stages_states, report_module.stages_activation_peaks, layer_activations,
-                   routing_imbalance, virtual_stage_layers):
+    for cached in (report_module._stages_states, report_module._activation_peaks, activations._layer_activations,
+                   activations._routing_imbalance, partition.layers_of, partition.chunks_of):
         cached.cache_clear()
 
 

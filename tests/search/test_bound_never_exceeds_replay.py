@@ -18,7 +18,7 @@ from traceforge.base.errors import SpecError
 from traceforge.config.schedules import SCHEDULES
 from traceforge.machine.links import LinkModel
 from traceforge.search.bound import layout_floor, step_lower_bound
-from traceforge.search.candidates import Base, probe_specs
+from traceforge.search.candidates import Base, probe_runs
 from traceforge.search.estimate import estimate
 from traceforge.search.ring_floor import ring_layout_floor
 from traceforge.search.space import Model, walk
@@ -79,9 +79,9 @@ def test_bound_and_layout_floor_never_exceed_the_replay(case):
         layout = {k: values[k] for k in LAYOUT}
         key = tuple(layout.items())
         if key not in floors:
-            specs = probe_specs(builder, model, fixed, layout)
-            rings.append(ring_layout_floor(specs))
-            floors[key] = max(layout_floor(specs, link), rings[-1])
+            runs = probe_runs(builder, model, fixed, layout)
+            rings.append(ring_layout_floor(runs, layout["pp"]))
+            floors[key] = max(layout_floor(runs, layout["pp"], link), rings[-1])
         step = estimate(spec, link).step_us
         bound = step_lower_bound(spec, link)
         assert bound <= step * (1 + 1e-9), (values, bound, step)

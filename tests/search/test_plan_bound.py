@@ -9,7 +9,7 @@ import pytest
 from traceforge.config import build_spec
 from traceforge.machine.links import LinkModel
 from traceforge.search.bound import _pipeline, layout_floor, step_lower_bound
-from traceforge.search.candidates import Base, probe_specs, search
+from traceforge.search.candidates import Base, probe_runs, search
 from traceforge.search.dp_bound import spans, stage_floors
 from traceforge.search.estimate import estimate
 from traceforge.search.space import Model
@@ -57,7 +57,7 @@ def test_a_layouts_floor_never_exceeds_the_bound_of_any_of_its_candidates(link):
         layout = {k: values[k] for k in ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")}
         key = tuple(layout.items())
         if key not in floors:
-            floors[key] = layout_floor(probe_specs(builder, model, {}, layout), link)
+            floors[key] = layout_floor(probe_runs(builder, model, {}, layout), layout["pp"], link)
         assert floors[key] <= step_lower_bound(spec, link) + 1e-6, (values, floors[key])
         checked += 1
     assert checked > 1000 and len(floors) > 4 and all(f > 0 for f in floors.values())
@@ -93,8 +93,8 @@ def test_moe_layout_floors_never_exceed_their_candidates_bounds_nor_replays():
         layout = {k: values[k] for k in ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")}
         key = tuple(layout.items())
         if key not in floors:
-            specs = probe_specs(builder, MOE_MODEL, fixed, layout)
-            floors[key] = (layout_floor(specs, LINK), ring_layout_floor(specs))
+            runs = probe_runs(builder, MOE_MODEL, fixed, layout)
+            floors[key] = (layout_floor(runs, layout["pp"], LINK), ring_layout_floor(runs, layout["pp"]))
         bound = step_lower_bound(spec, LINK)
         assert floors[key][1] <= floors[key][0] <= bound + 1e-6, (values, floors[key], bound)
         if layout["cp"] > 1 and bound < fastest.get(key, (float("inf"), None))[0]:
@@ -122,8 +122,9 @@ def test_the_ring_floor_is_the_ring_blocks_of_the_specs_own_cost_model(overrides
     assert len(cost.ring_fwd) == len(cost.ring_bwd) == spec.cp and forward > 0
     # the busiest stage holds ceil(layers / pp) layers of every micro-batch; one micro-batch crosses them all
     expected = max(spec.num_microbatches * -(-spec.layers // spec.pp), spec.layers) * (forward + backward)
-    assert ring_layout_floor([spec]) == pytest.approx(expected, rel=1e-12)
-    assert ring_layout_floor([build_spec("demo", overrides={"order": "megatron", **overrides, "cp_comm_type": "a2a"})]) == 0.0
+    assert ring_layout_floor([spec], spec.pp) == pytest.approx(expected, rel=1e-12)
+    assert ring_layout_floor([build_spec("demo", overrides={"order": "megatron", **overrides, "cp_comm_type": "a2a"})],
+                             spec.pp) == 0.0
 
 
 def test_a_layout_refused_on_its_sizes_alone_has_no_legal_candidate_and_no_floor_to_give():
@@ -191,12 +192,12 @@ def test_a_layouts_floor_is_its_busiest_stages_share_of_every_micro_batch_by_han
     per_microbatch = sum(p[k].forward + p[k].backward for k in ("embed", "head")) + 4 * (
         p["dense"].forward + p["dense"].backward)
     assert spec.num_microbatches == 2
-    assert layout_floor([spec], LINK) == pytest.approx(2 * per_microbatch / 2)
+    assert layout_floor([spec], 2, LINK) == pytest.approx(2 * per_microbatch / 2)
     # the smallest over the micro-batch sizes given: one spec per size
     two = build_spec("demo", None, {"world_size": 16, "tp": 1, "pp": 2, "global_batch": 16, "micro_batch": 2,
                                     "order": "megatron", "recompute": "none"})
-    assert layout_floor([spec, two], LINK) == min(layout_floor([spec], LINK), layout_floor([two], LINK))
-    assert layout_floor([], LINK) == 0.0
+    assert layout_floor([spec, two], 2, LINK) == min(layout_floor([spec], 2, LINK), layout_floor([two], 2, LINK))
+    assert layout_floor([], 2, LINK) == 0.0
 
 
 def test_a_layouts_floor_counts_the_layers_its_busiest_stage_must_hold():
@@ -211,13 +212,13 @@ def test_a_layouts_floor_counts_the_layers_its_busiest_stage_must_hold():
     model = Model(world=24, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=24)
     builder = base.builder()
     layout = {"tp": 1, "cp": 1, "pp": 3, "dp": 8, "world_size": 24, "ep": 1, "sequence_parallel": False}
-    specs = probe_specs(builder, model, {}, layout)
-    one = next(s for s in specs if s.micro_batch == 1)
+    runs = probe_runs(builder, model, {}, layout)
+    one = next(s for s in runs if s.micro_batch == 1)
     p = _pieces(one, LINK)
     layer = p["dense"].forward + p["dense"].backward
     share = (4 * layer + sum(p[k].forward + p[k].backward for k in ("embed", "head"))) / 3
     assert 2 * layer > share
-    assert layout_floor([one], LINK) == pytest.approx(one.num_microbatches * 2 * layer)
+    assert layout_floor([one], 3, LINK) == pytest.approx(one.num_microbatches * 2 * layer)
 
     def check(values, reads):
         try:
@@ -225,7 +226,7 @@ def test_a_layouts_floor_counts_the_layers_its_busiest_stage_must_hold():
         except SpecError:
             return None
 
-    floor = layout_floor(specs, LINK)
+    floor = layout_floor(runs, 3, LINK)
     checked = 0
     for _, spec, _ in walk(model, {"tp": 1, "pp": 3, "recompute": "none"}, check):
         if spec is not None:
@@ -254,7 +255,7 @@ def test_one_micro_batch_waits_on_every_stage_and_the_bound_says_so(schedule):
     if split:
         assert p["dense"].backward_input < p["dense"].backward  # the weight-gradient GEMMs are off the path
     # above every stage's own fill and work: the path is what bounds this step
-    assert path > max(_pipeline(spec, LINK)[0])
+    assert path > max(_pipeline(spec.run, spec.pipeline, LINK)[0])
     assert step_lower_bound(spec, LINK) >= path - 1e-6
     assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
 
@@ -276,7 +277,7 @@ def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
     expected = m * (2 * gather + scatter + latencies)
     assert stage_floors(spec, LINK)[0].chain == pytest.approx(expected, rel=1e-6)
     # It decides the bound here: far above the compute-only pipeline floor, and below the replay.
-    assert step_lower_bound(spec, LINK) >= expected > _pipeline(spec, LINK)[1]
+    assert step_lower_bound(spec, LINK) >= expected > _pipeline(spec.run, spec.pipeline, LINK)[1]
     assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
 
 
@@ -286,7 +287,7 @@ def test_sharded_optimizer_tail_orders_modes_the_compute_floor_cannot():
     flags = {"world_size": 16, "pp": 2, "global_batch": 32, "micro_batch": 1, "order": "megatron"}
     ddp = build_spec("demo", None, {**flags, "dp_mode": "ddp"})
     dist = build_spec("demo", None, {**flags, "dp_mode": "dist-opt"})
-    assert _pipeline(ddp, LINK) == _pipeline(dist, LINK)
+    assert _pipeline(ddp.run, ddp.pipeline, LINK) == _pipeline(dist.run, dist.pipeline, LINK)
     assert step_lower_bound(dist, LINK) != step_lower_bound(ddp, LINK)
     for spec in (ddp, dist):
         assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
@@ -555,7 +556,7 @@ def test_one_micro_batch_crosses_every_stage_boundary_twice_and_the_bound_charge
     assert links == ((True, True),) * 4
     p = _pieces(spec, LINK)
     path = sum(p[k].forward + p[k].backward for k in ("embed", "head")) + 4 * (p["dense"].forward + p["dense"].backward)
-    assert _pipeline(spec, LINK, None, links)[1] == pytest.approx(path + 6 * _hop(spec, LINK))
+    assert _pipeline(spec.run, spec.pipeline, LINK, None, links)[1] == pytest.approx(path + 6 * _hop(spec, LINK))
     replay = estimate(spec, LINK).step_us
     assert 6 * _hop(spec, LINK) > 0.4 * replay
     assert path + 6 * _hop(spec, LINK) <= step_lower_bound(spec, LINK) <= replay
@@ -578,7 +579,7 @@ def test_a_stage_waits_for_its_blocking_sends_between_computes(flags, sends):
     p = _pieces(spec, LINK)
     work = p["embed"].forward + p["embed"].backward + 2 * (p["dense"].forward + p["dense"].backward)
     waits = m * _hop(spec, LINK) if sends == "every forward" else 0.0
-    assert _pipeline(spec, LINK, None, pipeline_links(spec, 2))[0][0] == pytest.approx(m * work + waits)
+    assert _pipeline(spec.run, spec.pipeline, LINK, None, pipeline_links(spec, 2))[0][0] == pytest.approx(m * work + waits)
     assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us
 
 
@@ -590,6 +591,7 @@ def test_the_bucket_reduced_after_a_stages_last_compute_is_in_its_tail(schedule)
     tail counts it at the replay's charge for the DP group (the program's own op)."""
     from traceforge.ir.enums import NodeType
     from traceforge.machine.collectives import wire_bytes
+    from traceforge.parallel.layout import LayoutKey
     from traceforge.parallel.pipeline import passes_of
     from traceforge.program.stage import build_program
     from traceforge.search.dp_bound import _stage_parts
@@ -608,5 +610,6 @@ def test_the_bucket_reduced_after_a_stages_last_compute_is_in_its_tail(schedule)
         assert last_bucket.group == "dp" and last_compute in last_bucket.deps
         inter = spans(spec, 2)[stage]["dp"] != (1,)
         charge = LINK.micros(wire_bytes(int(last_bucket.comm_type), last_bucket.comm_size, spec.dp * spec.cp), inter)
-        assert stage_floors(spec, LINK)[stage].tail == pytest.approx(_stage_parts(spec, LINK)[stage].tail + charge)
+        assert stage_floors(spec, LINK)[stage].tail == pytest.approx(
+            _stage_parts(spec.placement, LayoutKey.of(spec), LINK)[stage].tail + charge)
     assert step_lower_bound(spec, LINK) <= estimate(spec, LINK).step_us

@@ -20,18 +20,18 @@ stage hold the same in this model, so a stage's figures are those of its most-lo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring
+from traceforge.config import LayerRun, PipelineConfig, Placement, Spec
 from traceforge.machine.gpu_memory import gpu_memory_bytes
 from traceforge.memory.states import StageStates, stage_states
 from traceforge.memory.walk import profile_peak, schedule_profile
 from traceforge.model.activations import chunk_activations
 from traceforge.model.params import p2p_bytes
-from traceforge.parallel.partition import model_chunks
+from traceforge.parallel.partition import chunks_of
 
 MIB, GIB = 2**20, 2**30
 # CUDA context (~0.5 GiB on Hopper with CUDA 12's lazy loading) plus cuBLAS/cuDNN workspaces
@@ -136,22 +136,31 @@ def communicators(spec: Spec) -> int:
     return sum(1 for g in groups if g > 1) + (2 if spec.pp > 1 else 0)
 
 
-# Each piece memoized on the fields it reads: the planner sizes hundreds of thousands of specs
-# that differ only in fields one piece ignores (the states ignore the micro-batch and
-# recompute, the activations the data-parallel mode), so each is computed once per stage.
-@ignoring("micro_batch", "num_microbatches", "recompute", "overlap_grad_reduce", "overlap_param_gather")
-def stages_states(spec: Spec) -> tuple[StageStates, ...]:
+def stages_states(spec: Placement) -> tuple[StageStates, ...]:
     """Every stage's model states (weights, gradients, optimizer, data-parallel buffers)."""
+    return _stages_states(spec.placement)
+
+
+def stages_activation_peaks(spec: Spec) -> tuple[tuple[int, str], ...]:
+    """Every stage's activation peak over its schedule, and when it happens."""
+    return _activation_peaks(spec.run, spec.pipeline)
+
+
+# Each piece memoised on the parts it reads: the planner sizes hundreds of thousands of specs
+# that differ in parts one piece does not read (the states read no micro-batch or recomputation,
+# the activations no data parallelism), so each is computed once per stage.
+@functools.lru_cache(maxsize=4096)
+def _stages_states(spec: Placement) -> tuple[StageStates, ...]:
     return tuple(stage_states(spec, stage) for stage in range(spec.pp))
 
 
-@ignoring("dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
-def stages_activation_peaks(spec: Spec) -> tuple[tuple[int, str], ...]:
-    """Every stage's activation peak over its schedule, and when it happens."""
+@functools.lru_cache(maxsize=4096)
+def _activation_peaks(run: LayerRun, pipeline: PipelineConfig) -> tuple[tuple[int, str], ...]:
     out = []
-    for stage in range(spec.pp):
-        chunks = [chunk_activations(spec, chunk) for chunk in model_chunks(spec, stage)]
-        of = schedule_profile(spec.schedule, stage, spec.pp, spec.num_microbatches, spec.virtual_stages, len(chunks))
+    for stage in range(pipeline.pp):
+        chunks = [chunk_activations(run, chunk) for chunk in chunks_of(pipeline, run.layers, stage)]
+        of = schedule_profile(pipeline.schedule, stage, pipeline.pp, run.num_microbatches, pipeline.virtual_stages,
+                              len(chunks))
         out.append(profile_peak(of, chunks))
     return tuple(out)
 

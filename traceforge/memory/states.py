@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.config import DP_MODES, Spec
+from traceforge.config import DP_MODES, MachineConfig, Placement
 from traceforge.parallel.buckets import largest_bucket
 from traceforge.parallel.partition import StageParams, stage_params
 
@@ -33,7 +33,7 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def shard_sizes(spec: Spec) -> tuple[int, int]:
+def shard_sizes(spec: Placement) -> tuple[int, int]:
     """(dense, expert) shard group sizes: DP x CP (hsdp: --shard-size) and DP x CP / EP."""
     replicas = DP_MODES[spec.dp_mode].replicas
     dense = spec.shard_size if replicas and spec.shard_size else spec.dp * spec.cp
@@ -41,7 +41,7 @@ def shard_sizes(spec: Spec) -> tuple[int, int]:
     return dense, min(expert, dense) if replicas else expert
 
 
-def optimizer_bytes_per_param(spec: Spec) -> int:
+def optimizer_bytes_per_param(spec: MachineConfig) -> int:
     """Adam's fp32 master copy (only when the weights are not fp32) and its two moments."""
     return ADAM_MOMENTS + (FP32 if spec.act_bytes != FP32 else 0)
 
@@ -64,7 +64,7 @@ def _units(params: StageParams) -> list[int]:
     return [n for n in (params.embedding, *layers, params.head) if n]
 
 
-def stage_states(spec: Spec, stage: int) -> StageStates:
+def stage_states(spec: Placement, stage: int) -> StageStates:
     params = stage_params(spec, stage)
     dense, expert = params.total, params.expert_total
     dense_shard, expert_shard = shard_sizes(spec)

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring
+from traceforge.config import LayerRun
 from traceforge.config.routing import Routing
 from traceforge.model.anatomy import FULL, SELECTIVE, dispatched_copies, is_moe_layer, layer_anatomy, local_tokens, padded_vocab
 from traceforge.model.params import Chunk
@@ -45,10 +44,14 @@ class PassBytes:
         return PassBytes(self.stored + other.stored, max(self.forward, other.forward), max(self.backward, other.backward))
 
 
-@functools.lru_cache(maxsize=256)
-def routing_imbalance(spec: Spec) -> float:
+def routing_imbalance(spec: LayerRun) -> float:
     """Token copies the busiest EP rank receives over the mean (1 when balanced): from the
     routing the planner draws for the first micro-batch (zipf), or the trace's worst entry."""
+    return _routing_imbalance(spec.run)
+
+
+@functools.lru_cache(maxsize=256)
+def _routing_imbalance(spec: LayerRun) -> float:
     if not spec.experts or spec.moe_routing == "balanced" or spec.ep == 1:
         return 1.0
     moe_layers = sum(is_moe_layer(spec, layer) for layer in range(spec.layers))
@@ -62,7 +65,7 @@ def routing_imbalance(spec: Spec) -> float:
     return float(received.max() / mean) if mean > 0 else 1.0
 
 
-def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, float, float, float]:
+def _per_token_layer(spec: LayerRun, moe: bool, imbalance: float) -> tuple[float, float, float, float]:
     """Bytes per local token of one layer on one GPU, from its anatomy (traceforge/model/anatomy/):
     (stored without recompute, what selective recompute drops, forward transient, backward
     transient)."""
@@ -73,13 +76,15 @@ def _per_token_layer(spec: Spec, moe: bool, imbalance: float) -> tuple[float, fl
     return stored, scores, anatomy.forward_transient, anatomy.backward_transient
 
 
-# Memoized on the fields it reads (the planner asks for every stage of every pipeline depth,
-# schedule and data-parallel mode of one layer shape): tests/config/test_spec_cache.py checks them.
-@ignoring("pp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce", "overlap_param_gather",
-          "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
-          "account_for_loss_in_pipeline_split")
-def layer_activations(spec: Spec, moe: bool) -> PassBytes:
+def layer_activations(spec: LayerRun, moe: bool) -> PassBytes:
     """One layer, one micro-batch, one GPU."""
+    return _layer_activations(spec.run, moe)
+
+
+# Memoised on the layer's run, all it reads: the planner asks for every stage of every pipeline
+# depth, schedule and data-parallel mode of one layer shape.
+@functools.lru_cache(maxsize=4096)
+def _layer_activations(spec: LayerRun, moe: bool) -> PassBytes:
     tokens = local_tokens(spec)
     imbalance = routing_imbalance(spec) if moe else 1.0
     stored, scores, forward, backward = _per_token_layer(spec, moe, imbalance)
@@ -93,7 +98,7 @@ def layer_activations(spec: Spec, moe: bool) -> PassBytes:
     return PassBytes(int(tokens * (stored + scores)), int(tokens * forward), int(tokens * backward))
 
 
-def embedding_activations(spec: Spec) -> PassBytes:
+def embedding_activations(spec: LayerRun) -> PassBytes:
     """The first chunk's inputs: int64 token ids (and gpt's embedding dropout mask); the
     dataloader's b*s*s boolean attention mask while the forward runs, if it sends one."""
     tokens = local_tokens(spec)
@@ -103,7 +108,7 @@ def embedding_activations(spec: Spec) -> PassBytes:
     return PassBytes(stored, mask, 0)
 
 
-def head_activations(spec: Spec) -> PassBytes:
+def head_activations(spec: LayerRun) -> PassBytes:
     """The last chunk's LM head: final norm input and output, and the fp32 logits the
     cross-entropy keeps (Megatron casts the vocabulary-parallel logits to fp32 and keeps the
     softmax for backward); the 16-bit logits exist while the forward runs, their gradient
@@ -116,7 +121,7 @@ def head_activations(spec: Spec) -> PassBytes:
     return PassBytes(stored, transient, transient + tokens * spec.act_bytes * spec.hidden)
 
 
-def chunk_activations(spec: Spec, chunk: Chunk) -> PassBytes:
+def chunk_activations(spec: LayerRun, chunk: Chunk) -> PassBytes:
     """One micro-batch through one model chunk: its layers, and the embedding / LM head on
     the model's first / last chunk."""
     total = PassBytes(0)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from traceforge.config import DTYPE_BYTES, Spec
+from traceforge.config import DTYPE_BYTES, LayerRun, MachineConfig, Spec
 from traceforge.machine.gpus import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, attention_rates, wave_efficiency
 from traceforge.machine.kernels.keys import KernelKey
 from traceforge.machine.kernels.times import load_kernel_times
@@ -179,15 +179,19 @@ GROUPS = frozenset({"norm", "qkv", "core", "proj", "fc1", "act", "fc2", "router"
                     "embed", "head"})
 
 
-def _head_dims(spec: Spec, core: AttentionCore) -> tuple[int, int]:
+def _head_dims(heads: int, core: AttentionCore) -> tuple[int, int]:
     """One query head's query/key and value channels: the core's query and output channels over
     every query head (GQA's shared K/V heads have the query heads' width; MLA's keys carry the
     rope part, its values v_head_dim)."""
-    return core.q // spec.heads, core.out // spec.heads
+    return core.q // heads, core.out // heads
 
 
-class CostModel:
-    def __init__(self, spec: Spec):
+class KernelPrices:
+    """What each kernel takes on the modelled GPU (its calibration, dtypes, attention kernel,
+    fusions, FP8, measured times): all the optimizer's step needs, and what CostModel prices a
+    layer's ops with."""
+
+    def __init__(self, spec: MachineConfig):
         self.spec = spec
         gpu = GPUS.get(spec.gpu)
         self.cal = gpu.calibration if gpu is not None and spec.gpu_efficiency is None else None
@@ -201,73 +205,6 @@ class CostModel:
         self.measured = load_kernel_times(spec.kernel_times) if spec.kernel_times else None
         self.model_micros: dict[Kernel, float] = {}  # the model's time of every kernel priced
         self.layer_dtype = FP8_DTYPE if spec.fp8 != "none" else spec.dtype
-        # Every op of the layer kinds and the model's edges (traceforge/model/anatomy/), priced into the
-        # compute node its group names (GROUPS); the programs (program/layer.py) place the nodes.
-        self.groups: dict[tuple[str, str], tuple[Cost, Cost, Cost]] = {}
-        blocks = list(layer_anatomy(spec, False).blocks)
-        if spec.experts:
-            blocks.append(layer_anatomy(spec, True).block("moe"))
-        for block in blocks:
-            self._price_ops(block.name, block.ops)
-        self._price_ops("edges", (*embedding_ops(spec), final_norm_op(spec), *output_ops(spec)))
-        self.norm, self.norm_bwd, _ = self.groups["attention", "norm"]
-        self.mlp_norm, self.mlp_norm_bwd, _ = self.groups["mlp", "norm"]
-        self.qkv, self.qkv_dgrad, self.qkv_wgrad = self.groups["attention", "qkv"]
-        self.core, self._core_bwd, _ = self.groups["attention", "core"]
-        self.proj, self.proj_dgrad, self.proj_wgrad = self.groups["attention", "proj"]
-        self.fc1, self.fc1_dgrad, self.fc1_wgrad = self.groups["mlp", "fc1"]
-        self.act, self.act_bwd, _ = self.groups["mlp", "act"]
-        self.fc2, self.fc2_dgrad, self.fc2_wgrad = self.groups["mlp", "fc2"]
-        core = attention_core(spec)
-        ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
-        self.ring_fwd, self.ring_bwd = self._ring(local_tokens(spec), core) if ring else ((), ())
-        # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
-        self.moe_norm, self.moe_norm_bwd, _ = self.groups.get(("moe", "norm"), (NOTHING,) * 3)
-        router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
-        self.router, self.router_bwd = router[0], router[1] + router[2]
-        self.experts, self.experts_dgrad, self.experts_wgrad = self.groups.get(("moe", "experts"), (NOTHING,) * 3)
-        self.shared, self.shared_dgrad, self.shared_wgrad = self.groups.get(("moe", "shared"), (NOTHING,) * 3)
-        # Model edges: embedding lookup (its dense gradient added to the main grad: no fused
-        # linear, so all of it is the weight-gradient node); final norm, LM head, cross-entropy.
-        self.embed, _, self.embed_bwd = self.groups["edges", "embed"]
-        self.head, self.head_dgrad, self.head_wgrad = self.groups["edges", "head"]
-
-    def _price_ops(self, block: str, ops: tuple[Op, ...]) -> None:
-        """Each op's work priced, forward in running order and backward in reverse, summed into
-        its group's (forward, input-gradient, weight-gradient) costs."""
-        for op in ops:
-            if op.group not in GROUPS:
-                raise ValueError(f"anatomy op {op.name!r} is priced into group {op.group!r}, which no program "
-                                 f"runs: use one of {sorted(GROUPS)} or place the new group in program/layer.py")
-            parts = [self._work(w) for w in op.work]
-            fwd = sum((f for f, _, _ in parts), NOTHING)
-            dgrad = sum((d for _, d, _ in reversed(parts)), NOTHING)
-            wgrad = sum((w for _, _, w in reversed(parts)), NOTHING)
-            key = (block, op.group)
-            before = self.groups.get(key)
-            if before is None:
-                self.groups[key] = (fwd, dgrad, wgrad)
-            else:  # a later op of the group: after it forward, before it backward
-                self.groups[key] = (before[0] + fwd, dgrad + before[1], wgrad + before[2])
-
-    def _work(self, w: Work) -> tuple[Cost, Cost, Cost]:
-        """(forward, input gradient, weight gradient) of one piece of an op's work."""
-        s = self.spec
-        if isinstance(w, Linear):
-            linear = self.linear(w.m, w.k, w.n, None if w.layer_dtype else s.dtype)
-            return linear.fwd, linear.dgrad, linear.wgrad
-        if isinstance(w, AttentionCore):
-            return (*self._attention(w.tokens, w), NOTHING)
-        if isinstance(w, Lookup):
-            return self.elementwise("embedding", w.elements), NOTHING, (
-                self.elementwise("zero_fill", w.table) + self.elementwise("embedding_bwd", w.elements)
-                + self.elementwise("grad_accumulate", w.table, s.grad_dtype))
-        fwd, bwd = {RESIDUAL: self._residual, ACTIVATION: self._activation,
-                    NORM: lambda n: (self.elementwise("layernorm", n), self.elementwise("layernorm_bwd", n)),
-                    CROSS_ENTROPY: lambda n: (self.elementwise("cross_entropy", n), self.elementwise("cross_entropy_bwd", n)),
-                    }[w.kind](w.elements)
-        return fwd, bwd, NOTHING
-
     # -- kernels -----------------------------------------------------------------------
     def price(self, k: Kernel) -> Cost:
         """The one place a kernel is timed; every kernel the model creates passes here."""
@@ -378,6 +315,138 @@ class CostModel:
     def elementwise(self, kind: str, elements: int, dtype: str | None = None) -> Cost:
         return self.price(Kernel(kind, (elements,), dtype or self.spec.dtype))
 
+    def optimizer(self, params: int) -> Cost:
+        """The optimizer step over the `params` this rank updates (its DP shard when sharded)."""
+        step = self.elementwise("adam", params)
+        if self.spec.dtype == "fp16":  # the grad scaler's unscale and inf/nan check first
+            step = self.elementwise("unscale_grads", params) + step
+        return step
+
+
+    def ring(self, core: AttentionCore, query_heads: int, tp: int, cp: int, micro_batch: int, tokens: int
+             ) -> tuple[tuple[Cost, ...], tuple[Cost, ...]]:
+        """Ring attention's cp steps, forward and backward, as TransformerEngine runs them
+        (AttnFuncWithCPAndKVP2P, causal, load-balanced: a rank holds chunks r and 2cp-1-r of
+        s/(2cp) tokens). Step 0 is this rank's own causal s/cp x s/cp block. Every later step is
+        an unmasked block of half the size: all s/cp queries against the first half of an earlier
+        rank's keys, or the second half of the queries against all of a later rank's keys; a
+        rank's steps are one kind or the other as the ring turns, so each is priced as the mean
+        of both (the mean over the group's ranks). Forward, each step's log-sum-exp merges into
+        the running one (the next step's node; the last after the loop) and, after the loop, every
+        step's output is rescaled into the result; backward, each step's dQ, dK and dV are added
+        into the running gradients. The merges and adds of a half step are half size. core: the
+        attention core's channels; tokens: the rank's b*s/cp; what it reads of a layer is these
+        values, so the planner's ring floor (search/ring_floor.py) prices a ring without a layer."""
+        t, dtype = tp, self.spec.dtype
+        heads = max(1, query_heads // t)
+        d_qk, d_v = _head_dims(query_heads, core)
+        b, full = micro_batch, tokens // micro_batch
+        half = max(1, full // 2)
+
+        def attention(kind: str, s_q: int, s_kv: int) -> Cost:
+            return self.price(Kernel(kind, (b, heads, s_q, s_kv, d_qk, d_v), dtype))
+
+        def mean(x: Cost, y: Cost) -> Cost:
+            return (x + y).scaled(0.5)
+
+        def lse(rows: int) -> Cost:
+            return self.price(Kernel("lse_correction", (rows,), "fp32"))
+
+        def out(kind: str, rows: int) -> Cost:
+            return self.price(Kernel(kind, (rows, d_v), dtype))
+
+        def grads(tokens: int) -> Cost:
+            return sum((self.elementwise("grad_add", b * tokens * dim // t) for dim in (core.q, core.k, core.v)), NOTHING)
+
+        rows, half_rows = b * heads * full, b * heads * half
+        block_fwd = mean(attention(ATTENTION_BLOCK_FWD, full, half), attention(ATTENTION_BLOCK_FWD, half, full))
+        block_bwd = mean(attention(ATTENTION_BLOCK_BWD, full, half), attention(ATTENTION_BLOCK_BWD, half, full))
+        step_lse = mean(lse(rows), lse(half_rows))
+        fwd = [attention(ATTENTION_FWD, full, full)] + [block_fwd + (lse(rows) if j == 1 else step_lse) for j in range(1, cp)]
+        tail = step_lse + out("out_correction_init", rows)
+        tail += mean(out("out_correction", rows), out("out_correction", half_rows)).scaled(cp - 1)
+        fwd[-1] += tail
+        step_grads = mean(grads(full), grads(half))  # (queries, keys) full/half or half/full
+        bwd = [attention(ATTENTION_BWD, full, full) + grads(full)] + [block_bwd + step_grads] * (cp - 1)
+        return tuple(fwd), tuple(bwd)
+
+class CostModel(KernelPrices):
+    """Every op of the layer kinds and the model's edges (traceforge/model/anatomy/), priced into the
+    compute node its group names (GROUPS); the programs (program/layer.py) place the nodes."""
+
+    spec: LayerRun
+
+    def __init__(self, spec: LayerRun):
+        super().__init__(spec)
+        tokens = local_tokens(spec)
+        self.groups: dict[tuple[str, str], tuple[Cost, Cost, Cost]] = {}
+        blocks = list(layer_anatomy(spec, False).blocks)
+        if spec.experts:
+            blocks.append(layer_anatomy(spec, True).block("moe"))
+        for block in blocks:
+            self._price_ops(block.name, block.ops)
+        self._price_ops("edges", (*embedding_ops(spec, tokens=tokens), final_norm_op(spec, tokens),
+                                  *output_ops(spec, tokens=tokens)))
+        self.norm, self.norm_bwd, _ = self.groups["attention", "norm"]
+        self.mlp_norm, self.mlp_norm_bwd, _ = self.groups["mlp", "norm"]
+        self.qkv, self.qkv_dgrad, self.qkv_wgrad = self.groups["attention", "qkv"]
+        self.core, self._core_bwd, _ = self.groups["attention", "core"]
+        self.proj, self.proj_dgrad, self.proj_wgrad = self.groups["attention", "proj"]
+        self.fc1, self.fc1_dgrad, self.fc1_wgrad = self.groups["mlp", "fc1"]
+        self.act, self.act_bwd, _ = self.groups["mlp", "act"]
+        self.fc2, self.fc2_dgrad, self.fc2_wgrad = self.groups["mlp", "fc2"]
+        core = attention_core(spec)
+        ring = spec.cp > 1 and spec.cp_comm_type == "p2p"
+        self.ring_fwd, self.ring_bwd = (self.ring(core, spec.heads, spec.tp, spec.cp, spec.micro_batch, tokens) if ring
+                                        else ((), ()))
+        # Mixture of experts: with balanced routing every rank's experts see the tokens it sends.
+        self.moe_norm, self.moe_norm_bwd, _ = self.groups.get(("moe", "norm"), (NOTHING,) * 3)
+        router = self.groups.get(("moe", "router"), (NOTHING,) * 3)
+        self.router, self.router_bwd = router[0], router[1] + router[2]
+        self.experts, self.experts_dgrad, self.experts_wgrad = self.groups.get(("moe", "experts"), (NOTHING,) * 3)
+        self.shared, self.shared_dgrad, self.shared_wgrad = self.groups.get(("moe", "shared"), (NOTHING,) * 3)
+        # Model edges: embedding lookup (its dense gradient added to the main grad: no fused
+        # linear, so all of it is the weight-gradient node); final norm, LM head, cross-entropy.
+        self.embed, _, self.embed_bwd = self.groups["edges", "embed"]
+        self.head, self.head_dgrad, self.head_wgrad = self.groups["edges", "head"]
+
+
+    def _price_ops(self, block: str, ops: tuple[Op, ...]) -> None:
+        """Each op's work priced, forward in running order and backward in reverse, summed into
+        its group's (forward, input-gradient, weight-gradient) costs."""
+        for op in ops:
+            if op.group not in GROUPS:
+                raise ValueError(f"anatomy op {op.name!r} is priced into group {op.group!r}, which no program "
+                                 f"runs: use one of {sorted(GROUPS)} or place the new group in program/layer.py")
+            parts = [self._work(w) for w in op.work]
+            fwd = sum((f for f, _, _ in parts), NOTHING)
+            dgrad = sum((d for _, d, _ in reversed(parts)), NOTHING)
+            wgrad = sum((w for _, _, w in reversed(parts)), NOTHING)
+            key = (block, op.group)
+            before = self.groups.get(key)
+            if before is None:
+                self.groups[key] = (fwd, dgrad, wgrad)
+            else:  # a later op of the group: after it forward, before it backward
+                self.groups[key] = (before[0] + fwd, dgrad + before[1], wgrad + before[2])
+
+    def _work(self, w: Work) -> tuple[Cost, Cost, Cost]:
+        """(forward, input gradient, weight gradient) of one piece of an op's work."""
+        s = self.spec
+        if isinstance(w, Linear):
+            linear = self.linear(w.m, w.k, w.n, None if w.layer_dtype else s.dtype)
+            return linear.fwd, linear.dgrad, linear.wgrad
+        if isinstance(w, AttentionCore):
+            return (*self._attention(w.tokens, w), NOTHING)
+        if isinstance(w, Lookup):
+            return self.elementwise("embedding", w.elements), NOTHING, (
+                self.elementwise("zero_fill", w.table) + self.elementwise("embedding_bwd", w.elements)
+                + self.elementwise("grad_accumulate", w.table, s.grad_dtype))
+        fwd, bwd = {RESIDUAL: self._residual, ACTIVATION: self._activation,
+                    NORM: lambda n: (self.elementwise("layernorm", n), self.elementwise("layernorm_bwd", n)),
+                    CROSS_ENTROPY: lambda n: (self.elementwise("cross_entropy", n), self.elementwise("cross_entropy_bwd", n)),
+                    }[w.kind](w.elements)
+        return fwd, bwd, NOTHING
+
     def _activation(self, elements: int) -> tuple[Cost, Cost]:
         """The MLP activation over `elements` outputs, forward and backward: SwiGLU (no biases), or
         GeLU with its bias, fused or (--no-bias-fusion) as separate kernels."""
@@ -405,7 +474,7 @@ class CostModel:
         against every key of the sequence."""
         s, t = self.spec, self.spec.tp
         heads = max(1, s.heads // t)
-        d_qk, d_v = _head_dims(s, core)
+        d_qk, d_v = _head_dims(s.heads, core)
         b, s_q, s_kv = s.micro_batch, T // s.micro_batch, s.seq_len
         if s.attention != "unfused":
             shape = (b, heads, s_q, s_kv, d_qk, d_v)
@@ -421,50 +490,6 @@ class CostModel:
                + self.elementwise("dropout_bwd", scores) + self.elementwise("softmax_bwd", scores)
                + self.gemm(s_q, s_kv, d_qk, bh) + self.gemm(s_kv, s_q, d_qk, bh))  # dQ, dK
         return fwd, bwd
-
-    def _ring(self, T: int, core: AttentionCore) -> tuple[tuple[Cost, ...], tuple[Cost, ...]]:
-        """Ring attention's cp steps, forward and backward, as TransformerEngine runs them
-        (AttnFuncWithCPAndKVP2P, causal, load-balanced: a rank holds chunks r and 2cp-1-r of
-        s/(2cp) tokens). Step 0 is this rank's own causal s/cp x s/cp block. Every later step is
-        an unmasked block of half the size: all s/cp queries against the first half of an earlier
-        rank's keys, or the second half of the queries against all of a later rank's keys; a
-        rank's steps are one kind or the other as the ring turns, so each is priced as the mean
-        of both (the mean over the group's ranks). Forward, each step's log-sum-exp merges into
-        the running one (the next step's node; the last after the loop) and, after the loop, every
-        step's output is rescaled into the result; backward, each step's dQ, dK and dV are added
-        into the running gradients. The merges and adds of a half step are half size."""
-        s, t = self.spec, self.spec.tp
-        heads = max(1, s.heads // t)
-        d_qk, d_v = _head_dims(s, core)
-        b, full = s.micro_batch, T // s.micro_batch
-        half = max(1, full // 2)
-
-        def attention(kind: str, s_q: int, s_kv: int) -> Cost:
-            return self.price(Kernel(kind, (b, heads, s_q, s_kv, d_qk, d_v), s.dtype))
-
-        def mean(x: Cost, y: Cost) -> Cost:
-            return (x + y).scaled(0.5)
-
-        def lse(rows: int) -> Cost:
-            return self.price(Kernel("lse_correction", (rows,), "fp32"))
-
-        def out(kind: str, rows: int) -> Cost:
-            return self.price(Kernel(kind, (rows, d_v), s.dtype))
-
-        def grads(tokens: int) -> Cost:
-            return sum((self.elementwise("grad_add", b * tokens * dim // t) for dim in (core.q, core.k, core.v)), NOTHING)
-
-        rows, half_rows = b * heads * full, b * heads * half
-        block_fwd = mean(attention(ATTENTION_BLOCK_FWD, full, half), attention(ATTENTION_BLOCK_FWD, half, full))
-        block_bwd = mean(attention(ATTENTION_BLOCK_BWD, full, half), attention(ATTENTION_BLOCK_BWD, half, full))
-        step_lse = mean(lse(rows), lse(half_rows))
-        fwd = [attention(ATTENTION_FWD, full, full)] + [block_fwd + (lse(rows) if j == 1 else step_lse) for j in range(1, s.cp)]
-        tail = step_lse + out("out_correction_init", rows)
-        tail += mean(out("out_correction", rows), out("out_correction", half_rows)).scaled(s.cp - 1)
-        fwd[-1] += tail
-        step_grads = mean(grads(full), grads(half))  # (queries, keys) full/half or half/full
-        bwd = [attention(ATTENTION_BWD, full, full) + grads(full)] + [block_bwd + step_grads] * (s.cp - 1)
-        return tuple(fwd), tuple(bwd)
 
     # -- per layer ---------------------------------------------------------------------
     @property
@@ -496,12 +521,6 @@ class CostModel:
     def mlp_wgrad(self) -> Cost:
         return self.fc2_wgrad + self.fc1_wgrad
 
-    def optimizer(self, params: int) -> Cost:
-        """The optimizer step over the `params` this rank updates (its DP shard when sharded)."""
-        step = self.elementwise("adam", params)
-        if self.spec.dtype == "fp16":  # the grad scaler's unscale and inf/nan check first
-            step = self.elementwise("unscale_grads", params) + step
-        return step
 
 
 def kernel_time_report(spec: Spec) -> dict[str, Any] | None:

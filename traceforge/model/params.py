@@ -7,12 +7,11 @@ multiple of 128*t; a GPT model adds learned positions on the first stage.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring
+from traceforge.config import Layer, LayerRun
 from traceforge.model.anatomy import (
-    NOT_READ_BY_LAYER,
     embedding_ops,
     final_norm_op,
     is_moe_layer,
@@ -39,13 +38,13 @@ class LayerParams:
         return self.split // tp + self.replicated
 
 
-def layer_params(spec: Spec, layer: int = 0) -> LayerParams:
+def layer_params(spec: Layer, layer: int = 0) -> LayerParams:
     """The layer's weights in the anatomy, summed: TP-split, replicated, and routed experts'."""
-    return _layer_params(spec, is_moe_layer(spec, layer))
+    return _layer_params(spec.layer, is_moe_layer(spec, layer))
 
 
-@ignoring(*NOT_READ_BY_LAYER, "micro_batch")
-def _layer_params(spec: Spec, moe: bool) -> LayerParams:
+@functools.lru_cache(maxsize=4096)
+def _layer_params(spec: Layer, moe: bool) -> LayerParams:
     weights = layer_structure(spec, moe).weights()
     return LayerParams(sum(w.elements for w in weights if w.split and not w.expert),
                        sum(w.elements for w in weights if not w.split),
@@ -53,7 +52,7 @@ def _layer_params(spec: Spec, moe: bool) -> LayerParams:
                        sum(w.elements for w in weights if w.per_head))
 
 
-def _one_expert(spec: Spec) -> int:
+def _one_expert(spec: Layer) -> int:
     """Parameters of one routed expert (the anatomy's local experts' over their count)."""
     moe = layer_params(spec, next(i for i in range(spec.layers) if is_moe_layer(spec, i)))
     return moe.expert // (spec.experts // spec.ep)
@@ -71,16 +70,16 @@ class Chunk:
     last: bool
 
 
-def _edge_params(spec: Spec) -> int:
+def _edge_params(spec: Layer) -> int:
     """The embedding, final norm and (untied) output layer, whole, over the unpadded vocabulary;
     one copy of tied embeddings."""
-    ops = [*embedding_ops(spec, spec.vocab, shapes=False), final_norm_op(spec, shapes=False)]
+    ops = [*embedding_ops(spec, spec.vocab), final_norm_op(spec)]
     if not spec.tied_embeddings:
-        ops += output_ops(spec, spec.vocab, shapes=False)
+        ops += output_ops(spec, spec.vocab)
     return sum(w.elements for op in ops for w in op.weights)
 
 
-def total_params(spec: Spec) -> int:
+def total_params(spec: Layer) -> int:
     """Psi: all parameters of the model (one copy of tied embeddings, unpadded vocabulary)."""
     n = 0
     for layer in range(spec.layers):
@@ -89,7 +88,7 @@ def total_params(spec: Spec) -> int:
     return n + _edge_params(spec)
 
 
-def active_params(spec: Spec) -> int:
+def active_params(spec: Layer) -> int:
     """Parameters one token passes through: total_params with only top_k routed experts per
     MoE layer (shared experts, router and embeddings included, as DeepSeek and Qwen count)."""
     moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
@@ -98,13 +97,13 @@ def active_params(spec: Spec) -> int:
     return total_params(spec) - moe_layers * (spec.experts - spec.top_k) * _one_expert(spec)
 
 
-def activation_bytes(spec: Spec) -> int:
+def activation_bytes(spec: LayerRun) -> int:
     """b*(s/cp)*h*e: one micro-batch's hidden states on a rank, the size of TP AllReduces and
     of full TP tensors."""
     return local_tokens(spec) * spec.hidden * spec.act_bytes
 
 
-def p2p_bytes(spec: Spec) -> int:
+def p2p_bytes(spec: LayerRun) -> int:
     """Activation (or its gradient) crossing a stage boundary; sequence-sharded with SP."""
     full = activation_bytes(spec)
     return full // spec.tp if spec.sequence_parallel else full
@@ -120,17 +119,17 @@ class Param:
     shared_embedding: bool = False  # the tied word embedding on the first or last stage
 
 
-def layer_param_list(spec: Spec, layer: int) -> list[Param]:
+def layer_param_list(spec: Layer, layer: int) -> list[Param]:
     """A layer's parameters per TP rank in the order Megatron registers them: the anatomy's
     weights (traceforge/model/anatomy/: each block names its registration order; TE registers a
     LayerNormLinear's norm weight and bias before its weight and bias). Sums to
     layer_params(...).per_rank(t), and its experts' to layer_params(...).expert / t
     (tests/model/test_model_params.py)."""
-    return list(_layer_param_tuple(spec, is_moe_layer(spec, layer)))
+    return list(_layer_param_tuple(spec.layer, is_moe_layer(spec, layer)))
 
 
-@ignoring(*NOT_READ_BY_LAYER, "micro_batch")
-def _layer_param_tuple(spec: Spec, moe: bool) -> tuple[Param, ...]:
+@functools.lru_cache(maxsize=4096)
+def _layer_param_tuple(spec: Layer, moe: bool) -> tuple[Param, ...]:
     t = spec.tp
     return tuple(Param(w.name, w.per_rank(t), w.expert) for w in layer_structure(spec, moe).weights())
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from traceforge.base.errors import SpecError
-from traceforge.config import DP_MODES, Spec
+from traceforge.config import DP_MODES, DataParallelConfig, Placement
 from traceforge.config.dp_modes import DEEPSPEED, MEGATRON_DIST_OPT
 from traceforge.ir.enums import Coll
 from traceforge.model.params import Chunk, Param
@@ -31,7 +31,7 @@ def pad_to(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
+def bucket_elements(spec: Placement, stage: int, chunk: int) -> int | None:
     """Elements per gradient bucket, None for one bucket: what a bucket is, for the traffic and
     the memory model alike. --bucket-mb applies everywhere (0 = one bucket). zero2 is
     DeepSpeed's stage 2, which fills a reduce_bucket_size buffer (5e8 elements) on every stage,
@@ -48,7 +48,7 @@ def bucket_elements(spec: Spec, stage: int, chunk: int) -> int | None:
     return None
 
 
-def bucket_padding(spec: Spec, group_size: int) -> int:
+def bucket_padding(spec: DataParallelConfig, group_size: int) -> int:
     """Buckets are padded so they shard evenly: Megatron's distributed optimizer to a multiple
     of lcm(group, 128); other sharded modes to a multiple of the group; AllReduce needs none."""
     rule = DP_MODES[spec.dp_mode]
@@ -85,7 +85,7 @@ class Buffer:
     issued: int = 0
 
     @classmethod
-    def build(cls, spec: Spec, role: str, group_size: int, params: list[tuple[str, Param]],
+    def build(cls, spec: Placement, role: str, group_size: int, params: list[tuple[str, Param]],
               size: int | None) -> Buffer:
         """params: (unit, parameter) in backward order; size: bucket elements, None for one."""
         counts: dict[str, int] = {}
@@ -138,7 +138,7 @@ class Buffer:
         return [i for i, units in enumerate(self.units) if unit in units]
 
 
-def chunk_buffers(spec: Spec, chunk: Chunk) -> list[Buffer]:
+def chunk_buffers(spec: Placement, chunk: Chunk) -> list[Buffer]:
     backward = list(reversed(chunk_param_list(spec, chunk)))
     dense = [(u, p) for u, p in backward if not p.expert or spec.ep == 1]  # ep = 1: one buffer serves
     expert = [(u, p) for u, p in backward if p.expert and spec.ep > 1]
@@ -150,13 +150,13 @@ def chunk_buffers(spec: Spec, chunk: Chunk) -> list[Buffer]:
     return buffers
 
 
-def largest_bucket(spec: Spec, stage: int) -> int:
+def largest_bucket(spec: Placement, stage: int) -> int:
     """Elements of the largest gradient bucket the stage reduces (padding included): what
     ZeRO-2 holds whole beside its gradient shard until the bucket's ReduceScatter is done."""
     return max(max(buf.padded) for chunk in model_chunks(spec, stage) for buf in chunk_buffers(spec, chunk))
 
 
-def shard_group(spec: Spec) -> tuple[str, int]:
+def shard_group(spec: Placement) -> tuple[str, int]:
     """(group role, size) that ZeRO-3 / HSDP shard parameters over: DP x CP, or HSDP's shard."""
     if DP_MODES[spec.dp_mode].replicas:
         assert spec.shard_size is not None  # the spec requires it with hsdp

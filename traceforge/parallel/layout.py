@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,20 @@ class Grid:
         return out
 
 
+class LayoutKey(NamedTuple):
+    """What a layout is made of (Layout's arguments): what the memos of a layout's facts key on."""
+
+    sizes: tuple[int, int, int, int, int]  # tp, cp, ep, pp, dp
+    order: str
+    dp_shard: int | None  # HSDP's shard size
+    ep_groups: int  # node-limited routing's groups
+
+    @classmethod
+    def of(cls, spec: Spec) -> LayoutKey:
+        return cls((spec.tp, spec.cp, spec.ep, spec.pp, spec.dp), spec.order,
+                   spec.shard_size if DP_MODES[spec.dp_mode].replicas else None, spec.routing_groups)
+
+
 class Layout:
     def __init__(self, sizes: dict[str, int], order: str, dp_shard: int | None = None, ep_groups: int = 1):
         self.order = order
@@ -78,8 +93,12 @@ class Layout:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Layout:
-        return cls({"tp": spec.tp, "cp": spec.cp, "ep": spec.ep, "pp": spec.pp, "dp": spec.dp}, spec.order,
-                   spec.shard_size if DP_MODES[spec.dp_mode].replicas else None, spec.routing_groups)
+        return cls.of(LayoutKey.of(spec))
+
+    @classmethod
+    def of(cls, key: LayoutKey) -> Layout:
+        return cls(dict(zip(("tp", "cp", "ep", "pp", "dp"), key.sizes, strict=True)), key.order, key.dp_shard,
+                   key.ep_groups)
 
     @cached_property
     def coords(self) -> dict[str, np.ndarray]:

@@ -8,8 +8,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from traceforge.config import V_SHAPED, Spec
-from traceforge.config.cache import ignoring
+from traceforge.config import V_SHAPED, Layer, PipelineConfig, Staged
 from traceforge.model.anatomy import Op, embedding_ops, final_norm_op, output_ops
 from traceforge.model.params import Chunk, Param, layer_param_list, layer_params
 
@@ -38,7 +37,7 @@ def _first_last(layers: int, slots: int, first: int | None, last: int | None) ->
     return counts
 
 
-def virtual_stage_layer_counts(spec: Spec) -> list[int]:
+def virtual_stage_layer_counts(spec: PipelineConfig, layers: int) -> list[int]:
     """Layers of each of the model's p*v virtual stages, in model order (Megatron's
     get_num_layers_to_build / get_transformer_layer_offset rules):
     - --layers-per-stage as given (one chunk per stage);
@@ -56,10 +55,10 @@ def virtual_stage_layer_counts(spec: Spec) -> list[int]:
         return list(spec.layers_per_stage)
     if first is not None or last is not None:
         if v_shaped:
-            return _first_last(spec.layers, n, first, last)
-        per_stage = _first_last(spec.layers, p, first, last)
+            return _first_last(layers, n, first, last)
+        per_stage = _first_last(layers, p, first, last)
         return [per_stage[vs % p] // v for vs in range(n)]
-    counts = split_counts(spec.layers, p, n, spec.account_for_embedding_in_pipeline_split,
+    counts = split_counts(layers, p, n, spec.account_for_embedding_in_pipeline_split,
                           spec.account_for_loss_in_pipeline_split)
     assert counts is not None  # the spec's validator refused a split without whole chunks
     return counts
@@ -81,43 +80,44 @@ def split_counts(layers: int, p: int, n: int, emb: bool = False, loss: bool = Fa
     return None if layers % n else [layers // n] * n
 
 
-@functools.lru_cache(maxsize=8)
-def virtual_stage_layers(spec: Spec) -> tuple[range, ...]:
-    """Global layer indices of each virtual stage, in model order. Linear in p*v and cached:
+def virtual_stage_layers(spec: Staged) -> tuple[range, ...]:
+    """Global layer indices of each virtual stage, in model order."""
+    return layers_of(spec.pipeline, spec.layers)
+
+
+@functools.lru_cache(maxsize=4096)
+def layers_of(pipeline: PipelineConfig, layers: int) -> tuple[range, ...]:
+    """virtual_stage_layers of a pipeline over this many layers. Linear in p*v and memoised:
     every stage asks."""
-    starts = [0, *itertools.accumulate(virtual_stage_layer_counts(spec))]
+    starts = [0, *itertools.accumulate(virtual_stage_layer_counts(pipeline, layers))]
     return tuple(range(a, b) for a, b in itertools.pairwise(starts))
 
 
-def stage_layer_ranges(spec: Spec) -> tuple[range, ...]:
+def stage_layer_ranges(spec: Staged) -> tuple[range, ...]:
     """Global layer indices per stage with one chunk per stage."""
     return virtual_stage_layers(spec)[:spec.pp]
 
 
-# What a stage's chunks and parameters never read: the planner asks for them for every candidate
-# (memoized on the rest, spec_cache; tests/config/test_spec_cache.py checks they are not read).
-NOT_READ_BY_STAGE_LAYOUT = ("micro_batch", "num_microbatches", "recompute", "dp", "world_size", "dp_mode", "shard_size",
-                            "bucket_mb", "overlap_grad_reduce", "overlap_param_gather")
-
-
-def model_chunks(spec: Spec, stage: int) -> list[Chunk]:
+def model_chunks(spec: Staged, stage: int) -> list[Chunk]:
     """The stage's chunks: chunk c is virtual stage c*p + stage when interleaved, stage and
     2p-1-stage in a V (virtual_stage)."""
-    return list(_model_chunks(spec, stage))
+    return list(chunks_of(spec.pipeline, spec.layers, stage))
 
 
-@ignoring(*NOT_READ_BY_STAGE_LAYOUT)
-def _model_chunks(spec: Spec, stage: int) -> tuple[Chunk, ...]:
-    ranges = virtual_stage_layers(spec)
+@functools.lru_cache(maxsize=4096)
+def chunks_of(pipeline: PipelineConfig, layers: int, stage: int) -> tuple[Chunk, ...]:
+    """model_chunks of a pipeline over this many layers (memoised: the planner asks for every
+    stage of every candidate)."""
+    ranges = layers_of(pipeline, layers)
     n = len(ranges)
     chunks = []
-    for c in range(spec.virtual_stages):
-        vs = virtual_stage(spec, stage, c)
+    for c in range(pipeline.virtual_stages):
+        vs = virtual_stage(pipeline, stage, c)
         chunks.append(Chunk(stage, c, ranges[vs], vs == 0, vs == n - 1))
     return tuple(chunks)
 
 
-def virtual_stage(spec: Spec, stage: int, chunk: int) -> int:
+def virtual_stage(spec: PipelineConfig, stage: int, chunk: int) -> int:
     """The model-order index of a stage's chunk among the p*v virtual stages."""
     return virtual_stage_in(spec.schedule, spec.pp, stage, chunk)
 
@@ -129,7 +129,7 @@ def virtual_stage_in(schedule: str, p: int, stage: int, chunk: int) -> int:
     return chunk * p + stage
 
 
-def placement(spec: Spec, vstage: int) -> tuple[int, int]:
+def placement(spec: PipelineConfig, vstage: int) -> tuple[int, int]:
     """(stage, chunk) holding a virtual stage: the inverse of virtual_stage."""
     return placement_in(spec.schedule, spec.pp, vstage)
 
@@ -141,7 +141,7 @@ def placement_in(schedule: str, p: int, vstage: int) -> tuple[int, int]:
     return vstage % p, vstage // p
 
 
-def embedding_stages(spec: Spec) -> tuple[int, int]:
+def embedding_stages(spec: PipelineConfig) -> tuple[int, int]:
     """(stage of the word embedding, stage of the LM head): 0 and p-1, both 0 in a V."""
     return placement(spec, 0)[0], placement(spec, spec.pp * spec.virtual_stages - 1)[0]
 
@@ -172,24 +172,29 @@ class StageParams:
         return sum(self.expert.values())
 
 
-def _per_rank(spec: Spec, ops: tuple[Op, ...] | list[Op]) -> int:
+def _per_rank(spec: Layer, ops: tuple[Op, ...] | list[Op]) -> int:
     return sum(w.per_rank(spec.tp) for op in ops for w in op.weights)
 
 
-@ignoring(*NOT_READ_BY_STAGE_LAYOUT)
-def stage_params(spec: Spec, stage: int) -> StageParams:
+def stage_params(spec: Staged, stage: int) -> StageParams:
+    return _stage_params(spec.staged, stage)
+
+
+# Memoised on the Staged part, all it reads: the planner asks for every stage of every candidate.
+@functools.lru_cache(maxsize=4096)
+def _stage_params(spec: Staged, stage: int) -> StageParams:
     t = spec.tp
     chunks = model_chunks(spec, stage)
     layers = tuple(layer for chunk in chunks for layer in chunk.layers)
     params = {layer: layer_params(spec, layer) for layer in layers}
     first, last = any(c.first for c in chunks), any(c.last for c in chunks)
-    final_norm = _per_rank(spec, [final_norm_op(spec, shapes=False)])
-    embedding = _per_rank(spec, embedding_ops(spec, shapes=False)) if first else 0
+    final_norm = _per_rank(spec, [final_norm_op(spec)])
+    embedding = _per_rank(spec, embedding_ops(spec)) if first else 0
     head = 0
     if last:
         # Untied: its own output layer. Tied with the embedding elsewhere: a second copy of the
         # word embedding. Tied on the embedding's own stage (p == 1, or a V): that copy serves.
-        output = 0 if (spec.tied_embeddings and first) else _per_rank(spec, output_ops(spec, shapes=False))
+        output = 0 if (spec.tied_embeddings and first) else _per_rank(spec, output_ops(spec))
         head = output + final_norm
     if spec.sequence_parallel:
         tp_reduced = sum(lp.replicated for lp in params.values()) + (final_norm if last else 0)
@@ -201,7 +206,7 @@ def stage_params(spec: Spec, stage: int) -> StageParams:
     )
 
 
-def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
+def chunk_param_list(spec: Staged, chunk: Chunk) -> list[tuple[str, Param]]:
     """(unit, parameter) of one model chunk per TP rank, in registration order: the embedding
     (word, then learned positions), the layers, the final norm, the output layer (Megatron-LM
     core/models/gpt/gpt_model.py). Units are what ZeRO-3 gathers: embed, L<i>, head."""
@@ -217,11 +222,11 @@ def chunk_param_list(spec: Spec, chunk: Chunk) -> list[tuple[str, Param]]:
 
     out: list[tuple[str, Param]] = []
     if chunk.first:
-        out += edge("embed", embedding_ops(spec, shapes=False))
+        out += edge("embed", embedding_ops(spec))
     for layer in chunk.layers:
         out += [(f"L{layer}", p) for p in layer_param_list(spec, layer)]
     if chunk.last:
-        out += edge("head", [final_norm_op(spec, shapes=False)])
+        out += edge("head", [final_norm_op(spec)])
         if not (spec.tied_embeddings and together):  # tied on the embedding's own stage: the embedding serves
-            out += edge("head", output_ops(spec, shapes=False))
+            out += edge("head", output_ops(spec))
     return out

@@ -20,7 +20,7 @@ Megatron offers (``--cp-comm-type``, TransformerEngine's
 
 from __future__ import annotations
 
-from traceforge.config import Spec
+from traceforge.config import LayerRun
 from traceforge.ir.enums import Coll
 from traceforge.model.anatomy import attention_core, local_tokens
 from traceforge.model.compute import CostModel
@@ -33,12 +33,12 @@ TAG_KINDS = 4  # tag space per ring step (config/schedule.py bounds tags with it
 
 
 
-def shard_bytes(spec: Spec, channels: int) -> int:
+def shard_bytes(spec: LayerRun, channels: int) -> int:
     """One attention tensor of `channels` (all heads) on one rank: b*(s/cp)*(channels/t)*e."""
     return local_tokens(spec) * channels // spec.tp * spec.act_bytes
 
 
-def attention_shards(spec: Spec) -> tuple[int, int, int, int]:
+def attention_shards(spec: LayerRun) -> tuple[int, int, int, int]:
     """Bytes of Q, K, V and the attention output on one rank, each with the channels of the
     anatomy's attention core (GQA: K and V of the kv heads; MLA: keys with the rope part, values
     and output of v_head_dim)."""
@@ -48,7 +48,7 @@ def attention_shards(spec: Spec) -> tuple[int, int, int, int]:
 
 
 class RingAttention:
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: LayerRun):
         self.spec = spec
         self.cp = spec.cp
         _, k, v, _ = attention_shards(spec)
@@ -99,7 +99,7 @@ class RingAttention:
 
 
 class GatheredAttention:
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: LayerRun):
         self.cp = spec.cp
         _, self.k, self.v, _ = attention_shards(spec)
 
@@ -119,7 +119,7 @@ class GatheredAttention:
 
 
 class UlyssesAttention:
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: LayerRun):
         # TE's AttnFuncWithCPAndQKVOA2A moves Q, K, V and the output as [s/cp, heads/t, d] each
         self.q, self.k, self.v, self.out = attention_shards(spec)
 
@@ -136,7 +136,7 @@ class UlyssesAttention:
             b.collective(what, Coll.ALL_TO_ALL, size, "cp")
 
 
-def context_parallel(spec: Spec) -> RingAttention | GatheredAttention | UlyssesAttention | None:
+def context_parallel(spec: LayerRun) -> RingAttention | GatheredAttention | UlyssesAttention | None:
     if spec.cp == 1:
         return None
     if spec.cp_comm_type == "all-gather":

@@ -35,7 +35,7 @@ Which of these a mode does is its row in config/dp_modes.py: no code here tests 
 from __future__ import annotations
 
 from traceforge.chakra.schema import TORCH_DTYPE
-from traceforge.config import DP_MODES, Spec
+from traceforge.config import DP_MODES, Placement
 from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.ir.enums import Coll
 from traceforge.model.params import Chunk
@@ -47,7 +47,7 @@ from traceforge.program.ops import ProgramBuilder
 class DataParallel:
     """The DP traffic of one stage, emitted through hooks the program calls."""
 
-    def __init__(self, b: ProgramBuilder, spec: Spec, params: StageParams, chunks: list[Chunk]):
+    def __init__(self, b: ProgramBuilder, spec: Placement, params: StageParams, chunks: list[Chunk]):
         self.b, self.spec, self.params = b, spec, params
         self.rule = DP_MODES[spec.dp_mode]
         self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}

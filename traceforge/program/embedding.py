@@ -16,7 +16,7 @@ cross-entropy (last stage), and the tied-embedding gradient AllReduce between th
 from __future__ import annotations
 
 from traceforge.chakra.schema import FLOAT32, TORCH_DTYPE
-from traceforge.config import DP_MODES, Spec
+from traceforge.config import DP_MODES, LayerRun, Placement
 from traceforge.ir.enums import Coll
 from traceforge.model.compute import CostModel
 from traceforge.model.params import local_tokens, padded_vocab
@@ -29,7 +29,7 @@ CROSS_ENTROPY_REDUCTIONS = ("max", "target", "sumexp")
 FP32 = 4
 
 
-def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
+def embedding_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: LayerRun) -> None:
     b.compute("embed", cost.embed)
     if tp.sp and spec.arch == "gpt":
         # Learned positions are added to the whole sequence: Megatron AllReduces the lookup,
@@ -44,7 +44,7 @@ def embedding_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -
     b.wgrad("embed_wgrad", cost.embed_bwd)
 
 
-def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: Spec) -> None:
+def head_forward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel, spec: LayerRun) -> None:
     tp.column_fwd(b, "head")
     b.compute("head", cost.head)
     for what in CROSS_ENTROPY_REDUCTIONS:
@@ -55,7 +55,7 @@ def head_backward(b: ProgramBuilder, tp: TensorParallel, cost: CostModel) -> Non
     tp.column_bwd(b, "head", ("head_dgrad", cost.head_dgrad), ("head_wgrad", cost.head_wgrad))
 
 
-def tied_embedding_grad_bytes(spec: Spec) -> int:
+def tied_embedding_grad_bytes(spec: Placement) -> int:
     """(V/t)*h*g; with parameters sharded per unit (zero3, hsdp) only the local shard of the
     gradient remains to reduce (Megatron-FSDP all-reduces the local shard)."""
     full = padded_vocab(spec) // spec.tp * spec.hidden * spec.grad_bytes
@@ -63,7 +63,7 @@ def tied_embedding_grad_bytes(spec: Spec) -> int:
     return -(-full // shards)
 
 
-def tied_embedding_sync(b: ProgramBuilder, spec: Spec, stage: int) -> None:
+def tied_embedding_sync(b: ProgramBuilder, spec: Placement, stage: int) -> None:
     holders = embedding_stages(spec)
     if spec.tied_embeddings and holders[0] != holders[1] and stage in holders:
         b.collective("word_embed_grad", Coll.ALL_REDUCE, tied_embedding_grad_bytes(spec), "emb",

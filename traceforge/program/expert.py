@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from traceforge.chakra import schema as S
-from traceforge.config import EP_TAG_KINDS, Spec, ep_tag_base
+from traceforge.config import EP_TAG_KINDS, LayerRun, ep_tag_base
 from traceforge.config.routing import Routing
 from traceforge.ir.enums import Coll
 from traceforge.model.anatomy import dispatched_copies
@@ -62,7 +62,7 @@ def ep_peer_role(ep_rank: int) -> str:
 
 
 class MixtureOfExperts:
-    def __init__(self, spec: Spec, tp: TensorParallel, ep_rank: int = 0):
+    def __init__(self, spec: LayerRun, tp: TensorParallel, ep_rank: int = 0):
         t = spec.tp
         tokens = local_tokens(spec) // t  # a rank routes its sequence shard
         self.spec, self.t, self.tp, self.ep_rank = spec, t, tp, ep_rank

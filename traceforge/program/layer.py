@@ -3,7 +3,7 @@ and an MLP, or a mixture of experts, with the collectives each parallel dimensio
 
 from __future__ import annotations
 
-from traceforge.config import Spec
+from traceforge.config import LayerRun
 from traceforge.model.anatomy import qkv_gathers
 from traceforge.model.compute import CostModel
 from traceforge.model.params import is_moe_layer, local_tokens
@@ -14,7 +14,7 @@ from traceforge.program.tensor import TensorParallel
 
 
 class LayerTemplate:
-    def __init__(self, spec: Spec, tp: TensorParallel, cost: CostModel, ep_rank: int = 0):
+    def __init__(self, spec: LayerRun, tp: TensorParallel, cost: CostModel, ep_rank: int = 0):
         self.spec, self.tp, self.cost = spec, tp, cost
         self.cp = context_parallel(spec)
         self.moe = MixtureOfExperts(spec, tp, ep_rank)

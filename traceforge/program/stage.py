@@ -9,7 +9,7 @@ from operator import attrgetter
 
 from traceforge.base.errors import SpecError
 from traceforge.chakra.schema import TORCH_DTYPE
-from traceforge.config import DP_MODES, Spec
+from traceforge.config import DP_MODES, Layer, Spec
 from traceforge.config.routing import BALANCED
 from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import Coll, NodeType
@@ -36,7 +36,7 @@ from traceforge.program.tensor import TensorParallel, fp8_amax_reduction
 Unit = tuple[str, int, Callable[[], None]]  # (name, parameters per TP rank, emits its compute)
 
 
-def layer_group_sizes(spec: Spec) -> dict[str, int]:
+def layer_group_sizes(spec: Layer) -> dict[str, int]:
     """Members of the groups a layer's own ops use (TP, CP, EP and its dispatch groups): what the
     planner's bound records a layer with, without reading the pipeline or the data-parallel size."""
     return kind_sizes(spec.tp, spec.cp, spec.ep, spec.routing_groups, kinds=LAYER_KINDS)

@@ -29,7 +29,7 @@ TransformerEngine (the layers' linear modules; embedding and LM head are Megatro
 from __future__ import annotations
 
 from traceforge.chakra.schema import FLOAT32, FP8_E4M3, FP8_E5M2
-from traceforge.config import RING_KINDS, Spec
+from traceforge.config import RING_KINDS, Layer, LayerRun
 from traceforge.ir.enums import Coll
 from traceforge.model.anatomy import fp8_gemms
 from traceforge.model.compute import Cost
@@ -46,7 +46,7 @@ AMAX_PER_GEMM = {"fwd": 3, "bwd": 2}
 FP32 = 4
 
 
-def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) -> None:
+def fp8_amax_reduction(b: ProgramBuilder, spec: Layer, chunk: Chunk, phase: str) -> None:
     """TE's delayed-scaling amax reduction: when a model chunk's forward leaves fp8_autocast, and
     after its backward, one blocking AllReduce(MAX) of every FP8 tensor's amax in it over the amax
     group (every rank of the stage). GEMMs per layer, the anatomy's (fp8_gemms): qkv (MLA: its
@@ -61,7 +61,7 @@ def fp8_amax_reduction(b: ProgramBuilder, spec: Spec, chunk: Chunk, phase: str) 
 
 class TensorParallel:
     def __init__(self, full_bytes: int, tp: int, sequence_parallel: bool, *, gather_elem_ratio: float = 1.0,
-                 overlap: bool = False, spec: Spec | None = None,
+                 overlap: bool = False, spec: LayerRun | None = None,
                  gather_dtypes: tuple[str | None, str | None] = (None, None)):
         """gather_elem_ratio: bytes per AllGathered element over bytes per activation element
         (1/2 for FP8 gathers of a bf16 model). gather_dtypes: the element types gathered, of
@@ -76,7 +76,7 @@ class TensorParallel:
         self.spec = spec
 
     @classmethod
-    def for_layers(cls, spec: Spec) -> TensorParallel:
+    def for_layers(cls, spec: LayerRun) -> TensorParallel:
         """The transformer layers' TP, run by TransformerEngine's modules (FP8, userbuffers)."""
         ratio = 1 / spec.act_bytes if spec.fp8 != "none" else 1.0
         # TE's recipes: hybrid gathers gradients as E5M2, e4m3 everything as E4M3

@@ -31,22 +31,22 @@ they only add to the replay.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring, unchecked_copy
+from traceforge.config import LayerRun, PipelineConfig, Spec
 from traceforge.config.routing import BALANCED
 from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import NodeType
 from traceforge.machine.links import LinkModel
 from traceforge.model.compute import CostModel
 from traceforge.model.params import activation_bytes, is_moe_layer, p2p_bytes
-from traceforge.parallel.layout import Layout
-from traceforge.parallel.partition import model_chunks, placement, placement_in, virtual_stage, virtual_stage_in, virtual_stage_layers
+from traceforge.parallel.layout import Layout, LayoutKey
+from traceforge.parallel.partition import chunks_of, layers_of, placement, placement_in, virtual_stage, virtual_stage_in
 from traceforge.parallel.pipeline import passes_of
 from traceforge.program.embedding import embedding_backward, embedding_forward, head_backward, head_forward
 from traceforge.program.layer import LayerTemplate
@@ -81,7 +81,7 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
     return max(end, default=0.0)
 
 
-def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
+def _record(spec: LayerRun, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
             ) -> tuple[float, int]:
     """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
     depend on the routing of each micro-batch, its computes do not); input_only: the weight-
@@ -95,35 +95,32 @@ def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input
     return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
 
 
-def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
+def _piece(spec: LayerRun, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
     (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
     return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
 
 
-# The searched fields a layer's, the embedding's and the head's recorded ops never read.
-PIPELINE_AND_DP = ("pp", "world_size", "schedule", "virtual_stages",
-                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                   "dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
-DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
-
-
-def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+def _pieces(spec: LayerRun, link: LinkModel) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
-    if not spec.experts or spec.moe_routing == BALANCED:
-        # A layer's ops read the data-parallel size and the micro-batch count only to number
-        # p2p tags, and an MoE layer's routing to draw imbalanced counts (balanced routing moves
-        # the same copies in every micro-batch): recorded with both at 1, one recording serves
-        # every pipeline depth and data-parallel size of a (tp, cp, ep) layout.
-        spec = with_data_parallel_one(spec)
-    return _layer_pieces(spec, link)
+    return _layer_pieces(one_microbatch(spec), link)
 
 
-def with_data_parallel_one(spec: Spec) -> Spec:
-    """spec with dp and the micro-batch count at 1."""
-    return unchecked_copy(spec, dp=1, num_microbatches=1, global_batch=spec.micro_batch)
+def one_microbatch(spec: LayerRun) -> LayerRun:
+    """The layer's run in a step of one micro-batch, where that serves every micro-batch count: a
+    layer's ops read the count only to number p2p tags, and an MoE layer's routing to draw
+    imbalanced counts (balanced routing moves the same copies in every micro-batch); so one
+    recording serves every pipeline depth and data-parallel size of a (tp, cp, ep) layout."""
+    if spec.experts and spec.moe_routing != BALANCED:
+        return spec.run
+    return _one_microbatch(spec.run)
 
 
-def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+@functools.lru_cache(maxsize=4096)
+def _one_microbatch(run: LayerRun) -> LayerRun:
+    return dataclasses.replace(run, num_microbatches=1)
+
+
+def _record_pieces(spec: LayerRun, link: LinkModel) -> dict[str, Piece]:
     cost = CostModel(spec)
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)  # the embedding's and head's
     # The layers' TP as the programs run it (program/stage.py): TransformerEngine's, with FP8
@@ -153,10 +150,11 @@ def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
     return out
 
 
-_layer_pieces = ignoring(*PIPELINE_AND_DP)(_record_pieces)
+# Memoised on the layer's run (one_microbatch's) and the link: all a recording reads.
+_layer_pieces = functools.lru_cache(maxsize=4096)(_record_pieces)
 
 
-def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
+def replay_nodes_floor(spec: LayerRun, link: LinkModel) -> int:
     """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
     stage is a class of its own (its program or its neighbours' differ, up the chain from the
     stage that holds the embedding), and a stage's program holds every pass of its layers, the
@@ -173,12 +171,14 @@ def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
 Links = tuple[tuple[bool | None, bool | None], ...]
 
 
-@ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
-          "overlap_param_gather", "overlap_p2p_comm", "account_for_embedding_in_pipeline_split",
-          "account_for_loss_in_pipeline_split", maxsize=8192)
 def pipeline_links(spec: Spec, gpus_per_node: int) -> Links:
     """Per stage: whether its ranks' sends to the next and to the previous stage cross nodes."""
-    layout = Layout.from_spec(spec)
+    return _links(LayoutKey.of(spec), gpus_per_node)
+
+
+@functools.lru_cache(maxsize=8192)
+def _links(key: LayoutKey, gpus_per_node: int) -> Links:
+    layout = Layout.of(key)
     node = np.arange(layout.world_size) // gpus_per_node
     stage_of = layout.coords["pp"]
 
@@ -187,7 +187,8 @@ def pipeline_links(spec: Spec, gpus_per_node: int) -> Links:
         return True if across.all() else False if not across.any() else None
 
     nxt, prv = layout.pipeline_peers
-    return tuple((crosses(nxt, r), crosses(prv, r)) for r in (np.flatnonzero(stage_of == s) for s in range(spec.pp)))
+    return tuple((crosses(nxt, r), crosses(prv, r))
+                 for r in (np.flatnonzero(stage_of == s) for s in range(layout.sizes["pp"])))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -231,8 +232,10 @@ def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: boo
     return tuple(sorted(out.items()))
 
 
-@ignoring(*DP_MODE, maxsize=65536)
-def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
+# Memoised on what it reads: the layer's run and the pipeline (not the data parallelism), the
+# link, and the gathers and links it is given.
+@functools.lru_cache(maxsize=65536)
+def _pipeline(spec: LayerRun, pipeline: PipelineConfig, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
               links: Links | None = None) -> tuple[list[float], float, list[float]]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
     end: the last micro-batch's gradient back through every virtual stage, per stage: when the
@@ -240,7 +243,7 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
     all steps. gathers: ZeRO-3's per-unit parameter gathers per virtual stage (dp_bound.unit_gathers);
     links: pipeline_links (None: either link class)."""
     pieces = _pieces(spec, link)
-    ranges = virtual_stage_layers(spec)
+    ranges = layers_of(pipeline, spec.layers)
     n = len(ranges)
 
     def vstage(j: int) -> Piece:
@@ -265,12 +268,12 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         after the sender's compute and that the receiver's next compute waits for (its recv
         gates it), at the replay's cheapest charge for the pair's link class; nothing when both
         are on one stage (the bottom of a V) or beyond the model's ends."""
-        if spec.pp == 1 or k + 1 >= n:
+        if pipeline.pp == 1 or k + 1 >= n:
             return 0.0
-        a, b = placement(spec, k)[0], placement(spec, k + 1)[0]
+        a, b = placement(pipeline, k)[0], placement(pipeline, k + 1)[0]
         if a == b:
             return 0.0
-        inter = None if links is None else links[a][0 if b == (a + 1) % spec.pp else 1]
+        inter = None if links is None else links[a][0 if b == (a + 1) % pipeline.pp else 1]
         if inter not in charges:
             charges[inter] = link.floor_send(p2p_bytes(spec), inter)
         return charges[inter]
@@ -283,23 +286,23 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         fill.append(fill[-1] + p.forward + t)
         drain.append(drain[-1] + p.backward + t)
     m = spec.num_microbatches
-    unsplit = spec.schedule in UNSPLIT
+    unsplit = pipeline.schedule in UNSPLIT
     # One micro-batch's forward crosses every virtual stage in order, then its backward every one
     # back (each waits for the next one's gradient): a dependency path through the whole model,
     # whatever the schedule; a zero-bubble schedule may defer the weight-gradient GEMMs off it.
     chain = fill[-1] + sum(p.backward + t if unsplit else p.backward_input + t for p, t in zip(per, hops, strict=True))
-    blocking = SCHEDULES[spec.schedule].framework == "megatron" and not spec.overlap_p2p_comm
-    ends, pipeline, starts = [], chain, []
-    for stage in range(spec.pp):
-        vstages = [virtual_stage(spec, stage, c.index) for c in model_chunks(spec, stage)]
+    blocking = SCHEDULES[pipeline.schedule].framework == "megatron" and not pipeline.overlap_p2p_comm
+    ends, whole, starts = [], chain, []
+    for stage in range(pipeline.pp):
+        vstages = [virtual_stage(pipeline, stage, c.index) for c in chunks_of(pipeline, spec.layers, stage)]
         chunks = [per[j] for j in vstages]
         first = min(vstages)
         # The sends between two of the stage's computes that the later one waits for.
         sends = sum(count * max(hops[k] for k in batch) for batch, count in
-                    _blocking_sends(spec.schedule, stage, spec.pp, m, spec.virtual_stages, blocking))
+                    _blocking_sends(pipeline.schedule, stage, pipeline.pp, m, pipeline.virtual_stages, blocking))
         work = m * sum(c.forward + c.backward for c in chunks) + sends
         ends.append(fill[first] + spec.steps * work)
-        pipeline = max(pipeline, ends[-1] + (drain[first] if unsplit else 0.0))
+        whole = max(whole, ends[-1] + (drain[first] if unsplit else 0.0))
         # A chunk's last backward follows, on the stage's one compute stream, every forward of
         # the chunk (its first after the fill reached it) and, unless weight-gradient passes
         # are split off and deferred (zero-bubble schedules), every earlier backward; and in a
@@ -307,13 +310,14 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
         earlier = fill[first] + (spec.steps - 1) * work
         starts.append(min(max(fill[j], earlier) + m * c.forward + ((m - 1) * c.backward if unsplit else 0.0)
                           for j, c in zip(vstages, chunks, strict=True)))
-    assert placement(spec, 0)[0] == 0  # the model starts on stage 0 in every schedule
-    return ends, pipeline, starts
+    assert placement(pipeline, 0)[0] == 0  # the model starts on stage 0 in every schedule
+    return ends, whole, starts
 
 
 def step_lower_bound(spec: Spec, link: LinkModel) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
-    ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link), pipeline_links(spec, link.gpus_per_node))
+    ends, pipeline, starts = _pipeline(spec.run, spec.pipeline, link, unit_gathers(spec, link),
+                                       pipeline_links(spec, link.gpus_per_node))
     floors = stage_floors(spec, link)
     # Stage 0 holds virtual stage 0, where the drain ends: its step tail follows the pipeline.
     best = pipeline + floors[0].tail
@@ -331,21 +335,21 @@ FLOOR_PROBE = dict(recompute="none", schedule="1f1b", virtual_stages=1, dp_mode=
                    overlap_grad_reduce=True, overlap_param_gather=False)
 
 
-def layout_floor(specs: list[Spec], link: LinkModel) -> float:
+def layout_floor(runs: list[LayerRun], pp: int, link: LinkModel) -> float:
     """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
-    from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
+    from its layer's run at each micro-batch size (FLOOR_PROBE's values): its busiest stage
     computes at least its share (1/pp) of every micro-batch's forward and backward of the whole
     model, and at least ceil(layers / pp) layers' (whatever the split and the chunks, some stage
     holds that many), and step_lower_bound's stage term (m x its chunks' work) is at least that
     for every schedule, split, recomputation and dp mode; and one micro-batch's path (_pipeline's
-    chain) is at least its forward and input-gradient backward through every layer. No spec: 0."""
+    chain) is at least its forward and input-gradient backward through every layer. No run: 0."""
     best = float("inf")
-    for spec in specs:
-        pieces = _pieces(spec, link)
-        layers = [pieces["moe" if is_moe_layer(spec, i) else "dense"] for i in range(spec.layers)]
+    for run in runs:
+        pieces = _pieces(run, link)
+        layers = [pieces["moe" if is_moe_layer(run, i) else "dense"] for i in range(run.layers)]
         units = [pieces["embed"], pieces["head"]] + layers
         work = sum(u.forward + u.backward for u in units)
-        busiest = -(-spec.layers // spec.pp) * min(u.forward + u.backward for u in layers)
+        busiest = -(-run.layers // pp) * min(u.forward + u.backward for u in layers)
         path = sum(u.forward + u.backward_input for u in units)  # one micro-batch's path (_pipeline's chain)
-        best = min(best, max(spec.num_microbatches * max(work / spec.pp, busiest), path))
+        best = min(best, max(run.num_microbatches * max(work / pp, busiest), path))
     return 0.0 if best == float("inf") else best

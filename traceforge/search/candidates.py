@@ -8,6 +8,7 @@ bound). ``--all`` replays every feasible candidate instead.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import time
@@ -18,8 +19,7 @@ from typing import Any, NamedTuple
 
 from traceforge.base.errors import SpecError, UserError
 from traceforge.base.pool import fan_out
-from traceforge.config import Spec, spec_builder
-from traceforge.config.cache import unchecked_copy
+from traceforge.config import LayerRun, Spec, spec_builder
 from traceforge.machine.links import LinkModel
 from traceforge.memory.report import DOES_NOT_FIT, Band
 from traceforge.model.flops import model_flops_per_step
@@ -174,11 +174,11 @@ def layouts(model: Model, fixed: Mapping[str, Any], shard: tuple[int, int] | Non
     return top if shard is None else top[shard[0]::shard[1]]
 
 
-def probe_specs(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
-                layout: Mapping[str, Any]) -> list[Spec]:
-    """One spec per micro-batch size of a top-level layout at bound.FLOOR_PROBE's values (what
-    bound.layout_floor reads), but for the sizes no candidate of which is legal (probes); none
-    when there is no such size, or the validator refuses every size's probe."""
+def probe_runs(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
+               layout: Mapping[str, Any]) -> list[LayerRun]:
+    """The layer's run (what bound.layout_floor reads) at each micro-batch size of a top-level
+    layout, at bound.FLOOR_PROBE's values, but for the sizes no candidate of which is legal
+    (probes); none when there is no such size, or the validator refuses every size's probe."""
     return probes(builder, model, fixed, layout)[0]
 
 
@@ -188,27 +188,28 @@ BELOW_MICRO_BATCH = frozenset(key for _, keys in LEVELS[2:] for key in keys)
 
 
 def probes(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
-           layout: Mapping[str, Any]) -> tuple[list[Spec], bool]:
-    """(probe_specs, whether the layout has no legal candidate at all: the validator refused
-    every size on the layout and the size alone). A size whose probe it refuses for a probe value
-    (as the per-rank node limit of many micro-batches, which reads the schedule) is a validated
-    size's spec with the size and micro-batch count replaced: the layer floors read only the
-    shapes."""
+           layout: Mapping[str, Any]) -> tuple[list[LayerRun], bool]:
+    """(probe_runs, whether the layout has no legal candidate at all: the validator refused
+    every size on the layout and the size alone). A size whose probe spec it refuses for a probe
+    value (as the per-rank node limit of many micro-batches, which reads the schedule) has no
+    spec; its run is a validated size's with the size and the micro-batch count changed: what
+    the layer floors read of a run is the layer and its micro-batches, which the refusal did
+    not judge."""
     assert LEVELS[1][0] is _micro_batches
-    specs, refused = [], []
+    runs, refused = [], []
     for child in _micro_batches(model, fixed, layout):
         values = {**layout, **child, **{k: v for k, v in FLOOR_PROBE.items() if fixed.get(k) is None}}
         reads: set[str] = set()
         try:
-            specs.append(builder(values, reads))
+            runs.append(builder(values, reads).run)
         except SpecError:
             if reads & BELOW_MICRO_BATCH:  # else no candidate of this size is legal: it has no floor to give
                 refused.append(child["micro_batch"])
-    if specs:
-        for mb in refused:
-            first = specs[0]
-            specs.append(unchecked_copy(first, micro_batch=mb, num_microbatches=first.global_batch // (first.dp * mb)))
-    return specs, not specs and not refused
+    if runs:
+        first = runs[0]
+        runs += [dataclasses.replace(first, micro_batch=mb, num_microbatches=first.global_batch // (layout["dp"] * mb))
+                 for mb in refused]
+    return runs, not runs and not refused
 
 
 def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, bool]:
@@ -216,13 +217,13 @@ def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, b
     layout with a p2p ring gets its ring's floor alone (ring_floor.py: a cost model per micro-batch
     size instead of thousands of recorded ops), the others their recorded floor."""
     assert _job is not None
-    specs, empty = probes(_job.builder, _job.model, _job.fixed, layout)
+    runs, empty = probes(_job.builder, _job.model, _job.fixed, layout)
     if empty:
         return EMPTY, True  # no candidate to validate, nor to rank
-    ring = ring_layout_floor(specs)
+    ring = ring_layout_floor(runs, layout["pp"])
     if ring > 0 and not record:
         return ring, False
-    return max(ring, layout_floor(specs, _job.link)), True  # both never above a candidate's bound
+    return max(ring, layout_floor(runs, layout["pp"], _job.link)), True  # both never above a candidate's bound
 
 
 EMPTY = float("inf")  # the floor of a layout without a legal candidate: never validated once one ranks

@@ -22,21 +22,20 @@ bucket; per ZeRO-3 unit only where a unit surely exists (each layer).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.config import DP_MODES, Spec
-from traceforge.config.cache import ignoring
+from traceforge.config import DP_MODES, MachineConfig, Placement, Spec
 from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.config.schedules import UNSPLIT_BACKWARD
 from traceforge.ir.enums import Coll
 from traceforge.machine.links import LinkModel
-from traceforge.model.compute import CostModel
+from traceforge.model.compute import KernelPrices
 from traceforge.parallel.buckets import pad_to, shard_group
 from traceforge.parallel.groups import DATA_PARALLEL_KINDS
-from traceforge.parallel.layout import Layout
+from traceforge.parallel.layout import Layout, LayoutKey
 from traceforge.parallel.partition import model_chunks, placement, stage_params
 from traceforge.parallel.pipeline import passes_of
 from traceforge.program.data import DataParallel
@@ -59,25 +58,28 @@ class StageFloor:
     after_backward: float = 0.0  # the busiest group's once-per-step collectives, one after another
 
 
-@ignoring("micro_batch", "num_microbatches", "recompute", "schedule", "virtual_stages", "overlap_grad_reduce",
-          "overlap_param_gather", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-          maxsize=8192)
 def spans(spec: Spec, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...]], ...]:
     """Per stage, per data-parallel role: the node counts its groups on that stage span (the
     distinct ones, usually one). The replay times a collective at its group's own span (NCCL's
     model: a group of one member per node rings through one NIC per node, 4-5x slower than the
     same group packed 8 to a node), so each floor is charged at the cheapest span the stage has."""
-    layout = Layout.from_spec(spec)
+    return _spans(LayoutKey.of(spec), gpus_per_node)
+
+
+@functools.lru_cache(maxsize=8192)
+def _spans(key: LayoutKey, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...]], ...]:
+    layout = Layout.of(key)
     stage_of = layout.coords["pp"]
     rows = layout.group_rows
-    out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(spec.pp)]
+    pp = layout.sizes["pp"]
+    out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(pp)]
     for role in DATA_PARALLEL_KINDS:
         if role not in rows:
             continue
         nodes = np.sort(rows[role][1] // gpus_per_node, axis=1)
         count = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
         stages = stage_of[rows[role][1][:, 0]]  # a data-parallel group lies within one stage
-        for stage in range(spec.pp):
+        for stage in range(pp):
             out[stage][role] = tuple(int(k) for k in np.unique(count[stages == stage]))
     return tuple(out)
 
@@ -105,13 +107,20 @@ class _Parts:
     last_bucket: tuple[float, ...] = ()  # per model chunk: the gradient reduction its backward's last unit issues
 
 
-@ignoring("micro_batch", "num_microbatches", "recompute", maxsize=16384)
-def _stage_parts(spec: Spec, link: LinkModel) -> tuple[_Parts, ...]:
+@functools.lru_cache(maxsize=8)
+def kernel_prices(machine: MachineConfig) -> KernelPrices:
+    """The kernels' prices on one machine: an optimizer step's, a ring's (ring_floor.py), without
+    pricing a layer."""
+    return KernelPrices(machine)
+
+
+# Memoised on what it reads (the placement of the model's states, the layout, the link): nothing
+# of the micro-batch or the schedule's step.
+@functools.lru_cache(maxsize=16384)
+def _stage_parts(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[_Parts, ...]:
     """What stage_floors needs that does not depend on the micro-batch size or count."""
-    span = spans(spec, link.gpus_per_node)
-    # The optimizer's price reads no micro-batch field, but CostModel prices the layers' kernels
-    # up front (from the micro-batch): price it on a spec with one fixed, to keep this memo's key.
-    cost = CostModel(dataclasses.replace(spec, micro_batch=1, num_microbatches=1, recompute="none"))
+    span = _spans(key, link.gpus_per_node)
+    cost = kernel_prices(spec.machine)  # the optimizer's step: its kernels alone, no layer's
     e, g = spec.act_bytes, spec.grad_bytes
     rule = DP_MODES[spec.dp_mode]
     out = []
@@ -170,7 +179,7 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
     """Per stage, per step: the busiest data-parallel group's collectives and the tail."""
     m = spec.num_microbatches
     out = []
-    for stage, parts in enumerate(_stage_parts(spec, link)):
+    for stage, parts in enumerate(_stage_parts(spec.placement, LayoutKey.of(spec), link)):
         groups = set(parts.once) | set(parts.per_microbatch)
         chain = max((parts.once.get(k, 0.0) + m * parts.per_microbatch.get(k, 0.0) for k in groups), default=0.0)
         # A stage whose last pass is a full backward or a weight-gradient pass of the last
@@ -183,8 +192,6 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
     return out
 
 
-@ignoring("micro_batch", "num_microbatches", "recompute", "overlap_grad_reduce", "overlap_param_gather",
-          maxsize=16384)
 def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] | None:
     """ZeRO-3 / HSDP: per virtual stage, the floor of each unit's parameter AllGather, units in
     forward order (embedding, layers, LM head); None for the other modes.
@@ -193,10 +200,15 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
     compute ended), then each next one as a unit's compute starts, one after another on the
     group; a unit computes once its own gather is done. So a pass lasts at least the first
     gather and every compute, and at least every gather and the last compute (bound.py)."""
+    return _unit_gathers(spec.placement, LayoutKey.of(spec), link)
+
+
+@functools.lru_cache(maxsize=16384)
+def _unit_gathers(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[tuple[float, ...], ...] | None:
     if not DP_MODES[spec.dp_mode].per_unit:
         return None
     group, size = shard_group(spec)
-    span = spans(spec, link.gpus_per_node)
+    span = _spans(key, link.gpus_per_node)
     out = []
     for vstage in range(spec.pp * spec.virtual_stages):
         stage, index = placement(spec, vstage)

@@ -3,8 +3,9 @@
 A layout's recorded floor (bound.layout_floor) records each layer per micro-batch size; with a
 p2p ring of cp steps a recording holds thousands of ops, and a layout with a large cp costs
 seconds (deepseek-v3 at 2,048 GPUs: cp 64 to 1,024 took 290 of its 360 CPU-seconds of floors).
-This floor reads the ring's blocks from the cost model instead, one model per (tp, cp, ep)
-layout and micro-batch size, and is never above the recorded floor:
+This floor prices the ring's blocks alone instead (KernelPrices.ring, from the attention core's
+channels and the ring's sizes: nothing of the MLP or the experts, so one pricing per (tp, cp)
+and micro-batch size serves every ep), and is never above the recorded floor:
 
 - ring attention (program/context.py, RingAttention) computes each block of CostModel.ring_fwd
   once per layer forward and each block of ring_bwd once per layer backward, one compute op
@@ -24,39 +25,38 @@ at the kernels' launch floor, cp of them per layer), which is where recording co
 
 from __future__ import annotations
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring, unchecked_copy
-from traceforge.model.compute import CostModel
-from traceforge.search.bound import PIPELINE_AND_DP, with_data_parallel_one
-from traceforge.search.dp_bound import ROUNDING_US
+import functools
+
+from traceforge.config import LayerRun, MachineConfig
+from traceforge.model.anatomy import AttentionCore, attention_core, local_tokens
+from traceforge.search.dp_bound import ROUNDING_US, kernel_prices
 
 
-@ignoring(*PIPELINE_AND_DP)
-def ring_blocks(spec: Spec) -> tuple[float, float]:
+def ring_blocks(spec: LayerRun) -> tuple[float, float]:
     """(forward, backward) microseconds of one layer's ring attention blocks on one rank for one
     micro-batch, each less the rounding a recorded piece takes off; (0, 0) without a p2p ring."""
     if spec.cp == 1 or spec.cp_comm_type != "p2p":
         return 0.0, 0.0
-    cost = CostModel(spec)
-    return (max(0.0, sum(c.micros for c in cost.ring_fwd) - ROUNDING_US),
-            max(0.0, sum(c.micros for c in cost.ring_bwd) - ROUNDING_US))
+    return _ring_blocks(spec.machine, attention_core(spec), spec.heads, spec.tp, spec.cp, spec.micro_batch,
+                        local_tokens(spec))
 
 
-def _attention_only(spec: Spec) -> Spec:
-    """spec without experts: the ring's blocks read the attention's shapes only, and a cost model
-    of an MoE spec also prices its experts; so one model serves every ep."""
-    return unchecked_copy(spec, experts=0, ep=1) if spec.experts else spec
+@functools.lru_cache(maxsize=4096)
+def _ring_blocks(machine: MachineConfig, core: AttentionCore, heads: int, tp: int, cp: int, micro_batch: int,
+                 tokens: int) -> tuple[float, float]:
+    forward, backward = kernel_prices(machine).ring(core, heads, tp, cp, micro_batch, tokens)
+    return (max(0.0, sum(c.micros for c in forward) - ROUNDING_US),
+            max(0.0, sum(c.micros for c in backward) - ROUNDING_US))
 
 
-def ring_layout_floor(specs: list[Spec]) -> float:
+def ring_layout_floor(runs: list[LayerRun], pp: int) -> float:
     """Microseconds per step no candidate of a layout can beat, from its ring's blocks alone, over
-    one spec per micro-batch size (as bound.layout_floor, at its FLOOR_PROBE values); 0 without
-    a ring or a spec."""
+    its layer's run at each micro-batch size (as bound.layout_floor, at its FLOOR_PROBE values); 0
+    without a ring or a run."""
     best = float("inf")
-    for spec in specs:
-        # the blocks read neither dp, the micro-batch count nor the experts: one model for every dp and ep
-        forward, backward = ring_blocks(_attention_only(with_data_parallel_one(spec)))
+    for run in runs:
+        forward, backward = ring_blocks(run)
         per_layer = forward + backward
-        busiest = -(-spec.layers // spec.pp) * per_layer  # some stage holds ceil(layers / pp) layers
-        best = min(best, max(spec.num_microbatches * busiest, spec.layers * per_layer))  # and one micro-batch's path
+        busiest = -(-run.layers // pp) * per_layer  # some stage holds ceil(layers / pp) layers
+        best = min(best, max(run.num_microbatches * busiest, run.layers * per_layer))  # and one micro-batch's path
     return 0.0 if best == float("inf") else best

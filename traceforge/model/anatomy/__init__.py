@@ -19,8 +19,9 @@ Adding a layer feature is one edit here: see docs/design.md, "Adding a layer fea
 
 from __future__ import annotations
 
-from traceforge.config import Spec
-from traceforge.config.cache import ignoring
+import functools
+
+from traceforge.config import Layer, LayerRun
 from traceforge.model.anatomy.attention import attention_block
 from traceforge.model.anatomy.edges import embedding_ops, final_norm_op, output_ops
 from traceforge.model.anatomy.mlp import dense_mlp_block, moe_block
@@ -50,40 +51,44 @@ from traceforge.model.anatomy.sizes import (
     local_tokens,
     padded_vocab,
     qkv_channels,
+    tokens_of,
 )
 
 __all__ = [
     "ACTIVATION", "AttentionCore", "Block", "CROSS_ENTROPY", "FULL", "LayerAnatomy", "Linear", "Lookup", "NORM",
-    "NOT_READ_BY_LAYER", "Op", "Pointwise", "RESIDUAL", "SELECTIVE", "Saved", "Sizes", "Weight", "Work",
+    "Op", "Pointwise", "RESIDUAL", "SELECTIVE", "Saved", "Sizes", "Weight", "Work",
     "attention_core", "attention_output_channels", "dispatched_copies", "embedding_ops", "final_norm_op",
     "fp8_gemms", "is_moe_layer", "layer_anatomy", "layer_structure", "local_tokens", "output_ops", "padded_vocab",
-    "qkv_channels", "qkv_gathers",
+    "qkv_channels", "qkv_gathers", "tokens_of",
 ]
 
 
-# What a layer's anatomy never reads (the planner asks for it for every candidate; memoized on the
-# rest: spec_cache, tests/config/test_spec_cache.py checks); layer_structure reads no batch size either.
-NOT_READ_BY_LAYER = ("pp", "dp", "world_size", "dp_mode", "shard_size", "bucket_mb", "overlap_grad_reduce",
-                     "overlap_param_gather", "schedule", "virtual_stages", "account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split", "num_microbatches", "recompute", "global_batch", "steps")
-
-
-@ignoring(*NOT_READ_BY_LAYER, maxsize=256)
-def layer_anatomy(spec: Spec, moe: bool, imbalance: float = 1.0) -> LayerAnatomy:
+def layer_anatomy(spec: LayerRun, moe: bool, imbalance: float = 1.0) -> LayerAnatomy:
     """One layer on one GPU: attention, then a dense MLP or (moe) a mixture of experts whose
     kept tensors are sized for `imbalance` (the busiest EP rank's copies over the mean)."""
-    return _build(spec, moe, imbalance, True)
+    return _anatomy(spec.layer, spec.micro_batch, moe, imbalance)
 
 
-@ignoring(*NOT_READ_BY_LAYER, "micro_batch", maxsize=256)
-def layer_structure(spec: Spec, moe: bool) -> LayerAnatomy:
+# The planner asks for a layer's anatomy for every candidate: memoised on the Layer and the
+# micro-batch, all it reads.
+@functools.lru_cache(maxsize=256)
+def _anatomy(layer: Layer, micro_batch: int, moe: bool, imbalance: float) -> LayerAnatomy:
+    return _build(layer, tokens_of(layer, micro_batch), moe, imbalance)
+
+
+def layer_structure(spec: Layer, moe: bool) -> LayerAnatomy:
     """The layer's anatomy without its token counts (every shape's tokens 0): its weights,
     channels and GEMMs, which read no batch size."""
-    return _build(spec, moe, 1.0, False)
+    return _structure(spec.layer, moe)
 
 
-def _build(spec: Spec, moe: bool, imbalance: float, shapes: bool) -> LayerAnatomy:
-    z = Sizes.of(spec, shapes)
+@functools.lru_cache(maxsize=256)
+def _structure(layer: Layer, moe: bool) -> LayerAnatomy:
+    return _build(layer, 0, moe, 1.0)
+
+
+def _build(spec: Layer, tokens: int, moe: bool, imbalance: float) -> LayerAnatomy:
+    z = Sizes.of(spec, tokens)
     mlp = moe_block(spec, z, imbalance) if moe else dense_mlp_block(spec, z)
     attention = attention_block(spec, z)
     gathered = z.e * z.h if spec.sequence_parallel and z.t > 1 else 0  # TE's all-gathered input of a linear
@@ -92,20 +97,20 @@ def _build(spec: Spec, moe: bool, imbalance: float, shapes: bool) -> LayerAnatom
     return LayerAnatomy((attention, mlp), forward, backward)
 
 
-def attention_core(spec: Spec) -> AttentionCore:
+def attention_core(spec: Layer) -> AttentionCore:
     """The attention core's channels (the tokens left at 0: it reads no batch field)."""
     return next(w for op in layer_structure(spec, False).block("attention").group("core") for w in op.work
                 if isinstance(w, AttentionCore))
 
 
-def qkv_gathers(spec: Spec) -> list[int]:
+def qkv_gathers(spec: Layer) -> list[int]:
     """Channels per token of each column-parallel entry of attention's QKV projections: the
     hidden state once (MHA/GQA), or MLA's query latent (or hidden state) and KV latent with the
     rope key."""
     return [op.gathers for op in layer_structure(spec, False).block("attention").group("qkv") if op.gathers]
 
 
-def fp8_gemms(spec: Spec, moe: bool) -> int:
+def fp8_gemms(spec: Layer, moe: bool) -> int:
     """GEMMs of one layer that run in FP8 under --fp8, each keeping its own amaxes: every linear
     in the layers' dtype (not the router), a grouped GEMM once per local expert."""
     return sum(w.gemms for op in layer_structure(spec, moe).ops() for w in op.work

@@ -18,7 +18,7 @@ mask of its output.
 
 from __future__ import annotations
 
-from traceforge.config import Spec
+from traceforge.config import Layer, ModelConfig
 from traceforge.model.anatomy.parts import (
     NORM,
     RESIDUAL,
@@ -48,7 +48,7 @@ def input_norm(z: Sizes) -> Op:
               (Saved("norm input", z.e * z.h / z.rep), Saved("norm output", z.e * z.h / z.rep)))
 
 
-def _mla_projections(spec: Spec, z: Sizes) -> list[Op]:
+def _mla_projections(spec: ModelConfig, z: Sizes) -> list[Op]:
     """MLA's query and key/value projections: down projections whole on every TP rank (on the
     sequence shard), up projections column-parallel, each after its latent's RMSNorm (TE's
     LayerNormColumnParallelLinear: the norm on the sequence shard, then the gather); each
@@ -74,7 +74,7 @@ def _mla_projections(spec: Spec, z: Sizes) -> list[Op]:
     ]
 
 
-def _core(spec: Spec, z: Sizes) -> Op:
+def _core(spec: Layer, z: Sizes) -> Op:
     q, k, v = qkv_channels(spec)
     t, e = z.t, z.e
     saved = [Saved("q, k, v", e * (q + k + v) / t)]
@@ -86,7 +86,7 @@ def _core(spec: Spec, z: Sizes) -> Op:
     return Op("core", "core", (AttentionCore(z.T, q, k, v, attention_output_channels(spec)),), saved=tuple(saved))
 
 
-def attention_block(spec: Spec, z: Sizes) -> Block:
+def attention_block(spec: Layer, z: Sizes) -> Block:
     h, t, T, e = z.h, z.t, z.T, z.e
     q, k, v = qkv_channels(spec)
     out = attention_output_channels(spec)

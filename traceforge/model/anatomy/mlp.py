@@ -13,7 +13,7 @@ shared experts as a dense MLP.
 
 from __future__ import annotations
 
-from traceforge.config import Spec
+from traceforge.config import Layer, ModelConfig
 from traceforge.model.anatomy.attention import input_norm
 from traceforge.model.anatomy.parts import ACTIVATION, Block, Linear, Op, Pointwise, Saved, Weight
 from traceforge.model.anatomy.sizes import Sizes
@@ -35,7 +35,7 @@ def _output(z: Sizes) -> tuple[tuple[Weight, ...], tuple[Saved, ...]]:
     return (Weight("fc2_bias", z.h, split=False),), (Saved("output dropout mask", MASK * z.h / z.rep),)
 
 
-def dense_mlp_block(spec: Spec, z: Sizes) -> Block:
+def dense_mlp_block(spec: ModelConfig, z: Sizes) -> Block:
     h, t, T, e, f = z.h, z.t, z.T, z.e, spec.ffn_hidden
     out_weights, out_saved = _output(z)
     ops = (
@@ -48,7 +48,7 @@ def dense_mlp_block(spec: Spec, z: Sizes) -> Block:
     return Block("mlp", ops, widest=z.gated * f // t)
 
 
-def moe_block(spec: Spec, z: Sizes, imbalance: float = 1.0) -> Block:
+def moe_block(spec: Layer, z: Sizes, imbalance: float = 1.0) -> Block:
     """`imbalance`: token copies the busiest EP rank receives over the mean (what the memory
     model sizes the kept tensors by; the compute model prices balanced routing)."""
     h, t, T, e = z.h, z.t, z.T, z.e

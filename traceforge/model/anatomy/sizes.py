@@ -5,33 +5,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceforge.config import Spec
+from traceforge.config import Layer, LayerRun, ModelConfig
 
 
-def local_tokens(spec: Spec) -> int:
+def local_tokens(spec: LayerRun) -> int:
     """Tokens of one micro-batch on one rank before any TP sharding: b*s/cp."""
-    return spec.micro_batch * spec.seq_len // spec.cp
+    return tokens_of(spec, spec.micro_batch)
 
 
-def dispatched_copies(spec: Spec) -> int:
+def tokens_of(spec: Layer, micro_batch: int) -> int:
+    """local_tokens of a micro-batch of this many sequences."""
+    return micro_batch * spec.seq_len // spec.cp
+
+
+def dispatched_copies(spec: LayerRun) -> int:
     """Token copies one rank dispatches per micro-batch (balanced routing: receives), top_k of
     each token it routes: MoE with TP runs with SP, so a rank routes its sequence shard, b*s/cp/t
     tokens (the generator's routing, and the memory model's imbalance, draw this many)."""
     return local_tokens(spec) // spec.tp * spec.top_k
 
 
-def padded_vocab(spec: Spec) -> int:
+def padded_vocab(spec: Layer) -> int:
     """The vocabulary padded to a multiple of 128*t (Megatron's make_vocab_size_divisible_by)."""
     multiple = 128 * spec.tp
     return -(-spec.vocab // multiple) * multiple
 
 
-def is_moe_layer(spec: Spec, layer: int) -> bool:
+def is_moe_layer(spec: ModelConfig, layer: int) -> bool:
     """Megatron's --moe-layer-freq pattern, after DeepSeek's first k dense layers."""
     return spec.experts > 0 and layer >= spec.moe_first_dense_layers and layer % spec.moe_layer_freq == 0
 
 
-def qkv_channels(spec: Spec) -> tuple[int, int, int]:
+def qkv_channels(spec: ModelConfig) -> tuple[int, int, int]:
     """Channels of the full (all heads) query, key and value: GQA, or MLA's up-projected ones
     (keys carry a nope and a rope part, DeepSeek-V2 section 2.1)."""
     if spec.mla:
@@ -40,7 +45,7 @@ def qkv_channels(spec: Spec) -> tuple[int, int, int]:
     return spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.kv_heads * spec.head_dim
 
 
-def attention_output_channels(spec: Spec) -> int:
+def attention_output_channels(spec: ModelConfig) -> int:
     """Channels of attention's output, into the output projection: every query head's values
     (under GQA the value channels of qkv_channels count only the shared KV heads')."""
     return spec.heads * (spec.v_head_dim if spec.mla else spec.head_dim)
@@ -61,10 +66,10 @@ class Sizes:
     gpt: bool
 
     @classmethod
-    def of(cls, spec: Spec, shapes: bool = True) -> Sizes:
-        """shapes=False: no tokens (0), reading no batch field: the parameters need none, and the
-        planner memoizes a stage's parameters without them (model.NOT_READ_BY_STAGE_LAYOUT)."""
-        T, t = local_tokens(spec) if shapes else 0, spec.tp
+    def of(cls, spec: Layer, tokens: int = 0) -> Sizes:
+        """tokens: local_tokens of the micro-batch; 0 for the weights alone, which read no batch
+        (a layer's and a stage's parameters are memoised without one)."""
+        T, t = tokens, spec.tp
         rep = t if spec.sequence_parallel else 1
         return cls(T, T // t if spec.sequence_parallel else T, rep, t, spec.hidden, spec.act_bytes, spec.arch == "gpt")
 
