@@ -32,9 +32,11 @@ alone, what a memo keys on.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from traceforge.chakra.schema import ELEMENT_BYTES, TORCH_DTYPE
 
@@ -42,37 +44,97 @@ from traceforge.chakra.schema import ELEMENT_BYTES, TORCH_DTYPE
 DTYPE_BYTES = {name: ELEMENT_BYTES[torch_name] for name, torch_name in TORCH_DTYPE.items()}
 
 V = TypeVar("V", bound="View")
-_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[dict], tuple]]] = {}
+
+
+def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[dict], tuple]]:
+    """cls's field names, and a getter of their values from an instance's dict (one C call)."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        known = _FIELDS[cls] = names, operator.itemgetter(*names)
+    return known
 
 
 def field_names(cls: type) -> tuple[str, ...]:
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+    return _fields_of(cls)[0]
 
 
 def view(cls: type[V], source: View) -> V:
-    """The part cls of source (a Spec or a larger part): source itself when it is that part alone."""
+    """The part cls of source (a Spec or a larger part): source itself when it is that part alone.
+    A part made here holds its values as one tuple (its key, the hash of which is computed once)
+    and fills its fields in only when one is read: the planner makes parts of every candidate's
+    spec and reads their fields only on a memo's miss."""
     if type(source) is cls:
         return source
+    values = _fields_of(cls)[1](source._fields())
     part = object.__new__(cls)  # the values come from a checked spec: nothing to check again
-    values = source.__dict__
-    part.__dict__.update({name: values[name] for name in field_names(cls)})
-    return part
+    d = part.__dict__
+    d["_values"], d["_hash"] = values, hash((cls, values))
+    return _canonical(part)
+
+
+# The parts made lately, one object per value: the memos' entries of equal parts hold one object,
+# and a memo's lookup with a part an earlier candidate's spec made equal finds it by identity.
+_canonical: Callable[[View], Any] = functools.lru_cache(maxsize=4096)(lambda part: part)
+
+
+_ALONE: set[type] = set()  # the parts' own classes (a Spec's is not one)
+
+
+class Part(Generic[V]):
+    """A record's part (spec.model, spec.layer, ...): made on first reading and kept in a spec's dict,
+    where later readings find it (a non-data descriptor, without cached_property's lock); a part
+    read from a part alone is made again (on a memo's miss only), so that a part keeps nothing
+    but its values."""
+
+    def __set_name__(self, owner: type[V], name: str) -> None:
+        self.cls, self.name = owner, name
+        _ALONE.add(owner)
+
+    @overload
+    def __get__(self, record: None, owner: type | None = None) -> Part[V]: ...
+
+    @overload
+    def __get__(self, record: View, owner: type | None = None) -> V: ...
+
+    def __get__(self, record: View | None, owner: type | None = None) -> V | Part[V]:
+        if record is None:
+            return self
+        part = view(self.cls, record)
+        if type(record) not in _ALONE:
+            record.__dict__[self.name] = part
+        return part
 
 
 class View:
-    """Equal to another of its class with equal fields; its hash computed once (the memos hash
-    their keys at every call); pickled as its fields alone (not the parts cached on it)."""
+    """Equal to another of its class with equal fields, its hash computed once (the memos hash
+    their keys at every call); pickled as its fields alone. A part's dict holds its values and
+    hash (and its fields once read): nothing the collector need follow once it has seen them, so
+    the thousands of parts the memos keep cost a full collection little."""
 
     def _key(self) -> tuple:
         d = self.__dict__
         key = d.get("_values")
-        if key is None:
-            key = d["_values"] = tuple(d[name] for name in field_names(type(self)))
-            d["_hash"] = hash((type(self), key))
+        if key is None:  # made by its __init__ (dataclasses.replace): its fields are in its dict
+            key = d["_values"] = _fields_of(type(self))[1](d)
         return key  # type: ignore[no-any-return]
+
+    def _fields(self) -> dict[str, Any]:
+        """The dict holding this record's fields, filled in first if they are not yet."""
+        d = self.__dict__
+        if "_values" in d and len(d) < len(_fields_of(type(self))[0]):
+            names, _ = _fields_of(type(self))
+            d.update(zip(names, d["_values"], strict=True))
+        return d
+
+    if not TYPE_CHECKING:  # (to mypy every attribute must be a field or a method: no fallback)
+        def __getattr__(self, name: str) -> Any:
+            """A field of a part made by view(), filled in on its first reading."""
+            d = self.__dict__
+            if "_values" in d and name in _fields_of(type(self))[0] and name not in d:
+                return self._fields()[name]
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __eq__(self, other: object) -> bool:
         if other is self:
@@ -80,16 +142,18 @@ class View:
         if type(other) is not type(self):
             return NotImplemented
         assert isinstance(other, View)
-        return hash(self) == hash(other) and self._key() == other._key()
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
         d = self.__dict__
-        if "_hash" not in d:
-            self._key()
-        return d["_hash"]  # type: ignore[no-any-return]
+        try:
+            return d["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            h = d["_hash"] = hash((type(self), self._key()))
+            return h
 
     def __getstate__(self) -> dict[str, Any]:
-        d = self.__dict__
+        d = self._fields()
         return {name: d[name] for name in field_names(type(self))}
 
 
@@ -121,9 +185,7 @@ class ModelConfig(View):
     moe_router_num_groups: int
     moe_router_group_topk: int
 
-    @cached_property
-    def model(self) -> ModelConfig:
-        return view(ModelConfig, self)
+    model = Part["ModelConfig"]()
 
     @property
     def mla(self) -> bool:
@@ -140,9 +202,7 @@ class ShardingConfig(View):
     cp_comm_type: str
     tp_comm_overlap: bool
 
-    @cached_property
-    def sharding(self) -> ShardingConfig:
-        return view(ShardingConfig, self)
+    sharding = Part["ShardingConfig"]()
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,9 +220,7 @@ class MachineConfig(View):
     dtype: str
     grad_dtype: str
 
-    @cached_property
-    def machine(self) -> MachineConfig:
-        return view(MachineConfig, self)
+    machine = Part["MachineConfig"]()
 
     @property
     def act_bytes(self) -> int:
@@ -187,9 +245,7 @@ class PipelineConfig(View):
     account_for_loss_in_pipeline_split: bool
     overlap_p2p_comm: bool
 
-    @cached_property
-    def pipeline(self) -> PipelineConfig:
-        return view(PipelineConfig, self)
+    pipeline = Part["PipelineConfig"]()
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,9 +257,7 @@ class DataParallelConfig(View):
     overlap_grad_reduce: bool
     overlap_param_gather: bool
 
-    @cached_property
-    def data(self) -> DataParallelConfig:
-        return view(DataParallelConfig, self)
+    data = Part["DataParallelConfig"]()
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,9 +272,7 @@ class TrainingConfig(View):
     sync_collectives: bool
     attention_mask_in_dataloader: bool
 
-    @cached_property
-    def training(self) -> TrainingConfig:
-        return view(TrainingConfig, self)
+    training = Part["TrainingConfig"]()
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,9 +284,7 @@ class TraceConfig(View):
     compute_jitter: float
     preset: str
 
-    @cached_property
-    def trace(self) -> TraceConfig:
-        return view(TraceConfig, self)
+    trace = Part["TraceConfig"]()
 
     @property
     def order_dims(self) -> tuple[str, ...]:
@@ -245,9 +295,7 @@ class TraceConfig(View):
 class Layer(ModelConfig, ShardingConfig, MachineConfig):
     """One layer on one GPU, without its batch: its shapes, how it is split, its kernels."""
 
-    @cached_property
-    def layer(self) -> Layer:
-        return view(Layer, self)
+    layer = Part["Layer"]()
 
     @property
     def routing_groups(self) -> int:
@@ -268,27 +316,21 @@ class Layer(ModelConfig, ShardingConfig, MachineConfig):
 class LayerRun(Layer, TrainingConfig):
     """One layer's program over the step: a Layer with its batch, recomputation, routing, steps."""
 
-    @cached_property
-    def run(self) -> LayerRun:
-        return view(LayerRun, self)
+    run = Part["LayerRun"]()
 
 
 @dataclass(frozen=True, eq=False)
 class Staged(Layer, PipelineConfig):
     """The model cut into pipeline stages: a Layer with its pipeline."""
 
-    @cached_property
-    def staged(self) -> Staged:
-        return view(Staged, self)
+    staged = Part["Staged"]()
 
 
 @dataclass(frozen=True, eq=False)
 class Placement(Staged, DataParallelConfig):
     """Every stage's parameters, gradients and optimizer state on its data-parallel shards."""
 
-    @cached_property
-    def placement(self) -> Placement:
-        return view(Placement, self)
+    placement = Part["Placement"]()
 
 
 PARTS: tuple[type[View], ...] = (ModelConfig, ShardingConfig, MachineConfig, PipelineConfig, DataParallelConfig,

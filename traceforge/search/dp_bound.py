@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traceforge.config import DP_MODES, MachineConfig, Placement, Spec
+from traceforge.config import DP_MODES, Placement, Spec
 from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.config.schedules import UNSPLIT_BACKWARD
 from traceforge.ir.enums import Coll
@@ -107,20 +107,13 @@ class _Parts:
     last_bucket: tuple[float, ...] = ()  # per model chunk: the gradient reduction its backward's last unit issues
 
 
-@functools.lru_cache(maxsize=8)
-def kernel_prices(machine: MachineConfig) -> KernelPrices:
-    """The kernels' prices on one machine: an optimizer step's, a ring's (ring_floor.py), without
-    pricing a layer."""
-    return KernelPrices(machine)
-
-
 # Memoised on what it reads (the placement of the model's states, the layout, the link): nothing
 # of the micro-batch or the schedule's step.
 @functools.lru_cache(maxsize=16384)
 def _stage_parts(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[_Parts, ...]:
     """What stage_floors needs that does not depend on the micro-batch size or count."""
     span = _spans(key, link.gpus_per_node)
-    cost = kernel_prices(spec.machine)  # the optimizer's step: its kernels alone, no layer's
+    cost = KernelPrices(spec.machine)  # the optimizer's step: its kernels alone, no layer's
     e, g = spec.act_bytes, spec.grad_bytes
     rule = DP_MODES[spec.dp_mode]
     out = []

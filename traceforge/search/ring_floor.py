@@ -29,7 +29,8 @@ import functools
 
 from traceforge.config import LayerRun, MachineConfig
 from traceforge.model.anatomy import AttentionCore, attention_core, local_tokens
-from traceforge.search.dp_bound import ROUNDING_US, kernel_prices
+from traceforge.model.compute import KernelPrices
+from traceforge.search.dp_bound import ROUNDING_US
 
 
 def ring_blocks(spec: LayerRun) -> tuple[float, float]:
@@ -44,7 +45,7 @@ def ring_blocks(spec: LayerRun) -> tuple[float, float]:
 @functools.lru_cache(maxsize=4096)
 def _ring_blocks(machine: MachineConfig, core: AttentionCore, heads: int, tp: int, cp: int, micro_batch: int,
                  tokens: int) -> tuple[float, float]:
-    forward, backward = kernel_prices(machine).ring(core, heads, tp, cp, micro_batch, tokens)
+    forward, backward = KernelPrices(machine).ring(core, heads, tp, cp, micro_batch, tokens)
     return (max(0.0, sum(c.micros for c in forward) - ROUNDING_US),
             max(0.0, sum(c.micros for c in backward) - ROUNDING_US))
 
