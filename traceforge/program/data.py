@@ -50,6 +50,7 @@ class DataParallel:
     def __init__(self, b: ProgramBuilder, spec: Placement, params: StageParams, chunks: list[Chunk]):
         self.b, self.spec, self.params = b, spec, params
         self.rule = DP_MODES[spec.dp_mode]
+        self.per_unit = self.rule.per_unit  # asked before and after every unit's compute
         self.buffers = {c.index: chunk_buffers(spec, c) for c in chunks}
         self._prefetched: dict[str, int | None] = {}
         self._param_gathers: dict[tuple[int, str], list[int | None]] = {}
@@ -62,7 +63,7 @@ class DataParallel:
 
     def before_unit(self, unit: str, n: int, following: tuple[str, int] | None) -> None:
         """Before a unit computes (forward or backward): its parameters must be whole."""
-        if not self.rule.per_unit:
+        if not self.per_unit:
             return
         gathered = self._prefetched.pop(unit) if unit in self._prefetched else self._gather(unit, n)
         if following is not None:  # prefetch the next unit while this one computes
@@ -82,7 +83,7 @@ class DataParallel:
 
     def after_unit_backward(self, chunk: int, unit: str, n: int, last_microbatch: bool) -> None:
         b, spec = self.b, self.spec
-        if self.rule.per_unit:
+        if self.per_unit:
             padded = pad_to(n, self.shard_size)
             shard = b.collective(f"{unit}_grad_rs", self.rule.grad_reduce, padded * spec.grad_bytes, self.shard_group,
                                  blocking=False, dtype=TORCH_DTYPE[spec.grad_dtype])

@@ -9,8 +9,9 @@ from traceforge.config import Layer, LayerRun, ModelConfig
 
 
 def local_tokens(spec: LayerRun) -> int:
-    """Tokens of one micro-batch on one rank before any TP sharding: b*s/cp."""
-    return tokens_of(spec, spec.micro_batch)
+    """Tokens of one micro-batch on one rank before any TP sharding: b*s/cp (tokens_of, asked
+    per op by the programs)."""
+    return spec.micro_batch * spec.seq_len // spec.cp
 
 
 def tokens_of(spec: Layer, micro_batch: int) -> int:
