@@ -9,6 +9,7 @@ from typing import Any
 
 from traceforge.chakra.schema import ELEMENT_BYTES, TORCH_DTYPE
 from traceforge.config.schedules import SCHEDULES
+from traceforge.machine.gpus import GPUS
 
 # Bytes per element of the spec's dtypes, from the one table of element sizes the traces carry.
 DTYPE_BYTES = {name: ELEMENT_BYTES[torch_name] for name, torch_name in TORCH_DTYPE.items()}
@@ -124,7 +125,7 @@ FIELDS: tuple[Field, ...] = (
     Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0).",
           minimum=0, maximum=10),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
-          ("h100", "h200", "a100", "b200", "custom")),
+          (*GPUS, "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("attention", str, "Attention kernel: flash (FlashAttention; default), flash1 (FlashAttention-1's generation: v1 or its Triton port, "

@@ -22,7 +22,8 @@ from traceforge.machine.collectives import (
     nccl_test_size,
     wire_bytes,
 )
-from traceforge.machine.nccl import GPU_GENERATION, SEND_RECV, NcclMachine
+from traceforge.machine.gpus import GPUS
+from traceforge.machine.nccl import SEND_RECV, NcclMachine
 from traceforge.machine.nccl import best as nccl_best
 
 # LinkModel.gpu for the alpha-beta model in the hardware mode too, whatever GPU the set names.
@@ -64,7 +65,7 @@ class LinkModel:
     def from_cluster(cls, cluster: Cluster, gpu: str | None = None) -> LinkModel:
         return cls(cluster.scale_up_bw, cluster.scale_out_bw, cluster.scale_up_latency / 1e3,
                    cluster.scale_out_latency / 1e3, cluster.gpus_per_node, cluster.nics_per_node,
-                   gpu if gpu in GPU_GENERATION else None)
+                   gpu if gpu in GPUS else None)
 
     def cluster(self) -> Cluster:
         return Cluster(self.gpus_per_node, scale_up_bw=self.intra_gbps, scale_up_latency=self.intra_latency_us * 1e3,
@@ -79,7 +80,7 @@ class LinkModel:
     @cached_property
     def nccl(self) -> NcclMachine | None:
         """NCCL's view of this machine, when the GPU is one NCCL's tables know."""
-        if self.gpu not in GPU_GENERATION:
+        if self.gpu is None or self.gpu not in GPUS:
             return None
         return NcclMachine.for_gpu(self.gpu, gpus_per_node=self.gpus_per_node, scale_up_bw=self.intra_gbps,
                                    nics_per_node=self.nics_per_node,

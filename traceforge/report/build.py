@@ -24,8 +24,9 @@ from traceforge.ir.enums import COMP
 from traceforge.ir.traceset import TraceSet
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.machine.cluster import node_of
+from traceforge.machine.gpus import GPUS, gpu_names
 from traceforge.machine.links import LinkModel
-from traceforge.machine.nccl import GPU_GENERATION, NCCL_VERSION
+from traceforge.machine.nccl import NCCL_VERSION
 from traceforge.memory.manifest import manifest_memory, manifest_spec
 from traceforge.memory.timeline import counter_events, memory_counter
 from traceforge.parallel.layout import Layout
@@ -342,12 +343,12 @@ def build_report(
         recorded = (ts.manifest or {}).get("spec")  # a forged manifest may hold anything here
         gpu = recorded.get("gpu") if isinstance(recorded, dict) else None
         gpu = gpu if isinstance(gpu, str) else None
-        if gpu in GPU_GENERATION:
+        if gpu in GPUS:
             link = replace(link, gpu=gpu)
         else:
             gpu_note = (f"hardware estimate: collectives on the alpha-beta link model, as "
                         f"{'the set names no GPU' if gpu is None else f'NCCL has no tables for GPU {gpu!r}'} "
-                        f"(NCCL's model covers {', '.join(GPU_GENERATION)})")
+                        f"(NCCL's model covers {', '.join(gpu_names())})")
     t0 = time.perf_counter()
     dims = dimension_traffic(ts, gpus_per_node)
     edges = traffic_edges(ts)
