@@ -50,11 +50,15 @@ _CHILD = """
 import json, sys, time
 from traceforge.machine.cluster import Cluster
 from traceforge.search import estimate as planner
-from traceforge.machine.links import LinkModel
 from traceforge.config import build_spec
 preset, flags = json.loads(sys.argv[1])
 spec = build_spec(preset, None, flags)
-link = LinkModel.from_cluster(Cluster.from_options())
+link = Cluster.from_options()
+try:  # a revision (--against) from before Cluster took the link model's methods
+    from traceforge.machine.links import LinkModel
+    link = LinkModel.from_cluster(link)
+except ImportError:
+    pass
 seen = {}
 
 def timed(name, f):

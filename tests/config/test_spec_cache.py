@@ -11,7 +11,7 @@ import pytest
 from traceforge.base.errors import SpecError
 from traceforge.config import Spec, build_spec
 from traceforge.config.cache import ignoring
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
 from traceforge.model.activations import layer_activations
 from traceforge.model.anatomy import layer_anatomy, layer_structure
@@ -21,7 +21,7 @@ from traceforge.search.bound import _layer_pieces, _pieces, _pipeline, _record_p
 from traceforge.search.dp_bound import _stage_parts, spans, unit_gathers
 from traceforge.search.ring_floor import ring_blocks
 
-LINK = LinkModel(intra_gbps=400.0, inter_gbps=50.0, gpus_per_node=4)
+LINK = Cluster(scale_up_bw=400.0, scale_out_bw=50.0, gpus_per_node=4)
 
 
 class _Spy(Spec):

@@ -26,7 +26,7 @@ import json
 import numpy as np
 import pytest
 
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.report.build import build_report
 
 A = 512 * 512 * 2
@@ -354,7 +354,7 @@ def test_link_model_validation(make_set):
 
     _, out, _ = make_set(**BULK)
     with pytest.raises(UserError, match="scale-out-bw"):
-        build_report(out, link=LinkModel(inter_gbps=0), jobs=1)
+        build_report(out, link=Cluster(scale_out_bw=0), jobs=1)
 
 
 def test_generate_with_report_prints_it(tmp_path):

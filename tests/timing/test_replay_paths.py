@@ -21,7 +21,6 @@ from traceforge.ir.enums import COLL, COMP, RECV, SEND, NodeType
 from traceforge.ir.program import RankProgram, RankScan
 from traceforge.ir.traceset import TraceSet
 from traceforge.machine.cluster import Cluster
-from traceforge.machine.links import LinkModel
 from traceforge.parallel.layout import Layout
 from traceforge.program.ops import Context, ProgramBuilder, _sorted_unique
 from traceforge.program.stage import build_program
@@ -161,7 +160,7 @@ def _check_compute(result) -> None:
 def test_compute_runs_as_the_timing_model_says(case: int, mode: str) -> None:
     """The event loop's inlined compute path on the planner's programs (their compute is one
     chain: never two compute nodes ready at once)."""
-    _check_compute(replay(in_memory_trace_set(_spec(case)), LinkModel.from_cluster(Cluster.from_options()), mode=mode))
+    _check_compute(replay(in_memory_trace_set(_spec(case)), Cluster(), mode=mode))
 
 
 @pytest.mark.parametrize("mode", [HARDWARE, ASTRA_SIM])
@@ -181,7 +180,7 @@ def test_compute_queue_on_random_dags(seed: int, mode: str) -> None:
     shape = program.digest()
     scan = RankScan(rank=0, nodes=n, compute_micros=int(program.durations.sum()), max_step=0, shape=shape)
     ts = TraceSet(Path("."), "workload", 1, [scan], {shape: program}, {}, {}, 1, False)
-    _check_compute(replay(ts, LinkModel(), mode=mode))
+    _check_compute(replay(ts, Cluster(), mode=mode))
 
 
 @pytest.mark.parametrize("case", range(len(SPECS)))
@@ -234,7 +233,7 @@ def test_gc_paused_restores_the_collector() -> None:
 def test_planner_estimate_is_the_reports_critical_split(case: int) -> None:
     """The planner splits only the critical class; the report's step_estimate splits every
     class and picks the critical one: the same numbers."""
-    spec, link = _spec(case), LinkModel.from_cluster(Cluster.from_options())
+    spec, link = _spec(case), Cluster()
     est = estimate(spec, link)
     step = step_estimate(replay(in_memory_trace_set(spec), link, mode=HARDWARE), spec.steps)
     assert (est.step_us, est.compute_us, est.idle_us) == (step.critical.total, step.critical.compute, step.critical.idle)

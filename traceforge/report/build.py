@@ -23,9 +23,8 @@ from traceforge.base.output import atomic_output_dir
 from traceforge.ir.enums import COMP
 from traceforge.ir.traceset import TraceSet
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
-from traceforge.machine.cluster import node_of
+from traceforge.machine.cluster import Cluster, node_of
 from traceforge.machine.gpus import GPUS, gpu_names
-from traceforge.machine.links import LinkModel
 from traceforge.machine.nccl import NCCL_VERSION
 from traceforge.memory.manifest import manifest_memory, manifest_spec
 from traceforge.memory.timeline import counter_events, memory_counter
@@ -63,7 +62,7 @@ class Report:
     dims: list[DimTraffic]
     edges: dict[tuple[str, int, int], float]
     tests: list[MatrixRow]
-    link: LinkModel
+    link: Cluster
     replay: ReplayResult | None = None
     estimate: StepEstimate | None = None
     track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
@@ -170,8 +169,8 @@ class Report:
                     "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
                                     "latency_ns": d.latency} for d in self.network.dims],
                     "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
-        doc: dict[str, Any] = {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps,
-                               "intra_latency_us": self.link.intra_latency_us, "inter_latency_us": self.link.inter_latency_us}
+        doc: dict[str, Any] = {"intra_gbps": self.link.scale_up_bw, "inter_gbps": self.link.scale_out_bw,
+                               "intra_latency_us": self.link.scale_up_latency_us, "inter_latency_us": self.link.scale_out_latency_us}
         if self.estimate_mode == HARDWARE and self.link.nccl is not None:
             doc.update(model=f"NCCL {NCCL_VERSION} cost model ({self.link.nccl.generation})",
                        nics_per_node=self.link.nics_per_node)
@@ -316,7 +315,7 @@ def estimate_mode(directory: Path, estimate: str | None) -> str:
 
 
 def build_report(
-    directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
+    directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: Cluster | None = None,
     timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
     astra_model: bool | None = None, estimate: str | None = None,
 ) -> Report:
@@ -333,7 +332,7 @@ def build_report(
             raise UserError("--estimate hardware times transfers with the alpha-beta link model: drop --astra-model, "
                             "or use --estimate astra-sim")
         astra_model = False
-    link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.machine.cluster)
+    link = replace(link or Cluster(), gpus_per_node=gpus_per_node)  # Cluster checks its values (traceforge.machine.cluster)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     ts = load_trace_set(Path(directory), prefix, jobs)

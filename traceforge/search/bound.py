@@ -42,7 +42,7 @@ from traceforge.config.cache import ignoring, unchecked_copy
 from traceforge.config.routing import BALANCED
 from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import NodeType
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.model.compute import CostModel
 from traceforge.model.params import activation_bytes, is_moe_layer, p2p_bytes
 from traceforge.parallel.layout import Layout
@@ -64,7 +64,7 @@ class Piece:
     backward_input: float = 0.0  # the backward without its weight-gradient GEMMs (a zero-bubble I pass)
 
 
-def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
+def _floor(ops: list[Op], sizes: dict[str, int], link: Cluster) -> float:
     """Longest path through a scratch recording's ops (ids are topological)."""
     end: list[float] = []
     for op in ops:
@@ -81,7 +81,7 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
     return max(end, default=0.0)
 
 
-def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
+def _record(spec: Spec, link: Cluster, emit, only_compute: bool = False, input_only: bool = False
             ) -> tuple[float, int]:
     """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
     depend on the routing of each micro-batch, its computes do not); input_only: the weight-
@@ -95,7 +95,7 @@ def _record(spec: Spec, link: LinkModel, emit, only_compute: bool = False, input
     return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
 
 
-def _piece(spec: Spec, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
+def _piece(spec: Spec, link: Cluster, fwd, bwd, only_compute: bool = False) -> Piece:
     (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
     return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
 
@@ -107,7 +107,7 @@ PIPELINE_AND_DP = ("pp", "world_size", "schedule", "virtual_stages",
 DP_MODE = ("dp_mode", "shard_size", "overlap_grad_reduce", "overlap_param_gather")
 
 
-def _pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+def _pieces(spec: Spec, link: Cluster) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
     if not spec.experts or spec.moe_routing == BALANCED:
         # A layer's ops read the data-parallel size and the micro-batch count only to number
@@ -123,7 +123,7 @@ def with_data_parallel_one(spec: Spec) -> Spec:
     return unchecked_copy(spec, dp=1, num_microbatches=1, global_batch=spec.micro_batch)
 
 
-def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
+def _record_pieces(spec: Spec, link: Cluster) -> dict[str, Piece]:
     cost = CostModel(spec)
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)  # the embedding's and head's
     # The layers' TP as the programs run it (program/stage.py): TransformerEngine's, with FP8
@@ -156,7 +156,7 @@ def _record_pieces(spec: Spec, link: LinkModel) -> dict[str, Piece]:
 _layer_pieces = ignoring(*PIPELINE_AND_DP)(_record_pieces)
 
 
-def replay_nodes_floor(spec: Spec, link: LinkModel) -> int:
+def replay_nodes_floor(spec: Spec, link: Cluster) -> int:
     """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
     stage is a class of its own (its program or its neighbours' differ, up the chain from the
     stage that holds the embedding), and a stage's program holds every pass of its layers, the
@@ -232,7 +232,7 @@ def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: boo
 
 
 @ignoring(*DP_MODE, maxsize=65536)
-def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
+def _pipeline(spec: Spec, link: Cluster, gathers: tuple[tuple[float, ...], ...] | None = None,
               links: Links | None = None) -> tuple[list[float], float, list[float]]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
     end: the last micro-batch's gradient back through every virtual stage, per stage: when the
@@ -311,7 +311,7 @@ def _pipeline(spec: Spec, link: LinkModel, gathers: tuple[tuple[float, ...], ...
     return ends, pipeline, starts
 
 
-def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+def step_lower_bound(spec: Spec, link: Cluster) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
     ends, pipeline, starts = _pipeline(spec, link, unit_gathers(spec, link), pipeline_links(spec, link.gpus_per_node))
     floors = stage_floors(spec, link)
@@ -331,7 +331,7 @@ FLOOR_PROBE = dict(recompute="none", schedule="1f1b", virtual_stages=1, dp_mode=
                    overlap_grad_reduce=True, overlap_param_gather=False)
 
 
-def layout_floor(specs: list[Spec], link: LinkModel) -> float:
+def layout_floor(specs: list[Spec], link: Cluster) -> float:
     """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
     from one spec per micro-batch size of the layout (FLOOR_PROBE's values): its busiest stage
     computes at least its share (1/pp) of every micro-batch's forward and backward of the whole

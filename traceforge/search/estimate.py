@@ -20,7 +20,7 @@ from traceforge.config import Spec
 from traceforge.ir.enums import NodeType
 from traceforge.ir.program import RankProgram, RankScan
 from traceforge.ir.traceset import TraceSet
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.parallel.layout import Layout
 from traceforge.program.ops import Program
 from traceforge.program.stage import build_program
@@ -144,7 +144,7 @@ def _trace_set(spec: Spec, programs: list[Program] | None) -> TraceSet:
     return TraceSet(Path("."), "workload", layout.world_size, scans, rank_programs, members, {}, spec.steps, True)
 
 
-def estimate(spec: Spec, link: LinkModel) -> Estimate:
+def estimate(spec: Spec, link: Cluster) -> Estimate:
     """Replay the candidate's programs on the machine (the report's hardware estimate mode: a
     stream per communicator, links shared); the critical rank's split per step."""
     ts = in_memory_trace_set(spec)

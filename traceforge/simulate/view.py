@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from traceforge.ir.enums import COLL, COMP, RECV, SEND
 from traceforge.ir.traceset import TraceSet
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.simulate.result import Simulation
 from traceforge.timing.engine import ReplayResult
 from traceforge.timing.timeline import Split, _measure, _overlap, _union, chrome_trace
@@ -60,7 +60,7 @@ def _node_times(sim: Simulation, rank: int, n: int) -> tuple[list, list]:
     return start, finish
 
 
-def simulated_result(sim: Simulation, ts: TraceSet, link: LinkModel) -> ReplayResult:
+def simulated_result(sim: Simulation, ts: TraceSet, link: Cluster) -> ReplayResult:
     """The simulated node times in the replay's shape (every rank its own class)."""
     programs, starts, finishes = [], [], []
     for r in range(ts.world):
@@ -162,7 +162,7 @@ def _exposed_by_dim(compute: list[tuple[float, float]], comm: list[tuple[float, 
     return out
 
 
-def simulated_chrome_trace(sim: Simulation, ts: TraceSet, link: LinkModel, ranks: list[int]) -> dict | None:
+def simulated_chrome_trace(sim: Simulation, ts: TraceSet, link: Cluster, ranks: list[int]) -> dict | None:
     if not sim.nodes:
         return None
     result = simulated_result(sim, ts, link)

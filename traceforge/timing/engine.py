@@ -1,7 +1,7 @@
 """Analytical replay of a trace set's DAG with time: an estimate of when every node runs, not a
 simulation (check/deadlock.py is the untimed one that looks for deadlocks).
 
-Timing model (alpha-beta, per link class of the Cluster, LinkModel):
+Timing model (alpha-beta, per link class of the Cluster):
 - compute takes its duration_micros; a rank runs one compute node at a time;
 - a collective starts when every member has issued it (its deps done and the rank's comm slot
   free) and takes latency + ring wire bytes / bandwidth: scale-up latency and bandwidth when the
@@ -37,11 +37,10 @@ from traceforge.ir.enums import COLL, COMP, RECV, SEND
 from traceforge.ir.program import RankProgram
 from traceforge.ir.traceset import TraceSet
 from traceforge.machine.astra import AstraNetwork
-from traceforge.machine.cluster import crosses_nodes, node_of
+from traceforge.machine.cluster import Cluster, crosses_nodes, node_of, nodes_spanned
 from traceforge.machine.collectives import (
     wire_bytes,
 )
-from traceforge.machine.links import LinkModel, nodes_spanned
 
 # The estimate's two resource models (docs/estimate-modes.md).
 ASTRA_SIM, HARDWARE = "astra-sim", "hardware"
@@ -144,7 +143,7 @@ class _ClassProgram:
 
 @dataclass
 class ReplayResult:
-    link: LinkModel
+    link: Cluster
     color: list[int]  # class of each rank
     reps: list[int]  # representative rank of each class
     programs: list[RankProgram]
@@ -166,7 +165,7 @@ class ReplayResult:
 
 
 class _Replay:
-    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int],
+    def __init__(self, ts: TraceSet, link: Cluster, color: list[int], reps: list[int],
                  network: AstraNetwork | None = None):
         self.ts, self.link, self.color = ts, link, color
         self.network = network  # when given, durations follow ASTRA-sim's analytical backend

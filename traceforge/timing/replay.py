@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from traceforge.ir.traceset import TraceSet
 from traceforge.machine.astra import AstraNetwork
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.timing.engine import (
     ASTRA_SIM,
     HARDWARE,
@@ -21,14 +21,14 @@ from traceforge.timing.engine import (
 from traceforge.timing.streams import StreamReplay
 
 
-def replay(ts: TraceSet, link: LinkModel, node_limit: int = REPLAY_NODE_LIMIT,
+def replay(ts: TraceSet, link: Cluster, node_limit: int = REPLAY_NODE_LIMIT,
            network: AstraNetwork | None = None, mode: str = ASTRA_SIM) -> ReplayResult:
     """Replay a trace set (in memory or read from disk) under one of MODES; see the module doc.
     network: time communication with ASTRA-sim's analytical arithmetic (astra-sim mode only)."""
     if mode not in MODES:
         raise ValueError(f"estimate mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == HARDWARE and network is not None:
-        raise ValueError("the hardware mode times transfers with the alpha-beta LinkModel, not an ASTRA-sim network")
+        raise ValueError("the hardware mode times transfers with the Cluster's links, not an ASTRA-sim network")
     color = rank_classes(ts, link.gpus_per_node)
     reps: list[int] = []
     for rank, c in enumerate(color):
