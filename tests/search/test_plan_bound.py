@@ -390,13 +390,13 @@ def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_fla
 
 def _replayed_nodes(spec) -> int:
     """What the replay counts against its node limit: every rank class's program."""
-    from traceforge.search.estimate import in_memory_trace_set
+    from traceforge.program.programset import program_set
     from traceforge.timing.engine import rank_classes
 
-    ts = in_memory_trace_set(spec)
-    color = rank_classes(ts, LINK.gpus_per_node)
+    ps = program_set(spec)
+    color = rank_classes(ps, LINK.gpus_per_node)
     first = {c: rank for rank, c in reversed(list(enumerate(color)))}
-    return sum(ts.scans[rank].nodes for rank in first.values())
+    return sum(len(ps.program(rank)) for rank in first.values())
 
 
 FLOOR_CASES = [

@@ -78,7 +78,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_graph_is_read(graph):
-    assert "traceforge.ir.program" in graph["traceforge.read.file_templates"]
+    assert "traceforge.read.rank_scan" in graph["traceforge.read.file_templates"]
     assert "traceforge.read.file_templates" in graph["traceforge.read.scan"]
     # inside a function: `plan` loads the planner only when the command runs
     assert "traceforge.plan_output.run" in graph["traceforge.cli.plan"]

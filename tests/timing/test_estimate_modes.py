@@ -70,7 +70,7 @@ def test_transfers_on_one_tier_share_its_bandwidth(tmp_path):
     astra-sim: bucket 10 -> 32, TP AR 32 -> 54, B3 54 -> 64, optimizer 64 -> 69."""
     d = bucket_then_tp(tmp_path, 20_000, 20_000)
     link = Cluster(scale_up_bw=1.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0)
-    hw = replay(build_report(d, gpus_per_node=4, link=link, timeline=False, jobs=1).traces,
+    hw = replay(build_report(d, gpus_per_node=4, link=link, timeline=False, jobs=1).traces.program_set,
                 replace(link, gpus_per_node=4), mode="hardware")
     c = hw.color[0]
     assert len(set(hw.color)) == 1  # one class: the sharing is counted per class, and must still be right
@@ -127,14 +127,14 @@ def test_class_reduction_stays_exact_in_hardware_mode(make_set, monkeypatch):
     overlap and share tiers."""
     _, out, _ = make_set("demo", tp=2, pp=2, dp=2, dp_mode="dist-opt", overlap_grad_reduce=True,
                          overlap_param_gather=True, bucket_mb=1, overlap_p2p_comm=True)
-    ts = build_report(out, gpus_per_node=4, timeline=False, jobs=1).traces
+    ps = build_report(out, gpus_per_node=4, timeline=False, jobs=1).traces.program_set
     link = Cluster(gpus_per_node=4)
-    classes = replay(ts, link, mode="hardware")
-    assert len(set(classes.color)) < ts.world
-    monkeypatch.setattr(replay_module, "rank_classes", lambda ts, gpn: list(range(ts.world)))
-    full = replay(ts, link, mode="hardware")
+    classes = replay(ps, link, mode="hardware")
+    assert len(set(classes.color)) < ps.world
+    monkeypatch.setattr(replay_module, "rank_classes", lambda ps, gpn: list(range(ps.world)))
+    full = replay(ps, link, mode="hardware")
     assert full.makespan == pytest.approx(classes.makespan, rel=1e-12)
-    for rank in range(ts.world):
+    for rank in range(ps.world):
         assert full.finish[rank] == pytest.approx(classes.finish[classes.color[rank]], rel=1e-12, abs=1e-9)
 
 
@@ -221,15 +221,15 @@ def test_compute_beside_nccl_is_slowed_only_while_its_transfers_run(tmp_path, mo
     d = bucket_then_tp(tmp_path, dp_bytes=10**9, tp_bytes=1000)
     link = Cluster(scale_up_bw=100.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0, gpus_per_node=2,
                      nics_per_node=2, gpu="h100")
-    ts = build_report(d, gpus_per_node=2, link=link, timeline=False, jobs=1).traces
-    shared = replay(ts, link, mode="hardware")
+    ps = build_report(d, gpus_per_node=2, link=link, timeline=False, jobs=1).traces.program_set
+    shared = replay(ps, link, mode="hardware")
     c = shared.color[0]
     took = [shared.finish[c][i] - shared.start[c][i] for i in (0, 2, 4, 5)]
     assert took == pytest.approx([10.0, 10.0 * NCCL_SLOWDOWN, 10.0 * NCCL_SLOWDOWN, 5.0])
     alone_gpus = {name: dataclasses.replace(g, calibration=dataclasses.replace(g.calibration, nccl_slowdown=1.0))
                   if g.calibration else g for name, g in GPUS.items()}
     monkeypatch.setattr(streams, "GPUS", alone_gpus)
-    alone = replay(ts, link, mode="hardware")
+    alone = replay(ps, link, mode="hardware")
     assert [alone.finish[c][i] - alone.start[c][i] for i in (0, 2, 4, 5)] == [10.0, 10.0, 10.0, 5.0]
     assert alone.makespan <= shared.makespan
 

@@ -146,7 +146,7 @@ def test_class_reduction_equals_stages(make_set):
     assert not report.replay.stalled
     # With 4 GPUs per node the PP pair 1 -> 2 crosses a node and 0 -> 1 does not: stages split
     # further only if link classes differ within a stage; they do not here (node = 2 stages).
-    assert len(set(rank_classes(report.traces, 4))) == 4
+    assert len(set(rank_classes(report.traces.program_set, 4))) == 4
 
 
 def test_sample_ranks_covers_every_class(make_set):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from traceforge.chakra.wire import read_varint
-from traceforge.ir.program import RankScan
+from traceforge.read.rank_scan import RankScan
 from traceforge.read.records import PEER_MAX, ScanRecord, value_spans
 
 FIXED, VARINT, TEXT = 0xFF, 0x80, 0x00  # mask of the bits that must equal the template's, per byte

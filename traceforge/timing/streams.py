@@ -42,7 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from traceforge.ir.enums import COLL, COMP, SEND
-from traceforge.ir.traceset import TraceSet
+from traceforge.ir.programset import ProgramSet
 from traceforge.machine.cluster import Cluster
 from traceforge.machine.collectives import wire_bytes
 from traceforge.machine.gpus import GPUS
@@ -80,8 +80,8 @@ class _Compute:
 class StreamReplay(_Replay):
     """A _Replay whose communication runs on per-communicator streams over shared tiers."""
 
-    def __init__(self, ts: TraceSet, link: Cluster, color: list[int], reps: list[int]):
-        super().__init__(ts, link, color, reps, None)
+    def __init__(self, ps: ProgramSet, link: Cluster, color: list[int], reps: list[int]):
+        super().__init__(ps, link, color, reps, None)
         self.stream_of: list[list[int]] = []
         self.stream_names: list[list[str]] = []
         by_program: dict[int, tuple[list[int], list[str]]] = {}  # classes of one program share its streams
@@ -153,9 +153,9 @@ class StreamReplay(_Replay):
         route = self.send_route.get((c, cp.roles[i]))
         if route is None:  # the same for every send of this class to this peer role
             inter = self.send_is_inter(c, i)
-            dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+            dst = self.ps.peer_roles[cp.rank][cp.roles[i]]
             own: tuple[int, ...] = (load_id(c, inter, OUT),)
-            if 0 <= dst < self.ts.world:
+            if 0 <= dst < self.ps.world:
                 own += (load_id(self.color[dst], inter, IN),)
             route = self.send_route[(c, cp.roles[i])] = (inter, own)
         inter, own = route
