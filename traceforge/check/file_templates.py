@@ -9,7 +9,7 @@ its name) and which role each value plays in check's terms (the n-th group, the 
 rank itself as a Send's comm_src or a Recv's comm_dst). A file of the same length with the same
 bytes everywhere else, and the same varint continuation bits inside the values, frames and parses
 like the template (read/file_templates.py makes the same cut). Its summary is then the
-template's (no findings; the same Program, the same structure) with its own groups and peers,
+template's (no findings; the same CommProgram, the same structure) with its own groups and peers,
 provided what check would judge about the values holds: pg_name plain digits naming a group other
 than "all ranks", peers below 2**31 and inside the set, the rank's own number where a Send or Recv
 names itself, and no two roles merged into one (that would renumber the roles). Anything else,
@@ -26,8 +26,8 @@ import numpy as np
 from traceforge.chakra import schema as S
 from traceforge.chakra.spans import INT32_MAX, find_spans
 from traceforge.chakra.wire import read_varint
+from traceforge.check.comm_program import CommProgram
 from traceforge.check.nodes import WORLD, CheckRecord
-from traceforge.check.program import Program
 from traceforge.check.templates import is_sound
 from traceforge.ir.enums import COLL, RECV, SEND
 
@@ -40,13 +40,13 @@ SELF, GROUP, PEER, FREE = 0, 1, 2, 3  # what a value is to check
 class Matched(NamedTuple):
     nodes: int
     digest: bytes
-    program: Program
+    program: CommProgram
     groups: tuple[int, ...]
     peers: tuple[int, ...]
 
 
 class FileTemplate:
-    def __init__(self, data: bytes, world: int, nodes: int, digest: bytes, program: Program,
+    def __init__(self, data: bytes, world: int, nodes: int, digest: bytes, program: CommProgram,
                  mask: np.ndarray, text: np.ndarray, same: np.ndarray, first: np.ndarray,
                  values: list[tuple[int, int, int, bool]]):
         self.data = np.frombuffer(data, np.uint8)
