@@ -11,10 +11,10 @@ import uuid
 import pytest
 
 from traceforge.base.errors import TraceReadError
-from traceforge.chakra.frame import read_file, split
+from traceforge.chakra.frame import frames, read_file
+from traceforge.chakra.templates import places
 from traceforge.read import records
 from traceforge.read import scan as scan_module
-from traceforge.read.records import value_spans
 from traceforge.read.scan import scan_rank, scan_ranks
 
 FIELDS = ("rank", "nodes", "compute_micros", "max_step", "role_traffic", "group_roles", "peer_roles", "shape",
@@ -76,16 +76,16 @@ def _pair(files):
     raise AssertionError("no two ranks share a layout")
 
 
+def _places(data: bytes):
+    """The rank-specific values of each node of a file (chakra/templates.py), proven."""
+    found = places(data, frames(data), records.templates)
+    assert found is not None
+    return [place for node in found for place in node]
+
+
 def _value_bytes(data: bytes) -> list[int]:
     """File positions inside rank-specific values (pg_name text, peer varints)."""
-    offsets: list[int] = []
-    payloads = split(data, "f", offsets)
-    ends = offsets[2:] + [len(data)]
-    out = []
-    for payload, end in zip(payloads[1:], ends, strict=True):
-        for span in value_spans(payload) or []:
-            out += range(end - len(payload) + span.start, end - len(payload) + span.stop)
-    return out
+    return [at for place in _places(data) for at in range(place.start, place.stop)]
 
 
 def test_damaged_files_scan_as_in_full(pipeline, tmp_path):
@@ -122,15 +122,10 @@ def test_values_that_merge_two_groups_are_scanned_in_full(pipeline, tmp_path):
     files = _files(pipeline)
     first, other = _pair(files)
     data = bytearray(read_file(files[other]))
-    offsets: list[int] = []
-    payloads = split(bytes(data), "f", offsets)
-    ends = offsets[2:] + [len(data)]
     texts = {}
-    for payload, end in zip(payloads[1:], ends, strict=True):
-        for span in value_spans(payload) or []:
-            if span.text and span.used:
-                start = end - len(payload) + span.start
-                texts.setdefault(bytes(data[start:end - len(payload) + span.stop]), []).append(start)
+    for place in _places(bytes(data)):
+        if place.text:  # a collective's pg_name: its group
+            texts.setdefault(bytes(data[place.start:place.stop]), []).append(place.start)
     widths = {}
     for value in texts:
         widths.setdefault(len(value), []).append(value)
