@@ -23,10 +23,9 @@ from traceforge.chakra.decode import CorruptNode, PayloadCache
 from traceforge.chakra.frame import FrameError, frames, payload_at, read_file
 from traceforge.chakra.wire import read_varint
 from traceforge.check.comm_program import CommProgram, Structure, analyse, build
-from traceforge.check.file_templates import FileTemplates, Matched, build_template
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
 from traceforge.check.nodes import WORLD, CheckRecord, decode_node
-from traceforge.check.templates import decode_with_templates
+from traceforge.check.templates import FileTemplates, Matched, build_template, decode_with_templates
 from traceforge.ir.enums import COLL, SEND
 
 # Records by payload bytes; cleared when full. Payloads without rank-specific values (compute
@@ -94,7 +93,7 @@ def _scan(s: RankSummary, world: int) -> None:
     program = _check_graph(s, records, offsets, world)
     if not s.findings and program is not None:
         own = Matched(s.nodes, s.digest, program, s.groups, s.peers)
-        _files.remember(build_template(data, list(frames(data, s.path)), records, s.rank, world, own))
+        _files.add(build_template(data, list(frames(data, s.path)), records, s.rank, world, own))
 
 
 def _hand_out(s: RankSummary, program: CommProgram) -> None:
@@ -198,7 +197,7 @@ _SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
 _structures: PayloadCache[Structure] = PayloadCache(256)
 _programs: PayloadCache[tuple[Structure, CommProgram]] = PayloadCache(1024)
 _sent: set[bytes] = set()  # digests whose CommProgram this process has handed out in this check
-_files = FileTemplates()  # whole files of clean ranks (check/file_templates.py)
+_files = FileTemplates()  # whole files of clean ranks (check/templates.py)
 
 
 def new_check() -> None:
