@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_moe_frontier import FRONTIER
-from test_moe_imbalance import SMALL
+from moe_specs import FRONTIER, SMALL
 
 from traceforge.machine.astra import LOG_DIR, RUN_SCRIPT
 from traceforge.machine.cluster import Cluster
