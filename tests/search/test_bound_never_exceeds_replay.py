@@ -23,6 +23,8 @@ from traceforge.search.estimate import estimate
 from traceforge.search.ring_floor import ring_layout_floor
 from traceforge.search.space import Model, walk
 
+pytestmark = pytest.mark.slow  # a sweep: every candidate's bound against its replay
+
 LAYOUT = ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")
 # One 10 GB/s NIC per node (NCCL's model, as plan runs it): a send across nodes costs ~10x one inside.
 SLOW_NIC = dict(scale_out_bw=10.0, nics_per_node=1, gpu="h100")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from traceforge.base.errors import SpecError
 from traceforge.config import build_spec
 from traceforge.machine.cluster import Cluster
@@ -67,6 +69,7 @@ class _Noting(dict):
         return super().get(key, default)
 
 
+@pytest.mark.slow
 def test_each_level_reads_only_the_keys_layout_counts_shares_on():
     """layout_counts shares a subtree's count between layouts that agree on READS: every level must
     read no other key of the partial candidate (each level at a full candidate, MoE and pipelines)."""
@@ -193,6 +196,7 @@ def test_bound_below_replay_on_other_schedules():
         assert step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
 
+@pytest.mark.slow
 def test_top_k_equals_brute_force_over_all_candidates():
     """Branch and bound returns exactly the K best of replaying everything."""
     base, model, link = Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), Cluster()

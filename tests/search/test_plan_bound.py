@@ -14,6 +14,8 @@ from traceforge.search.dp_bound import spans, stage_floors
 from traceforge.search.estimate import estimate
 from traceforge.search.space import Model
 
+pytestmark = pytest.mark.slow  # searches and replays every candidate of its spaces
+
 # Two GPUs per node: data-parallel groups of a 16-GPU layout cross nodes.
 LINK = Cluster(scale_up_bw=100.0, scale_out_bw=10.0, gpus_per_node=2)
 NCCL_LINK = Cluster(scale_up_bw=100.0, scale_out_bw=10.0, gpus_per_node=2, nics_per_node=2, gpu="h100")

@@ -18,8 +18,9 @@ from traceforge.write.astra import write_astra_bundle
 from traceforge.write.combine import combine_sets
 
 BINARY = os.environ.get("ASTRA_SIM_BIN")
-pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
-                                reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")
+pytestmark = [pytest.mark.simulator,
+              pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
+                                 reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")]
 
 
 def _finishes(out: Path, doc: dict, gpus_per_node: int) -> None:
