@@ -53,7 +53,9 @@ def make_set(tmp_path, _written_sets):
     function of the spec (tests/suites/test_determinism.py): a spec written before this session is
     copied from its first set, so each test still gets a directory of its own to damage. A file
     the spec names (kernel times, a routing trace) counts by its path, as the planner's own caches
-    count it in one process: write changed contents under a new name."""
+    count it in one process: write changed contents under a new name. A test that changes how a
+    set is written (a patched builder or encoder) calls write_trace_set itself: it would get a copy
+    here."""
     store, written = _written_sets
     counter = {"n": 0}
 
