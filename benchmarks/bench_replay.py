@@ -1,6 +1,7 @@
 """How long `traceforge plan` takes to rank one candidate: search/estimate.estimate, which builds
-the stage programs in memory (program/stage.py, program/ops.py), replays them in the hardware mode
-(timing/engine.py, timing/streams.py) and splits the critical rank's step.
+the stage programs and their ProgramSet in memory (program/stage.py, program/ops.py,
+program/programset.py), replays them in the hardware mode (timing/engine.py, timing/streams.py)
+and splits the critical rank's step.
 
     python benchmarks/bench_replay.py [--only NAME] [--against REV]
 
@@ -50,11 +51,15 @@ _CHILD = """
 import json, sys, time
 from traceforge.machine.cluster import Cluster
 from traceforge.search import estimate as planner
-from traceforge.machine.links import LinkModel
 from traceforge.config import build_spec
 preset, flags = json.loads(sys.argv[1])
 spec = build_spec(preset, None, flags)
-link = LinkModel.from_cluster(Cluster.from_options())
+link = Cluster.from_options()
+try:  # a revision (--against) from before Cluster took the link model's methods
+    from traceforge.machine.links import LinkModel
+    link = LinkModel.from_cluster(link)
+except ImportError:
+    pass
 seen = {}
 
 def timed(name, f):
@@ -65,14 +70,16 @@ def timed(name, f):
         return out
     return run
 
-# planner.estimate calls these two by their module names: time each inside the whole call
-planner.in_memory_trace_set = timed("build", planner.in_memory_trace_set)
+# planner.estimate calls these two by their module names: time each inside the whole call (the
+# builder's name before the ProgramSet too, so --against can time older revisions)
+build = "program_set" if hasattr(planner, "program_set") else "in_memory_trace_set"
+setattr(planner, build, timed("build", getattr(planner, build)))
 planner.replay = timed("replay", planner.replay)
 t = time.perf_counter()
 est = planner.estimate(spec, link)
 total = time.perf_counter() - t
-ts, result = seen["build_out"], seen["replay_out"]
-built = sum(ts.scans[r].nodes for r in {ts.scans[r].shape: r for r in range(ts.world)}.values())
+built = sum(map(len, seen["build_out"].programs.values()))  # every distinct program's nodes
+result = seen["replay_out"]
 replayed = sum(len(f) for f in result.finish)
 import resource
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)

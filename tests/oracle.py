@@ -10,7 +10,7 @@ below are Chakra et_def.proto's enum values; test_interop holds them to Chakra's
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,12 +148,25 @@ def read_nodes(path: Path) -> list[Node]:
     ]
 
 
+_DECODED: OrderedDict[str, dict[int, list[Node]]] = OrderedDict()  # the last sets decoded, by set_digest
+_KEEP_DECODED = 4
+
+
 def load_set(directory: Path) -> DecodedSet:
+    """Read a set back. Decoding is most of the cost, and a test often reads the set make_set has
+    just judged (or a byte-identical copy): the nodes of the last few sets are decoded once; each
+    call gets lists of its own."""
     directory = Path(directory)
     manifest = json.loads((directory / "manifest.json").read_text())
     groups = {int(k): tuple(v) for k, v in json.loads((directory / "comm_group.json").read_text()).items()}
-    _, files = find_rank_files(directory)
-    return DecodedSet(directory, manifest, groups, {rank: read_nodes(path) for rank, path in files.items()})
+    key = set_digest(directory)
+    if key not in _DECODED:
+        _, files = find_rank_files(directory)
+        _DECODED[key] = {rank: read_nodes(path) for rank, path in files.items()}
+        if len(_DECODED) > _KEEP_DECODED:
+            _DECODED.popitem(last=False)
+    _DECODED.move_to_end(key)
+    return DecodedSet(directory, manifest, groups, {rank: list(nodes) for rank, nodes in _DECODED[key].items()})
 
 
 # -- summaries ---------------------------------------------------------------------------

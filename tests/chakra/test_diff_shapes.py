@@ -1,4 +1,4 @@
-"""diff's whole-file shapes (chakra/file_shape.py): an identical pair of rank files whose bytes
+"""diff's whole-file templates (chakra/templates.py): an identical pair of rank files whose bytes
 equal an earlier rank's but for group and peer values takes that rank's node count and traffic,
 exactly what the full pass gives; a file that would not parse alike (a non-ASCII pg_name) gets
 the full pass and its error."""
@@ -24,8 +24,8 @@ def run(a, b, shapes: bool, monkeypatch):
     hits = []
     find = diff_module._shapes.find
 
-    def counted(data):
-        found = find(data) if shapes else None
+    def counted(data, derive):
+        found = find(data, derive) if shapes else None
         hits.append(found is not None)
         return found
 

@@ -1,4 +1,4 @@
-"""check's whole-file templates (check/file_templates.py): a rank whose file matches a clean
+"""check's whole-file templates (check/templates.py over chakra/templates.py): a rank whose file matches a clean
 rank's but for its groups and peers gets exactly the summary the full check gives it, and a file
 whose values check would judge (a peer outside the set, a Send naming another rank as its
 source, the all-ranks group) is checked in full and its finding reported.

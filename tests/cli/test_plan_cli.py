@@ -60,6 +60,7 @@ def test_piped_table_shows_every_column_whole():
     assert f"best: traceforge generate {doc['candidates'][0]['flags']}" in table.stdout
 
 
+@pytest.mark.slow
 def test_write_top_folder(tmp_path):
     """K sets (more than -k ranks is fine), each its own folder with a spec.json that generate reads
     back into the same spec; plan.csv ranks what plan.json lists; the plot; --force replaces it."""
@@ -112,6 +113,7 @@ def test_plots_are_svg_without_matplotlib(tmp_path, monkeypatch):
     assert len(bars) == 3 and sorted(p.name for p in sweep.iterdir()) == ["sweep.csv", "sweep.svg"]
 
 
+@pytest.mark.slow
 def test_sweep_one_table_one_plot(tmp_path):
     """--sweep: a row per value with its best layout, the speedup over the first value (its best
     step over this one's), the same in --json and sweep.csv; more bandwidth never slows the best."""
@@ -350,6 +352,7 @@ def test_flags_reproduce_a_candidate_sized_against_given_memory(tmp_path):
     one_line_error(invoke("generate", *without, "-o", tmp_path / "no", "-q"), "more than the h100's")
 
 
+@pytest.mark.slow
 def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
     """--all can rank thousands: the plot keeps the best PLOT_MAX bars (a PNG that wide would not
     render) and says so; plan.csv keeps them all."""
@@ -366,6 +369,7 @@ def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
     assert f"the best {PLOT_MAX} of {len(ranked):,}" in ET.tostring(root, encoding="unicode")
 
 
+@pytest.mark.slow
 def test_sweep_says_which_values_the_budget_cut_short(monkeypatch):
     """A value whose search ran out of --budget may not show its best: the sweep says which, and by
     how much at most (its best step over the floor no unreplayed candidate can beat)."""

@@ -100,6 +100,7 @@ def demo_set(tmp_path_factory) -> Path:
     return where / "demo"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_generate_bar_leaves_before_the_summary(tmp_path, columns):
     shown, written, code = run_in_terminal(["generate", "-o", "out"], columns, tmp_path)
@@ -115,6 +116,7 @@ MEMORY_HEADERS = [("stage",), ("weights", "weight"), ("gradients", "grads"), ("o
                   ("allocated", "alloc"), ("overhead", "ovh"), ("peak",), ("fits",), ("peak when",)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_memory_table_fits(tmp_path, columns):
     shown, written, code = run_in_terminal(["memory", "-p", "llama3-70b"], columns, tmp_path)
@@ -124,6 +126,7 @@ def test_memory_table_fits(tmp_path, columns):
     assert [r.split()[0] for r in rows if r.split()[0].isdigit()] == ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_presets_table_fits(tmp_path, columns):
     from traceforge.config.presets import PRESETS
@@ -137,6 +140,7 @@ def test_presets_table_fits(tmp_path, columns):
     assert [r.split()[0] for r in rows] == list(PRESETS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_plan_table_fits(tmp_path, columns):
     # dp mode and recompute fixed: a smaller search, the same columns
@@ -153,6 +157,7 @@ def test_plan_table_fits(tmp_path, columns):
         assert int(values["tp"]) * int(values["cp"]) * int(values["pp"]) * int(values["dp"]) == 4, row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_report_tables_fit(demo_set, columns):
     shown, written, code = run_in_terminal(["report", str(demo_set), "--quiet"], columns, demo_set.parent)
@@ -164,6 +169,7 @@ def test_report_tables_fit(demo_set, columns):
     assert not any(line.startswith("write the CSV") for line in shown), "--quiet drops the hint"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_check_table_fits(demo_set, tmp_path, columns):
     import shutil

@@ -12,7 +12,7 @@ import pytest
 from traceforge.base.errors import SpecError
 from traceforge.config import DP_MODE_ALIASES, DP_MODES, FIELD_BY_NAME, build_spec
 from traceforge.config.dp_modes import GRAD_REDUCE, PARAM_GATHER
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.memory.report import memory_report
 from traceforge.program.stage import build_program
 from traceforge.search.bound import step_lower_bound
@@ -22,7 +22,7 @@ from traceforge.search.space import dp_modes
 # A shape of its own (an odd hidden size), so no memo holds an entry another test made.
 SHAPE = dict(arch="gpt", layers=4, hidden=136, ffn_hidden=544, heads=4, vocab=500, seq_len=64, global_batch=16,
              world_size=8, tp=1, pp=2, dp=4, schedule="1f1b", steps=1)
-LINK = LinkModel(intra_gbps=400.0, inter_gbps=50.0, gpus_per_node=4)
+LINK = Cluster(scale_up_bw=400.0, scale_out_bw=50.0, gpus_per_node=4)
 
 
 def _flags(mode: str) -> dict:

@@ -41,7 +41,7 @@ from traceforge.config import (
 )
 from traceforge.config.fields import SPEC_KEYS
 from traceforge.config.views import PARTS, View, field_names
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.memory import report
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
 from traceforge.model import activations, anatomy, params
@@ -56,7 +56,7 @@ from traceforge.search.bound import _pieces, _pipeline, _record_pieces, pipeline
 from traceforge.search.dp_bound import spans, unit_gathers
 from traceforge.search.ring_floor import ring_blocks
 
-LINK = LinkModel(intra_gbps=400.0, inter_gbps=50.0, gpus_per_node=4)
+LINK = Cluster(scale_up_bw=400.0, scale_out_bw=50.0, gpus_per_node=4)
 DENSE = dict(arch="llama", layers=8, hidden=512, ffn_hidden=1536, heads=8, kv_heads=4, vocab=1000, seq_len=256,
              tied_embeddings=False, global_batch=16, world_size=16, tp=2, cp=2, pp=2, order="megatron",
              sequence_parallel=True, dp_mode="zero3", cp_comm_type="p2p")

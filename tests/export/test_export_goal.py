@@ -235,6 +235,7 @@ def test_foreign_set_without_its_groups_is_refused_whole(make_set, tmp_path):
 BIN, TXT2BIN = os.environ.get("LOGGOPSIM_BIN"), os.environ.get("TXT2BIN_BIN")
 
 
+@pytest.mark.simulator
 @pytest.mark.skipif(not (BIN and TXT2BIN and Path(BIN).is_file() and Path(TXT2BIN).is_file()),
                     reason="set LOGGOPSIM_BIN and TXT2BIN_BIN to LogGOPSim's LogGOPSim and txt2bin")
 @pytest.mark.parametrize("name", ["pp-zero3", "interleaved", "moe-cp"])
@@ -258,6 +259,7 @@ def test_loggopsim_finishes_every_rank(make_set, tmp_path, name):
     assert len(times) == len(compute) and all(t >= c for t, c in zip(times, compute, strict=True))
 
 
+@pytest.mark.simulator
 @pytest.mark.skipif(not (BIN and TXT2BIN and Path(BIN).is_file() and Path(TXT2BIN).is_file()),
                     reason="set LOGGOPSIM_BIN and TXT2BIN_BIN to LogGOPSim's LogGOPSim and txt2bin")
 def test_loggopsim_carries_time_through_a_dependency(tmp_path):

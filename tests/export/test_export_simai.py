@@ -141,6 +141,7 @@ def test_foreign_set_without_manifest_is_refused(make_set, tmp_path):
 BIN = os.environ.get("SIMAI_BIN")
 
 
+@pytest.mark.simulator
 @pytest.mark.skipif(not BIN or not Path(BIN).is_file(), reason="set SIMAI_BIN to SimAI's SimAI_analytical")
 @pytest.mark.parametrize("name", ["demo", "moe", "interleaved"])
 def test_simai_analytical_runs_the_workload(make_set, tmp_path, name):

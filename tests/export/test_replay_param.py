@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.simulator  # torchrun's processes replaying through PARAM
 pytest.importorskip("torch", reason="replay tests need torch (pip install 'traceforge[replay]')")
 pytest.importorskip("et_replay.tools.comm_replay", reason="replay tests need PARAM's et_replay (docs/replay.md)")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -19,8 +20,7 @@ from traceforge.cli import report as report_cli
 from traceforge.machine import astra as astra_files
 from traceforge.machine import cluster as cluster_mod
 from traceforge.machine.astra import load_network, machine_of
-from traceforge.machine.cluster import FIELDS, Cluster
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import ALPHA_BETA, FIELDS, Cluster
 from traceforge.report.build import build_report
 from traceforge.write import astra
 
@@ -39,8 +39,11 @@ def approx_cluster(values: dict):
 
 
 def test_both_commands_parse_the_same_flags_to_the_same_cluster(tmp_path, monkeypatch):
+    """The bundle is written from, and report times with, one object: the Cluster of the flags."""
+    from traceforge.report import build as report_build
+
     seen: dict[str, Cluster] = {}
-    real_write, real_machine = astra.write_astra_bundle, report_cli.machine_for
+    real_write, real_machine, real_build = astra.write_astra_bundle, report_cli.machine_for, report_build.build_report
 
     def record_write(out_dir, manifest, cluster=None, options=None):
         seen["generate"] = cluster
@@ -50,13 +53,19 @@ def test_both_commands_parse_the_same_flags_to_the_same_cluster(tmp_path, monkey
         seen["report"] = cluster
         return real_machine(directory, cluster, given, astra_model, *mode)
 
+    def record_build(*args, link=None, **kwargs):
+        seen["timed"] = link
+        return real_build(*args, link=link, **kwargs)
+
     monkeypatch.setattr(generate_cli, "write_astra_bundle", record_write)  # where generate looks it up
     monkeypatch.setattr(report_cli, "machine_for", record_machine)
+    monkeypatch.setattr(report_build, "build_report", record_build)  # report imports it when it runs
     out = tmp_path / "set"
     assert invoke("generate", "-p", "demo", "-q", "--astra-sim", "-o", out, *flags(MACHINE)).exit_code == 0
     res = invoke("report", out, "--json", "--alpha-beta", *flags(MACHINE))
     assert res.exit_code == 0, res.output
-    assert seen["generate"] == seen["report"] == Cluster(**MACHINE)
+    assert seen["generate"] == seen["report"] == seen["timed"] == Cluster(**MACHINE)
+    assert type(seen["timed"]) is Cluster
     # and report's alpha-beta model is that cluster, in the replay's microseconds
     link = json.loads(res.stdout)["timeline"]["link_model"]
     assert link == {"intra_gbps": MACHINE["scale_up_bw"], "inter_gbps": MACHINE["scale_out_bw"],
@@ -193,7 +202,6 @@ def test_default_estimate_follows_the_default_cluster(tmp_path, gpus_per_node):
     bw, lat = (c.scale_out_bw, c.scale_out_latency) if gpus_per_node == 1 else (c.scale_up_bw, c.scale_up_latency)
     us = lambda wire: lat / 1e3 + wire / (bw * 1e9) * 1e6  # noqa: E731
     wire = 2 * (2 - 1) / 2 * size  # ring AllReduce on 2 ranks
-    assert LinkModel() == LinkModel.from_cluster(c)
     report = build_report(d, gpus_per_node=gpus_per_node, jobs=1)
     assert report.replay.makespan == pytest.approx(us(size) + us(wire), rel=1e-12)
     assert math.isfinite(report.replay.makespan)
@@ -208,3 +216,27 @@ def test_flags_are_refused_beside_a_bundle_they_cannot_describe(tmp_path):
     assert invoke("report", out, "--json").exit_code == 0
     one_line_error(invoke("report", out, "--scale-out-bw", "25"), "--scale-out-bw", "3 dimensions", "--alpha-beta")
     assert invoke("report", out, "--json", "--alpha-beta", "--scale-out-bw", "25").exit_code == 0
+
+
+def test_one_object_holds_the_flags_values_and_times_transfers_in_us():
+    """Fields in the flags' units; the replay's us derived once: 700 ns is 0.7 us, and 300 GB/s
+    moves 300,000 bytes in 1 us (25 GB/s: 25,000 bytes)."""
+    c = Cluster(**MACHINE)
+    assert (c.scale_up_latency, c.scale_up_latency_us, c.scale_out_latency_us) == (700.0, 700.0 / 1e3, 2500.0 / 1e3)
+    assert c.micros(300_000, inter=False) == pytest.approx(0.7 + 1.0, rel=1e-12)
+    assert c.micros(25_000, inter=True) == pytest.approx(2.5 + 1.0, rel=1e-12)
+    assert c.floor_send(25_000, None) == pytest.approx(0.7 + 25_000 / 300_000, rel=1e-12)  # the cheaper class
+    # the us follow a replace and take no part in equality
+    slower = replace(c, scale_up_latency=1400.0)
+    assert slower.scale_up_latency_us == 1.4 and slower != c and replace(slower, scale_up_latency=700.0) == c
+
+
+def test_the_gpu_picks_nccls_model_and_is_not_a_machine_flag():
+    assert "gpu" not in {f.name for f in FIELDS}
+    assert Cluster.from_options(gpu="h100", gpus_per_node=4).gpu is None  # only the machine flags
+    # None: the set's GPU (report fills it in); alpha-beta; a GPU without NCCL's tables: no NCCL model
+    assert Cluster().nccl is None and Cluster(gpu=ALPHA_BETA).nccl is None and Cluster(gpu="custom").nccl is None
+    m = Cluster(**MACHINE, gpu="a100").nccl
+    assert m is not None and m.generation == "ampere" and m.shared_nics
+    assert (m.gpus_per_node, m.scale_up_bw, m.nics_per_node) == (4, 300.0, 2)
+    assert m.nic_bw == 25.0 * 4 / 2  # the node's 4 x 25 GB/s over its 2 NICs

@@ -12,6 +12,7 @@ import json
 from collections import Counter
 
 import pytest
+from moe_specs import FRONTIER
 from oracle import A2A, AG, COLL, RS, load_set
 
 from traceforge.base.errors import SpecError
@@ -60,11 +61,6 @@ def test_qwen3_235b_parameter_count_matches_the_published_total():
 
 # A small DeepSeek-like model: MLA, one shared expert, fine-grained experts, the first layer
 # dense, EP 4 as two "nodes" of 2 ranks, each token reaching at most one node.
-FRONTIER = dict(arch="llama", layers=4, hidden=256, ffn_hidden=512, heads=8, kv_heads=8, vocab=1000, seq_len=256,
-                tied_embeddings=False, experts=8, top_k=2, moe_ffn_hidden=64, shared_experts=1,
-                moe_first_dense_layers=1, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
-                v_head_dim=32, tp=2, sequence_parallel=True, pp=2, dp=4, ep=4, order="megatron",
-                num_microbatches=2, moe_router_num_groups=2, moe_router_group_topk=1)
 
 
 def _groups(out):

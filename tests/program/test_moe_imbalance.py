@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 from cli_runner import invoke, one_line_error
+from moe_specs import EP, LAYERS, SEQ, SMALL, H, K, M
 from oracle import COMP, RECV, SEND, TAG_LIMIT, load_set
 
 from traceforge.base.errors import SpecError
@@ -17,10 +18,7 @@ from traceforge.config import build_spec
 from traceforge.config.routing import Routing
 from traceforge.model.activations import routing_imbalance
 
-H, SEQ, K, EP, M, LAYERS = 128, 64, 2, 4, 2, 2
 TOKEN_BYTES = H * 2  # bf16
-SMALL = dict(arch="llama", layers=LAYERS, hidden=H, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=SEQ,
-             tied_embeddings=False, experts=8, top_k=K, tp=1, pp=1, dp=EP, ep=EP, order="megatron", num_microbatches=M)
 
 
 def hand_counts() -> np.ndarray:

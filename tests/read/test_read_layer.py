@@ -133,7 +133,7 @@ def test_check_and_report_both_take_the_first_of_a_repeated_attribute(tmp_path):
     result = check_trace_set(directory, jobs=1)
     assert result.ok, [f.message for f in result.findings]
     report = build_report(directory, gpus_per_node=1, jobs=1)
-    assert set(report.traces.groups) == {"1"}
+    assert set(report.traces.program_set.groups) == {"1"}
     keys = [k for scan in report.traces.scans for k in scan.traffic]
     assert keys and all(k[1] == "coll" and k[3] == 1024 and k[4] == "1" for k in keys)
 

@@ -11,10 +11,10 @@ import uuid
 import pytest
 
 from traceforge.base.errors import TraceReadError
-from traceforge.chakra.frame import read_file, split
+from traceforge.chakra.frame import frames, read_file
+from traceforge.chakra.templates import places
 from traceforge.read import records
 from traceforge.read import scan as scan_module
-from traceforge.read.records import value_spans
 from traceforge.read.scan import scan_rank, scan_ranks
 
 FIELDS = ("rank", "nodes", "compute_micros", "max_step", "role_traffic", "group_roles", "peer_roles", "shape",
@@ -76,16 +76,16 @@ def _pair(files):
     raise AssertionError("no two ranks share a layout")
 
 
+def _places(data: bytes):
+    """The rank-specific values of each node of a file (chakra/templates.py), proven."""
+    found = places(data, frames(data), records.templates)
+    assert found is not None
+    return [place for node in found for place in node]
+
+
 def _value_bytes(data: bytes) -> list[int]:
     """File positions inside rank-specific values (pg_name text, peer varints)."""
-    offsets: list[int] = []
-    payloads = split(data, "f", offsets)
-    ends = offsets[2:] + [len(data)]
-    out = []
-    for payload, end in zip(payloads[1:], ends, strict=True):
-        for span in value_spans(payload) or []:
-            out += range(end - len(payload) + span.start, end - len(payload) + span.stop)
-    return out
+    return [at for place in _places(data) for at in range(place.start, place.stop)]
 
 
 def test_damaged_files_scan_as_in_full(pipeline, tmp_path):
@@ -122,15 +122,10 @@ def test_values_that_merge_two_groups_are_scanned_in_full(pipeline, tmp_path):
     files = _files(pipeline)
     first, other = _pair(files)
     data = bytearray(read_file(files[other]))
-    offsets: list[int] = []
-    payloads = split(bytes(data), "f", offsets)
-    ends = offsets[2:] + [len(data)]
     texts = {}
-    for payload, end in zip(payloads[1:], ends, strict=True):
-        for span in value_spans(payload) or []:
-            if span.text and span.used:
-                start = end - len(payload) + span.start
-                texts.setdefault(bytes(data[start:end - len(payload) + span.stop]), []).append(start)
+    for place in _places(bytes(data)):
+        if place.text:  # a collective's pg_name: its group
+            texts.setdefault(bytes(data[place.start:place.stop]), []).append(place.start)
     widths = {}
     for value in texts:
         widths.setdefault(len(value), []).append(value)
@@ -156,3 +151,47 @@ def test_report_output_is_the_same_scanned_in_one_process_or_many(pipeline, tmp_
     one = build_report(copy, gpus_per_node=2, jobs=1).to_json()
     many = build_report(copy, gpus_per_node=2, jobs=2).to_json()
     assert one == many
+
+
+def _hand_written(path, text_group: str) -> None:
+    """A rank file with two collectives on one group: the first names it by an int64 pg_name (no
+    value the template can move), the second by the usual string; then a Send to rank 1."""
+    from traceforge.chakra._proto import traceforge_et_pb2 as pb
+    from traceforge.chakra.wire import varint
+
+    first = pb.Node(id=0, name="ar0", type=pb.COMM_COLL_NODE)
+    first.attr.add(name="comm_type", int64_val=0)
+    first.attr.add(name="comm_size", int64_val=64)
+    first.attr.add(name="pg_name", int64_val=5)
+    second = pb.Node(id=1, name="ar1", type=pb.COMM_COLL_NODE, data_deps=[0])
+    second.attr.add(name="comm_type", int64_val=0)
+    second.attr.add(name="comm_size", int64_val=64)
+    second.attr.add(name="pg_name", string_val=text_group)
+    send = pb.Node(id=2, name="send", type=pb.COMM_SEND_NODE, data_deps=[1])
+    send.attr.add(name="comm_size", int64_val=64)
+    send.attr.add(name="comm_tag", int64_val=1)
+    send.attr.add(name="comm_src", int32_val=0)
+    send.attr.add(name="comm_dst", int32_val=1)
+    messages = [pb.GlobalMetadata(version="0.0.4").SerializeToString()] + [
+        n.SerializeToString() for n in (first, second, send)]
+    path.write_bytes(b"".join(varint(len(m)) + m for m in messages))
+
+
+def test_a_group_also_named_outside_a_value_keeps_the_templates_name(tmp_path):
+    """Both collectives are group "5" in the template's file. A file whose string pg_name says "6"
+    has two groups ("5" from the int64, "6"), so it must not take the template's one-group scan;
+    one that says "5" again is that rank's scan through the template."""
+    template, split, same = tmp_path / "t.et", tmp_path / "split.et", tmp_path / "same.et"
+    _hand_written(template, "5")
+    _hand_written(split, "6")
+    _hand_written(same, "5")
+    assert _full(0, template).group_roles == ("5",)
+    assert _full(0, split).group_roles == ("5", "6")
+    _through_templates([(0, template)])
+    assert scan_module._reuse.count == 1  # the file has a template
+    got = _through_templates([(0, template), (0, split)])
+    assert scan_module._reuse.count == 2  # refused: scanned in full, and kept as a template of its own
+    assert _summary(got) == _summary(_full(0, split))
+    got = _through_templates([(0, template), (3, same)])
+    assert scan_module._reuse.count == 1  # matched
+    assert _summary(got) == _summary(_full(3, same))

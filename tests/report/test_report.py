@@ -26,7 +26,7 @@ import json
 import numpy as np
 import pytest
 
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.report.build import build_report
 
 A = 512 * 512 * 2
@@ -56,7 +56,7 @@ def demo(make_set):
 
 
 def test_demo_per_dimension_bytes_and_wire(demo):
-    assert demo.traces.steps == 1 and demo.world == 8
+    assert demo.traces.program_set.steps == 1 and demo.world == 8
     assert [d.dim for d in demo.dims] == ["tp", "pp", "dp", "emb"]
     for rank in range(8):
         stage = stage_of_demo(rank, "tp-pp-dp")
@@ -130,7 +130,7 @@ def test_demo_test_matrix_rows(demo):
 def test_per_step_divides_by_steps(make_set):
     _, out, _ = make_set(**BULK, steps=2)
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
-    assert report.traces.steps == 2
+    assert report.traces.program_set.steps == 2
     assert report.dim("dp").rows[0].wire == DP0
     assert rows_by_key(report)[("tp", "AllReduce", A, 2)].per_step == 36
 
@@ -255,7 +255,7 @@ def test_foreign_trace_dimensions_inferred_from_membership(make_set):
     _, out, _ = make_set(**BULK)
     strip_annotations(out)
     report = build_report(out, gpus_per_node=4, timeline=False, jobs=1)
-    assert report.traces.steps == 1 and not report.traces.annotated
+    assert report.traces.program_set.steps == 1 and not report.traces.program_set.annotated
     dims = {d.dim: d for d in report.dims}
     # TP {0,1}: stride 1; DP {0,4}: stride 4; emb {0,2}: stride 2; sends/recvs: p2p
     assert set(dims) == {"size2-stride1", "size2-stride2", "size2-stride4", "p2p"}
@@ -354,7 +354,7 @@ def test_link_model_validation(make_set):
 
     _, out, _ = make_set(**BULK)
     with pytest.raises(UserError, match="scale-out-bw"):
-        build_report(out, link=LinkModel(inter_gbps=0), jobs=1)
+        build_report(out, link=Cluster(scale_out_bw=0), jobs=1)
 
 
 def test_generate_with_report_prints_it(tmp_path):

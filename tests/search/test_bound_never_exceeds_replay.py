@@ -16,16 +16,18 @@ import pytest
 
 from traceforge.base.errors import SpecError
 from traceforge.config.schedules import SCHEDULES
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.search.bound import layout_floor, step_lower_bound
 from traceforge.search.candidates import Base, probe_runs
 from traceforge.search.estimate import estimate
 from traceforge.search.ring_floor import ring_layout_floor
 from traceforge.search.space import Model, walk
 
+pytestmark = pytest.mark.slow  # a sweep: every candidate's bound against its replay
+
 LAYOUT = ("tp", "cp", "pp", "dp", "world_size", "ep", "sequence_parallel")
 # One 10 GB/s NIC per node (NCCL's model, as plan runs it): a send across nodes costs ~10x one inside.
-SLOW_NIC = dict(inter_gbps=10.0, nics_per_node=1, gpu="h100")
+SLOW_NIC = dict(scale_out_bw=10.0, nics_per_node=1, gpu="h100")
 
 CASES = {
     # 8 layers: interleaved (pp 4, 2 chunks) and interleaved-zb (2, 4 and 5 chunks) are candidates.
@@ -66,7 +68,7 @@ def _fewest_micro_batches(builder, model, fixed):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bound_and_layout_floor_never_exceed_the_replay(case):
     flags, fixed, gpus_per_node = CASES[case]
-    link = LinkModel(gpus_per_node=gpus_per_node, **SLOW_NIC)
+    link = Cluster(gpus_per_node=gpus_per_node, **SLOW_NIC)
     base = Base("demo", None, {"order": "megatron", **flags})
     builder = base.builder()
     spec0 = builder({"tp": 1})  # (the preset's tp 2 would need sequence parallelism with experts)
@@ -110,7 +112,7 @@ def test_a_data_parallel_group_spread_unevenly_over_nodes_is_bounded_and_replaye
 
     spec = build_spec("demo", None, {"world_size": 12, "tp": 2, "pp": 2, "global_batch": 12, "micro_batch": 1,
                                      "order": "megatron", "sequence_parallel": True, "dp_mode": "ddp"})
-    link = LinkModel(gpus_per_node=4, gpu="h100")
+    link = Cluster(gpus_per_node=4, gpu="h100")
     assert spec.dp == 3 and spans(spec, 4)[0]["dp"] == (2,)  # 3 members on 2 nodes: 2 + 1
     assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
@@ -123,7 +125,7 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
 
     spec = build_spec("demo", None, {"world_size": 8, "tp": 2, "pp": 2, "global_batch": 8, "micro_batch": 1,
                                      "order": "megatron", "sequence_parallel": True, "tp_comm_overlap": True})
-    link = LinkModel(gpus_per_node=8, gpu="h100")
+    link = Cluster(gpus_per_node=8, gpu="h100")
     assert 0 < step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
 
@@ -135,10 +137,10 @@ def test_a_tp_comm_overlap_candidate_is_bounded_and_replayed():
     # llama3-8b's shapes on 2 layers, tp 8 in one node: the overlapped step is shorter than the
     # bound, which is the same with the flag on or off
     ("llama3-8b", dict(world_size=8, tp=8, layers=2, micro_batch=8, global_batch=8, tp_comm_overlap=True),
-     LinkModel(gpus_per_node=8, gpu="h100")),
+     Cluster(gpus_per_node=8, gpu="h100")),
     # FP8 gathers half the bytes; a TP group across 2-GPU nodes behind one slow NIC
     ("demo", dict(world_size=8, tp=8, seq_len=8192, micro_batch=4, global_batch=4, fp8="hybrid"),
-     LinkModel(gpus_per_node=2, inter_gbps=10.0, nics_per_node=1, gpu="h100")),
+     Cluster(gpus_per_node=2, scale_out_bw=10.0, nics_per_node=1, gpu="h100")),
 ], ids=["tp-comm-overlap", "fp8"])
 def test_the_bound_records_the_layers_tp_as_the_programs_do(preset, flags, link):
     from traceforge.config import build_spec

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from traceforge.base.errors import SpecError
 from traceforge.config import build_spec
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.memory import memory_report
 from traceforge.search.bound import step_lower_bound
 from traceforge.search.candidates import Base, search
@@ -67,6 +69,7 @@ class _Noting(dict):
         return super().get(key, default)
 
 
+@pytest.mark.slow
 def test_each_level_reads_only_the_keys_layout_counts_shares_on():
     """layout_counts shares a subtree's count between layouts that agree on READS: every level must
     read no other key of the partial candidate (each level at a full candidate, MoE and pipelines)."""
@@ -146,12 +149,12 @@ def test_legal_is_exactly_what_generate_accepts():
     assert all(walked[k] == brute[k] for k in brute)
     # and the search itself (its per-layout shares, subtree refusals counted) reports those counts;
     # with 1 byte of GPU memory none fits, so no layout is ruled out by a replayed step: all are validated
-    result = search(Base("demo", None, {"order": "megatron"}), model, fixed, LinkModel(), 1, top=1, quiet=True)
+    result = search(Base("demo", None, {"order": "megatron"}), model, fixed, Cluster(), 1, top=1, quiet=True)
     assert (result.considered, result.legal) == (considered, len(brute))
 
 
 def test_feasible_fit_memory_and_bound_never_exceeds_replay():
-    link = LinkModel()
+    link = Cluster()
     memory = int(1.4e9)  # small enough that the memory filter removes some candidates (peaks 1.2-1.6 GB)
     result = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8),
                     {"schedule": "1f1b", "recompute": "none", "dp_mode": "ddp"}, link, memory, top=10, every=True)
@@ -169,9 +172,9 @@ def test_the_planner_keeps_tight_candidates_and_flags_them():
     those that do not fit even without it are dropped, as before."""
     memory = int(1.4e9)
     fixed = {"schedule": "1f1b", "recompute": "none", "dp_mode": "ddp"}
-    plain = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, LinkModel(), memory,
+    plain = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, Cluster(), memory,
                    top=10, every=True, reserve=0.0)
-    heavy = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, LinkModel(), memory,
+    heavy = search(Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), fixed, Cluster(), memory,
                    top=10, every=True, reserve=0.5)
     assert heavy.feasible == plain.feasible  # the reserve never removes a candidate
     verdicts = {r.memory.verdict for r in heavy.candidates}
@@ -182,7 +185,7 @@ def test_the_planner_keeps_tight_candidates_and_flags_them():
 
 
 def test_bound_below_replay_on_other_schedules():
-    link = LinkModel()
+    link = Cluster()
     for flags in ({"pp": 4, "world_size": 64, "schedule": "zb-h1"},
                   {"pp": 4, "world_size": 64, "schedule": "interleaved", "virtual_stages": 2, "recompute": "full"},
                   {"pp": 4, "world_size": 64, "schedule": "zbv", "dp_mode": "zero3"},
@@ -193,9 +196,10 @@ def test_bound_below_replay_on_other_schedules():
         assert step_lower_bound(spec, link) <= estimate(spec, link).step_us
 
 
+@pytest.mark.slow
 def test_top_k_equals_brute_force_over_all_candidates():
     """Branch and bound returns exactly the K best of replaying everything."""
-    base, model, link = Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), LinkModel()
+    base, model, link = Base("demo", None, {"order": "megatron"}), Model(8, 8, 4, 8, 0, 8), Cluster()
     fixed = {"dp_mode": "ddp", "recompute": "none", "micro_batch": 1}
     everything = search(base, model, fixed, link, None, top=5, every=True)
     best = search(base, model, fixed, link, None, top=5)

@@ -7,16 +7,18 @@ from __future__ import annotations
 import pytest
 
 from traceforge.config import build_spec
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.search.bound import _pipeline, layout_floor, step_lower_bound
 from traceforge.search.candidates import Base, probe_runs, search
 from traceforge.search.dp_bound import spans, stage_floors
 from traceforge.search.estimate import estimate
 from traceforge.search.space import Model
 
+pytestmark = pytest.mark.slow  # searches and replays every candidate of its spaces
+
 # Two GPUs per node: data-parallel groups of a 16-GPU layout cross nodes.
-LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2)
-NCCL_LINK = LinkModel(intra_gbps=100.0, inter_gbps=10.0, gpus_per_node=2, nics_per_node=2, gpu="h100")
+LINK = Cluster(scale_up_bw=100.0, scale_out_bw=10.0, gpus_per_node=2)
+NCCL_LINK = Cluster(scale_up_bw=100.0, scale_out_bw=10.0, gpus_per_node=2, nics_per_node=2, gpu="h100")
 
 
 @pytest.mark.parametrize("dp_mode", ["ddp", "zero1", "zero2", "dist-opt", "zero3", "hsdp"])
@@ -271,9 +273,9 @@ def test_zero3_floor_counts_three_collectives_per_unit_and_micro_batch():
 
     p = stage_params(spec, 0)
     units = p.embedding + sum(p.dense.values()) + p.head
-    gather = (n - 1) * (units * spec.act_bytes // n) / (d.inter_gbps * 1e3)
-    scatter = (n - 1) / n * units * spec.grad_bytes / (d.inter_gbps * 1e3)
-    latencies = 3 * len(p.layers) * d.inter_latency_us
+    gather = (n - 1) * (units * spec.act_bytes // n) / (d.scale_out_bw * 1e3)
+    scatter = (n - 1) / n * units * spec.grad_bytes / (d.scale_out_bw * 1e3)
+    latencies = 3 * len(p.layers) * d.scale_out_latency_us
     expected = m * (2 * gather + scatter + latencies)
     assert stage_floors(spec, LINK)[0].chain == pytest.approx(expected, rel=1e-6)
     # It decides the bound here: far above the compute-only pipeline floor, and below the replay.
@@ -391,13 +393,13 @@ def test_overhead_gb_sizes_candidates_as_memory_does_and_is_carried_into_the_fla
 
 def _replayed_nodes(spec) -> int:
     """What the replay counts against its node limit: every rank class's program."""
-    from traceforge.search.estimate import in_memory_trace_set
+    from traceforge.program.programset import program_set
     from traceforge.timing.engine import rank_classes
 
-    ts = in_memory_trace_set(spec)
-    color = rank_classes(ts, LINK.gpus_per_node)
+    ps = program_set(spec)
+    color = rank_classes(ps, LINK.gpus_per_node)
     first = {c: rank for rank, c in reversed(list(enumerate(color)))}
-    return sum(ts.scans[rank].nodes for rank in first.values())
+    return sum(len(ps.program(rank)) for rank in first.values())
 
 
 FLOOR_CASES = [
@@ -518,7 +520,7 @@ def test_data_parallel_floors_charge_each_group_at_the_nodes_it_spans():
     from traceforge.ir.enums import NodeType
     from traceforge.program.stage import build_program
 
-    link = LinkModel(gpus_per_node=8, nics_per_node=8, gpu="h100")
+    link = Cluster(gpus_per_node=8, nics_per_node=8, gpu="h100")
     for order, nodes in (("megatron", 4), ("dp-tp-cp-ep-pp", 1)):
         spec = build_spec("demo", None, {"world_size": 32, "tp": 4, "pp": 1, "dp_mode": "ddp", "global_batch": 16,
                                          "micro_batch": 1, "order": order, "sequence_parallel": True})
@@ -539,7 +541,7 @@ def _hop(spec, link) -> float:
     sequence times the hidden size in bf16 for each of the micro-batch's sequences, at the
     scale-out tier's latency and bandwidth (the alpha-beta link)."""
     assert spec.dtype == "bf16" and not spec.sequence_parallel and spec.cp == 1
-    return link.inter_latency_us + spec.micro_batch * spec.seq_len * spec.hidden * 2 / (link.inter_gbps * 1e3)
+    return link.scale_out_latency_us + spec.micro_batch * spec.seq_len * spec.hidden * 2 / (link.scale_out_bw * 1e3)
 
 
 def test_one_micro_batch_crosses_every_stage_boundary_twice_and_the_bound_charges_each_crossing():

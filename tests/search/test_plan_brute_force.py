@@ -11,6 +11,8 @@ import json
 import pytest
 from cli_runner import invoke
 
+pytestmark = pytest.mark.slow  # brute force: generate and report every candidate
+
 GPUS, GLOBAL_BATCH = 2, 2
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
 SHARDED_OPTIMIZERS = ("zero1", "zero2", "dist-opt")

@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_moe_frontier import FRONTIER
-from test_moe_imbalance import SMALL
+from moe_specs import FRONTIER, SMALL
 
 from traceforge.machine.astra import LOG_DIR, RUN_SCRIPT
 from traceforge.machine.cluster import Cluster
@@ -19,8 +18,9 @@ from traceforge.write.astra import write_astra_bundle
 from traceforge.write.combine import combine_sets
 
 BINARY = os.environ.get("ASTRA_SIM_BIN")
-pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
-                                reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")
+pytestmark = [pytest.mark.simulator,
+              pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
+                                 reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")]
 
 
 def _finishes(out: Path, doc: dict, gpus_per_node: int) -> None:

@@ -16,8 +16,9 @@ from traceforge.machine.cluster import Cluster
 from traceforge.write.astra import write_astra_bundle
 
 BINARY = os.environ.get("ASTRA_SIM_BIN")
-pytestmark = pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
-                                reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")
+pytestmark = [pytest.mark.simulator,
+              pytest.mark.skipif(not BINARY or not Path(BINARY).is_file(),
+                                 reason="set ASTRA_SIM_BIN to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware")]
 
 
 @pytest.mark.parametrize("overrides, gpus_per_node", [

@@ -84,6 +84,7 @@ def test_failing_binary(bundled, tmp_path):
     assert not (out / "simulation.json").exists()
 
 
+@pytest.mark.slow
 def test_timeout(bundled, tmp_path):
     _, out = bundled()
     res = cli(["simulate", str(out), "-q", "--timeout", "1", "--astra-sim-bin", fake_binary(tmp_path, "sleep 30")])
@@ -129,6 +130,7 @@ def test_report_reads_a_trace_enabled_log(make_set, tmp_path):
 # -- end to end with the real simulator ----------------------------------------------------
 
 
+@pytest.mark.simulator
 @needs_astra
 @pytest.mark.parametrize(
     "gpus_per_node, overrides",
@@ -153,6 +155,7 @@ def test_simulate_and_estimate_agree(bundled, tmp_path, gpus_per_node, overrides
     assert abs(cmp["error"]) < 0.05, cmp
 
 
+@pytest.mark.simulator
 @needs_astra
 def test_simulate_stalled_ranks_are_located(bundled):
     spec, out = bundled(tp=1, pp=2, world_size=4, layers=2, num_microbatches=2)
@@ -172,6 +175,7 @@ def test_simulate_stalled_ranks_are_located(bundled):
     assert "never finished" in res.output
 
 
+@pytest.mark.simulator
 @needs_astra
 def test_simulate_with_trace_gives_node_times_and_dimensions(bundled, tmp_path):
     spec, out = bundled(4, cp=2, order="megatron", num_microbatches=2)

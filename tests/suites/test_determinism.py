@@ -49,6 +49,7 @@ def test_jobs_do_not_change_the_bytes(tmp_path):
     assert one == two
 
 
+@pytest.mark.slow
 def test_separate_processes_agree(tmp_path):
     """Hash randomization differs per process; nothing may depend on it."""
     for seed in ("1", "2"):

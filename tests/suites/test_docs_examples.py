@@ -278,6 +278,7 @@ class Block:
         self.ran += 1
 
 
+@pytest.mark.slow  # runs every example, plans included
 @pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(ROOT)))
 def test_every_example_runs_as_shown(doc, tmp_path, monkeypatch):
     found = examples(doc)

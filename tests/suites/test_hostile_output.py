@@ -218,6 +218,7 @@ def _gone(pids: list[int], timeout: float = 10) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
 def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
     import signal
@@ -241,6 +242,7 @@ def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
         assert _hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_stdout_full_or_closed(tmp_path):
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "out"], cwd=tmp_path, env=ENV,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes, signalled mid-write
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(ROOT))
 # 16,384 ranks of demo: planned in a moment, then seconds of writing (a signal lands mid-write).

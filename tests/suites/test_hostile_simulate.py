@@ -118,6 +118,7 @@ def _simulate_process(directory: Path, binary: str, *args: str) -> subprocess.Po
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_timeout_holds_when_the_simulator_closes_stdout_and_runs_on(bundled, tmp_path):
     proc = _simulate_process(bundled, fake(tmp_path, "exec >&- 2>&-\nsleep 60"), "--timeout", "2")
     try:
@@ -127,6 +128,7 @@ def test_timeout_holds_when_the_simulator_closes_stdout_and_runs_on(bundled, tmp
     assert proc.returncode == 3 and "did not finish within 2 s" in stderr, stderr
 
 
+@pytest.mark.slow
 def test_a_simulator_that_floods_its_output_times_out_in_one_line(bundled, tmp_path):
     # the pipe was closed under the reading thread's read: a traceback (PyMemoryView_FromBuffer)
     # came before the error, about one run in three; two runs make a regression likely to show
@@ -142,6 +144,7 @@ def test_a_simulator_that_floods_its_output_times_out_in_one_line(bundled, tmp_p
         assert "did not finish within 1 s" in stderr
 
 
+@pytest.mark.slow
 def test_timeout_kills_what_a_wrapper_started(bundled, tmp_path):
     pidfile = tmp_path / "child.pid"
     binary = fake(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait")
@@ -150,6 +153,7 @@ def test_timeout_kills_what_a_wrapper_started(bundled, tmp_path):
     assert gone(int(pidfile.read_text()))
 
 
+@pytest.mark.slow
 def test_an_exited_simulator_does_not_wait_for_what_it_left_running(bundled, tmp_path):
     pidfile = tmp_path / "child.pid"
     binary = fake(tmp_path, f"{FINISHES}\n(sleep 300) &\necho $! > {pidfile}\nexit 0")
@@ -158,6 +162,7 @@ def test_an_exited_simulator_does_not_wait_for_what_it_left_running(bundled, tmp
     assert gone(int(pidfile.read_text()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_to_simulate_kills_the_simulator(bundled, tmp_path, sig, code):
     pidfile = tmp_path / "sim.pid"
@@ -179,6 +184,7 @@ def test_a_signal_to_simulate_kills_the_simulator(bundled, tmp_path, sig, code):
     assert not (bundled / "astra_log").exists() and not (bundled / "simulation.json").exists()
 
 
+@pytest.mark.slow
 def test_a_signal_as_the_output_reader_starts_still_kills_the_simulator(bundled, tmp_path, monkeypatch):
     """SIGHUP raised while the thread that reads the simulator's output starts (before it counts
     as started): one line and exit 129, the simulator's group killed; it was a traceback ('cannot

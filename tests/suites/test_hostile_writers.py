@@ -215,6 +215,7 @@ def test_routing_counts_that_do_not_fit_are_named_truly(tmp_path, value, dtype, 
     assert all(w in str(info.value) for w in words), str(info.value)
 
 
+@pytest.mark.slow
 def test_error_path_needs_no_open_when_every_open_fails(tmp_path):
     """From the 3rd output file on every open() fails (an audit hook refuses it): the error is
     still one line, not an ImportError from a lazily imported module on the way out."""
@@ -327,6 +328,7 @@ def test_show_json_prints_a_list_valued_attribute_as_a_list(make_set):
     assert rows[0]["comm_size"] == [1, 2, 3] and rows[0]["comm_type"] == "[0]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [("show", "{d}"), ("export", "{d}", "--rank", "0"), ("check", "{d}", "--json"), ("presets",),
                                   ("report", "{d}", "--json", "--no-timeline")])
 def test_stdout_answer_with_stdout_closed_is_an_error(make_set, args):

@@ -78,7 +78,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_graph_is_read(graph):
-    assert "traceforge.ir.program" in graph["traceforge.read.file_templates"]
+    assert "traceforge.read.rank_scan" in graph["traceforge.read.file_templates"]
     assert "traceforge.read.file_templates" in graph["traceforge.read.scan"]
     # inside a function: `plan` loads the planner only when the command runs
     assert "traceforge.plan_output.run" in graph["traceforge.cli.plan"]
@@ -130,6 +130,7 @@ def test_every_package_is_a_layer(graph):
     assert not unknown, f"layers name packages that do not exist: {', '.join(unknown)}"
 
 
+@pytest.mark.slow
 def test_plan_loads_no_trace_reader_and_no_protobuf(tmp_path):
     """`traceforge plan` times its candidates in memory: the process that plans (and prints the
     answer) never imports a trace reader or the protobuf bindings; writing the top sets would."""

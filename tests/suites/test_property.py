@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a sweep of drawn specs
 pytest.importorskip("hypothesis", reason="the property test needs hypothesis (pip install '.[test]')")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -6,18 +6,19 @@ the class reduction staying exact, the default-mode rule, and the mode named in 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from cli_runner import invoke, one_line_error
 from test_timeline import COLL, COMP, RECV, SEND, node, write_set
 
-from traceforge.machine.links import ALPHA_BETA, LinkModel
+from traceforge.machine.cluster import ALPHA_BETA, Cluster
 from traceforge.report.build import build_report
 from traceforge.timing import replay as replay_module
 from traceforge.timing.replay import replay
 
 # Scale-up 100 GB/s = 100,000 B/us, scale-out 1 GB/s = 1,000 B/us, 2 us latency on both.
-LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
+LINK = Cluster(scale_up_bw=100.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0)
 
 
 def bucket_then_tp(tmp_path, dp_bytes: int, tp_bytes: int):
@@ -68,9 +69,9 @@ def test_transfers_on_one_tier_share_its_bandwidth(tmp_path):
     at 40, alone from there: 50, +2 = 52; B3 52 -> 62; optimizer 62 -> 67.
     astra-sim: bucket 10 -> 32, TP AR 32 -> 54, B3 54 -> 64, optimizer 64 -> 69."""
     d = bucket_then_tp(tmp_path, 20_000, 20_000)
-    link = LinkModel(intra_gbps=1.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
-    hw = replay(build_report(d, gpus_per_node=4, link=link, timeline=False, jobs=1).traces,
-                LinkModel(1.0, 1.0, 2.0, 2.0, gpus_per_node=4), mode="hardware")
+    link = Cluster(scale_up_bw=1.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0)
+    hw = replay(build_report(d, gpus_per_node=4, link=link, timeline=False, jobs=1).traces.program_set,
+                replace(link, gpus_per_node=4), mode="hardware")
     c = hw.color[0]
     assert len(set(hw.color)) == 1  # one class: the sharing is counted per class, and must still be right
     assert (hw.finish[c][1], hw.start[c][3], hw.finish[c][3]) == pytest.approx((42, 20, 52))
@@ -113,7 +114,7 @@ def test_modes_agree_on_a_pure_data_parallel_set(make_set):
     is the one slot per rank and nothing shares a link (both modes on the alpha-beta links: the
     hardware mode's NCCL model would time the transfers differently)."""
     _, out, _ = make_set("demo", tp=1, pp=1, dp=2, global_batch=8)
-    link = LinkModel(gpu=ALPHA_BETA)
+    link = Cluster(gpu=ALPHA_BETA)
     a = build_report(out, gpus_per_node=1, link=link, jobs=1, estimate="astra-sim").estimate
     h = build_report(out, gpus_per_node=1, link=link, jobs=1, estimate="hardware").estimate
     assert h.critical.total == pytest.approx(a.critical.total, rel=1e-9)
@@ -126,14 +127,14 @@ def test_class_reduction_stays_exact_in_hardware_mode(make_set, monkeypatch):
     overlap and share tiers."""
     _, out, _ = make_set("demo", tp=2, pp=2, dp=2, dp_mode="dist-opt", overlap_grad_reduce=True,
                          overlap_param_gather=True, bucket_mb=1, overlap_p2p_comm=True)
-    ts = build_report(out, gpus_per_node=4, timeline=False, jobs=1).traces
-    link = LinkModel(gpus_per_node=4)
-    classes = replay(ts, link, mode="hardware")
-    assert len(set(classes.color)) < ts.world
-    monkeypatch.setattr(replay_module, "rank_classes", lambda ts, gpn: list(range(ts.world)))
-    full = replay(ts, link, mode="hardware")
+    ps = build_report(out, gpus_per_node=4, timeline=False, jobs=1).traces.program_set
+    link = Cluster(gpus_per_node=4)
+    classes = replay(ps, link, mode="hardware")
+    assert len(set(classes.color)) < ps.world
+    monkeypatch.setattr(replay_module, "rank_classes", lambda ps, gpn: list(range(ps.world)))
+    full = replay(ps, link, mode="hardware")
     assert full.makespan == pytest.approx(classes.makespan, rel=1e-12)
-    for rank in range(ts.world):
+    for rank in range(ps.world):
         assert full.finish[rank] == pytest.approx(classes.finish[classes.color[rank]], rel=1e-12, abs=1e-9)
 
 
@@ -145,7 +146,7 @@ def test_overlap_flags_help_in_hardware_mode(make_set):
                 bucket_mb=4)
     _, plain, _ = make_set("demo", **base)
     _, overlap, _ = make_set("demo", **base, overlap_grad_reduce=True)
-    link = LinkModel(gpu=ALPHA_BETA)
+    link = Cluster(gpu=ALPHA_BETA)
     step = {(k, m): build_report(d, gpus_per_node=2, link=link, jobs=1, estimate=m).estimate.critical.total
             for k, d in (("plain", plain), ("overlap", overlap)) for m in ("astra-sim", "hardware")}
     assert step["overlap", "hardware"] < step["plain", "hardware"]
@@ -218,17 +219,17 @@ def test_compute_beside_nccl_is_slowed_only_while_its_transfers_run(tmp_path, mo
     from traceforge.timing import streams
 
     d = bucket_then_tp(tmp_path, dp_bytes=10**9, tp_bytes=1000)
-    link = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0, gpus_per_node=2,
+    link = Cluster(scale_up_bw=100.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0, gpus_per_node=2,
                      nics_per_node=2, gpu="h100")
-    ts = build_report(d, gpus_per_node=2, link=link, timeline=False, jobs=1).traces
-    shared = replay(ts, link, mode="hardware")
+    ps = build_report(d, gpus_per_node=2, link=link, timeline=False, jobs=1).traces.program_set
+    shared = replay(ps, link, mode="hardware")
     c = shared.color[0]
     took = [shared.finish[c][i] - shared.start[c][i] for i in (0, 2, 4, 5)]
     assert took == pytest.approx([10.0, 10.0 * NCCL_SLOWDOWN, 10.0 * NCCL_SLOWDOWN, 5.0])
     alone_gpus = {name: dataclasses.replace(g, calibration=dataclasses.replace(g.calibration, nccl_slowdown=1.0))
                   if g.calibration else g for name, g in GPUS.items()}
     monkeypatch.setattr(streams, "GPUS", alone_gpus)
-    alone = replay(ts, link, mode="hardware")
+    alone = replay(ps, link, mode="hardware")
     assert [alone.finish[c][i] - alone.start[c][i] for i in (0, 2, 4, 5)] == [10.0, 10.0, 10.0, 5.0]
     assert alone.makespan <= shared.makespan
 

@@ -10,7 +10,7 @@ from test_timeline import COLL, COMP, node, write_set
 
 from traceforge.ir.enums import Coll
 from traceforge.machine import nccl as N
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.report.build import build_report
 from traceforge.timing import replay as replay_module
 from traceforge.timing.replay import replay
@@ -41,10 +41,10 @@ def test_a_group_across_nodes_runs_on_its_nics(tmp_path, per_node):
         base = (r % 8) // per_node * per_node
         return [n * 8 + base + k for n in (0, 1) for k in range(per_node)]
 
-    link = LinkModel(intra_gbps=450.0, inter_gbps=50.0, gpus_per_node=8, nics_per_node=8, gpu="h100")
-    ts = build_report(one_allreduce(tmp_path, world, 256 * MB, members_of), gpus_per_node=8, timeline=False,
-                      jobs=1).traces
-    result = replay(ts, link, mode="hardware")
+    link = Cluster(scale_up_bw=450.0, scale_out_bw=50.0, gpus_per_node=8, nics_per_node=8, gpu="h100")
+    ps = build_report(one_allreduce(tmp_path, world, 256 * MB, members_of), gpus_per_node=8, timeline=False,
+                      jobs=1).traces.program_set
+    result = replay(ps, link, mode="hardware")
     expect = N.best(link.nccl, N.ALL_REDUCE, 256 * MB, 2 * per_node, 2).time_us
     assert result.makespan == pytest.approx(10 + expect + 5, rel=1e-9)
     ring = N.best(link.nccl, N.ALL_REDUCE, 256 * MB, 2 * per_node, 2, N.RING, N.SIMPLE)
@@ -54,10 +54,10 @@ def test_a_group_across_nodes_runs_on_its_nics(tmp_path, per_node):
 def test_nccl_across_nodes_beats_one_nic_alpha_beta(tmp_path):
     """16 ranks over 2 nodes, one AllReduce of 1 GB: alpha-beta charges one GPU's 50 GB/s for the
     whole ring; NCCL's ring goes through 8 NICs (NVLink-bound at 370.8 GB/s)."""
-    ts = build_report(one_allreduce(tmp_path, 16, 1 << 30, lambda r: list(range(16))), gpus_per_node=8,
-                      timeline=False, jobs=1).traces
-    alpha = replay(ts, LinkModel(intra_gbps=450.0, inter_gbps=50.0, gpus_per_node=8), mode="hardware").makespan
-    nccl = replay(ts, LinkModel(intra_gbps=450.0, inter_gbps=50.0, gpus_per_node=8, gpu="h100"),
+    ps = build_report(one_allreduce(tmp_path, 16, 1 << 30, lambda r: list(range(16))), gpus_per_node=8,
+                      timeline=False, jobs=1).traces.program_set
+    alpha = replay(ps, Cluster(scale_up_bw=450.0, scale_out_bw=50.0, gpus_per_node=8), mode="hardware").makespan
+    nccl = replay(ps, Cluster(scale_up_bw=450.0, scale_out_bw=50.0, gpus_per_node=8, gpu="h100"),
                   mode="hardware").makespan
     assert alpha - 15 == pytest.approx(1.0 + 2 * 15 / 16 * (1 << 30) / 50e3)
     assert nccl < alpha / 5
@@ -66,13 +66,13 @@ def test_nccl_across_nodes_beats_one_nic_alpha_beta(tmp_path):
 def test_class_reduction_stays_exact_with_nccl(make_set, monkeypatch):
     _, out, _ = make_set("demo", tp=2, pp=2, dp=2, dp_mode="dist-opt", overlap_grad_reduce=True,
                          overlap_param_gather=True, bucket_mb=1, overlap_p2p_comm=True)
-    ts = build_report(out, gpus_per_node=2, timeline=False, jobs=1).traces
-    link = LinkModel(gpus_per_node=2, nics_per_node=2, gpu="h100")
-    classes = replay(ts, link, mode="hardware")
-    monkeypatch.setattr(replay_module, "rank_classes", lambda ts, gpn: list(range(ts.world)))
-    full = replay(ts, link, mode="hardware")
+    ps = build_report(out, gpus_per_node=2, timeline=False, jobs=1).traces.program_set
+    link = Cluster(gpus_per_node=2, nics_per_node=2, gpu="h100")
+    classes = replay(ps, link, mode="hardware")
+    monkeypatch.setattr(replay_module, "rank_classes", lambda ps, gpn: list(range(ps.world)))
+    full = replay(ps, link, mode="hardware")
     assert full.makespan == pytest.approx(classes.makespan, rel=1e-12)
-    for rank in range(ts.world):
+    for rank in range(ps.world):
         assert full.finish[rank] == pytest.approx(classes.finish[classes.color[rank]], rel=1e-12, abs=1e-9)
 
 
@@ -90,7 +90,7 @@ def test_a_collectives_floor_is_at_most_its_charge_on_every_span_the_group_can_h
     """The planner's floors price a layer's collectives without knowing where the group lies: the
     least charge over the spans checked must be at most the charge on any span, even or not (a
     strided group of 3 can lie 1 + 2 on 2 nodes)."""
-    link = LinkModel(gpus_per_node=8, gpu="h100")
+    link = Cluster(gpus_per_node=8, gpu="h100")
     for n in range(2, 41):
         for ctype, size in ((Coll.ALL_REDUCE, 1 << 12), (Coll.ALL_REDUCE, 1 << 26), (Coll.ALL_GATHER, 1 << 22),
                             (Coll.REDUCE_SCATTER, 1 << 16), (Coll.ALL_TO_ALL, 1 << 20)):

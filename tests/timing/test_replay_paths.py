@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import gc
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from traceforge.config import build_spec
 from traceforge.ir.enums import COLL, COMP, RECV, SEND, NodeType
-from traceforge.ir.program import RankProgram, RankScan
-from traceforge.ir.traceset import TraceSet
+from traceforge.ir.program import RankProgram
+from traceforge.ir.programset import ProgramSet
 from traceforge.machine.cluster import Cluster
-from traceforge.machine.links import LinkModel
 from traceforge.parallel.layout import Layout
 from traceforge.program.ops import Context, ProgramBuilder, _sorted_unique
+from traceforge.program.programset import program_set
 from traceforge.program.stage import build_program
-from traceforge.search.estimate import estimate, in_memory_trace_set
+from traceforge.search.estimate import estimate
 from traceforge.timing.engine import ASTRA_SIM, HARDWARE, _ProgramIndex, gc_paused
 from traceforge.timing.replay import replay
 from traceforge.timing.timeline import step_estimate
@@ -115,7 +114,7 @@ def _check_index(p: RankProgram) -> None:
 
 @pytest.mark.parametrize("case", range(len(SPECS)))
 def test_program_index_equals_the_node_by_node_one(case: int) -> None:
-    for program in in_memory_trace_set(_spec(case)).programs.values():
+    for program in program_set(_spec(case)).programs.values():
         _check_index(program)
 
 
@@ -161,7 +160,7 @@ def _check_compute(result) -> None:
 def test_compute_runs_as_the_timing_model_says(case: int, mode: str) -> None:
     """The event loop's inlined compute path on the planner's programs (their compute is one
     chain: never two compute nodes ready at once)."""
-    _check_compute(replay(in_memory_trace_set(_spec(case)), LinkModel.from_cluster(Cluster.from_options()), mode=mode))
+    _check_compute(replay(program_set(_spec(case)), Cluster(), mode=mode))
 
 
 @pytest.mark.parametrize("mode", [HARDWARE, ASTRA_SIM])
@@ -179,9 +178,8 @@ def test_compute_queue_on_random_dags(seed: int, mode: str) -> None:
                           np.full(n, -1, np.int16), z, np.full(n, -1, np.int32), z, np.zeros(n, np.int32), ptr,
                           np.array([d for ds in deps for d in ds], np.int64), [""] * n, [""] * n)
     shape = program.digest()
-    scan = RankScan(rank=0, nodes=n, compute_micros=int(program.durations.sum()), max_step=0, shape=shape)
-    ts = TraceSet(Path("."), "workload", 1, [scan], {shape: program}, {}, {}, 1, False)
-    _check_compute(replay(ts, LinkModel(), mode=mode))
+    ps = ProgramSet(1, {shape: program}, [shape], [()], [()], {}, {}, 1, False)
+    _check_compute(replay(ps, Cluster(), mode=mode))
 
 
 @pytest.mark.parametrize("case", range(len(SPECS)))
@@ -189,13 +187,13 @@ def test_in_memory_programs_read_every_op_as_written(case: int) -> None:
     """The in-memory set's programs (read column-wise, shared across rank patterns) hold each
     stage op's fields as the scanner would read them from the written file: node by node."""
     spec = _spec(case)
-    ts = in_memory_trace_set(spec)
-    by_stage = {}
-    for scan in ts.scans:
-        by_stage.setdefault(scan.shape, scan)
+    ps = program_set(spec)
+    by_stage: dict[bytes, int] = {}
+    for rank, shape in enumerate(ps.shapes):
+        by_stage.setdefault(shape, rank)
     stage_of = Layout.from_spec(spec).coords["pp"].tolist()
-    for shape, scan in by_stage.items():
-        p, ops = ts.programs[shape], build_program(spec, stage_of[scan.rank]).ops
+    for shape, rank in by_stage.items():
+        p, ops = ps.programs[shape], build_program(spec, stage_of[rank]).ops
         assert p.types.tolist() == [int(op.type) for op in ops]
         assert p.durations.tolist() == [op.duration_micros for op in ops]
         assert p.ctypes.tolist() == [-1 if op.comm_type is None else int(op.comm_type) for op in ops]
@@ -207,7 +205,7 @@ def test_in_memory_programs_read_every_op_as_written(case: int) -> None:
         assert [tuple(idx[ptr[i]:ptr[i + 1]]) for i in range(len(ops))] == [op.deps for op in ops]
         # roles: a collective's group role numbered by first use, a transfer's peer by its rank's first use
         groups = list(dict.fromkeys(op.group for op in ops if op.type == NodeType.COLL))
-        peers = scan.peer_roles
+        peers = ps.peer_roles[rank]
         for op, role in zip(ops, p.roles.tolist(), strict=True):
             if op.type == NodeType.COLL:
                 assert role == groups.index(op.group)
@@ -234,8 +232,8 @@ def test_gc_paused_restores_the_collector() -> None:
 def test_planner_estimate_is_the_reports_critical_split(case: int) -> None:
     """The planner splits only the critical class; the report's step_estimate splits every
     class and picks the critical one: the same numbers."""
-    spec, link = _spec(case), LinkModel.from_cluster(Cluster.from_options())
+    spec, link = _spec(case), Cluster()
     est = estimate(spec, link)
-    step = step_estimate(replay(in_memory_trace_set(spec), link, mode=HARDWARE), spec.steps)
+    step = step_estimate(replay(program_set(spec), link, mode=HARDWARE), spec.steps)
     assert (est.step_us, est.compute_us, est.idle_us) == (step.critical.total, step.critical.compute, step.critical.idle)
     assert (est.classes, est.stalled) == (step.classes, step.stalled)

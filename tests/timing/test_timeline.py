@@ -9,7 +9,7 @@ import pytest
 from mutate import encode
 
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.report.build import build_report
 from traceforge.timing.engine import rank_classes
 from traceforge.timing.timeline import sample_ranks
@@ -38,7 +38,7 @@ def write_set(directory, ranks, groups):
 
 
 # 1 GB/s = 1,000 bytes per microsecond; latency 2 us; one GPU per node, so every link is inter.
-LINK = LinkModel(intra_gbps=100.0, inter_gbps=1.0, intra_latency_us=2.0, inter_latency_us=2.0)
+LINK = Cluster(scale_up_bw=100.0, scale_out_bw=1.0, scale_up_latency=2000.0, scale_out_latency=2000.0)
 
 
 def test_hand_timed_collective_and_send(tmp_path):
@@ -146,7 +146,7 @@ def test_class_reduction_equals_stages(make_set):
     assert not report.replay.stalled
     # With 4 GPUs per node the PP pair 1 -> 2 crosses a node and 0 -> 1 does not: stages split
     # further only if link classes differ within a stage; they do not here (node = 2 stages).
-    assert len(set(rank_classes(report.traces, 4))) == 4
+    assert len(set(rank_classes(report.traces.program_set, 4))) == 4
 
 
 def test_sample_ranks_covers_every_class(make_set):

@@ -315,6 +315,7 @@ def test_backend_flags_need_astra_sim(tmp_path):
 REAL = [("ns3", os.environ.get("ASTRA_SIM_NS3_BIN")), ("htsim", os.environ.get("ASTRA_SIM_HTSIM_BIN"))]
 
 
+@pytest.mark.simulator
 @pytest.mark.parametrize("backend, binary", REAL)
 @pytest.mark.parametrize("overrides", [{}, {"dp_mode": "zero3"}, {"cp": 2, "dp": 1, "order": "megatron"}])
 def test_real_backend_finishes_every_rank(make_set, backend, binary, overrides):

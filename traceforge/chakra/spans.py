@@ -1,6 +1,6 @@
 """Where a node payload holds its rank-specific values (pg_name, comm_src, comm_dst), found on
-the wire without parsing it: what lets check and report decode one payload per stage and reuse
-it for every rank that differs only in those values.
+the wire without parsing it: what lets check, report and diff decode one payload per stage and
+reuse it for every rank that differs only in those values (chakra/templates.py).
 
 An attribute as traceforge writes it: [field key][length] name field, value field key, value,
 where the value runs to the end of the attribute: a string (its length byte, then the text) or

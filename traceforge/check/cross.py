@@ -6,8 +6,8 @@
 - point-to-point: every Send has exactly one Recv with the same (src, dst, tag, size), and
   vice versa (ASTRA-sim matches on that key; an unmatched Send passes silently).
 
-Memory: one Program per class of ranks (check/program.py) and per rank its class and the group
-id and peer rank of each role; per group its distinct sequences (one bytes object per class
+Memory: one CommProgram per class of ranks (check/comm_program.py) and per rank its class and the
+group id and peer rank of each role; per group its distinct sequences (one bytes object per class
 and role) with the ranks posting each. Point-to-point is first proven balanced per pair of
 ranks from the classes' per-peer signatures (linear in ranks); only when that proof fails are
 per-transfer counts built, which is what names the unmatched transfers.
@@ -21,9 +21,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from traceforge.check.comm_program import PAIR, CommProgram
 from traceforge.check.findings import Finding
 from traceforge.check.nodes import WORLD, coll_label, p2p_label
-from traceforge.check.program import PAIR, Program
 from traceforge.check.rank import RankSummary
 from traceforge.ir.enums import COLL, RECV, SEND
 
@@ -50,7 +50,7 @@ class CrossRank:
     def __init__(self, world: int, groups: dict[int, list[int]] | None, group_file: str):
         self.world, self.groups, self.group_file = world, groups, group_file
         self.group_sets = {g: frozenset(m) for g, m in groups.items()} if groups is not None else {}
-        self.programs: list[Program] = []  # one per class
+        self.programs: list[CommProgram] = []  # one per class
         self._class_of: dict[bytes, int] = {}
         self.rank_class: dict[int, int] = {}  # readable ranks
         self.bind_groups: dict[int, tuple[int, ...]] = {}
@@ -73,7 +73,7 @@ class CrossRank:
         cls = self._class_of.get(s.digest)
         if cls is None:
             if s.program is None:
-                raise RuntimeError("a rank's Program arrived after its digest")
+                raise RuntimeError("a rank's CommProgram arrived after its digest")
             cls = self._class_of[s.digest] = len(self.programs)
             self.programs.append(self._interned(s.program))
         rank = s.rank
@@ -85,7 +85,7 @@ class CrossRank:
         for role, group in enumerate(s.groups):
             self.seqs.setdefault(group, {}).setdefault(program.seqs[role], []).append(rank)
 
-    def _interned(self, p: Program) -> Program:
+    def _interned(self, p: CommProgram) -> CommProgram:
         """Programs that differ only in some values (a foreign set with rank-specific tags: a
         class per rank) share their other arrays: one copy of each distinct one."""
         for name in ("node_id", "kind", "grole", "seq", "prev", "p2p_row", "succ_ptr", "succ", "indegree"):
@@ -100,7 +100,7 @@ class CrossRank:
     def readable(self, rank: int) -> bool:
         return rank in self.rank_class
 
-    def program(self, rank: int) -> Program:
+    def program(self, rank: int) -> CommProgram:
         return self.programs[self.rank_class[rank]]
 
     def members(self, group: int) -> list[int] | None:

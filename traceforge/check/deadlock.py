@@ -25,9 +25,9 @@ import heapq
 from array import array
 from dataclasses import dataclass
 
+from traceforge.check.comm_program import CommProgram
 from traceforge.check.cross import CrossRank, Symmetry
 from traceforge.check.findings import WARNING, Finding
-from traceforge.check.program import Program
 from traceforge.ir.enums import COLL, RECV, SEND
 
 GENERAL, ASTRA = "general", "astra-sim"
@@ -42,7 +42,7 @@ START = -1  # work item meaning "the rank's communication slot may have freed"
 class _Unit:
     """What the replay runs: a rank (full path) or a class representative (class path)."""
 
-    program: Program
+    program: CommProgram
     gmap: tuple[int, ...]  # group role -> collective instance key (a group id, or a class-path instance)
     pid: array  # per Send/Recv: transfer key id (-1 unusable)
 

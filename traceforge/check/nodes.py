@@ -62,7 +62,11 @@ class CheckRecord(NamedTuple):
 
 def decode_node(payload: bytes) -> CheckRecord:
     """Raises CorruptNode when the payload is not a Node."""
-    node = parse_node(payload)
+    return node_record(parse_node(payload))
+
+
+def node_record(node: pb.Node) -> CheckRecord:
+    """A parsed node's record."""
     deps = tuple(dict.fromkeys((*node.data_deps, *node.ctrl_deps)))
     attrs = node_attributes(node)
     problems: list[Problem] = []

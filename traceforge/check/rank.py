@@ -2,8 +2,8 @@
 
 Everything per rank happens here (it runs in worker processes): framing, the GlobalMetadata,
 node decoding (cached by payload bytes), unique ids, dependencies, cycles, the attribute
-contract. What leaves is a RankSummary: the findings, the digest of the rank's communication
-Program (check/program.py; the Program itself only the first time this process meets it) and
+contract. What leaves is a RankSummary: the findings, the digest of the rank's CommProgram
+(check/comm_program.py; the CommProgram itself only the first time this process meets it) and
 the group id and peer rank of each of its roles. The replay never needs compute nodes, because
 a compute node always finishes once its dependencies have.
 """
@@ -22,11 +22,10 @@ from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.chakra.decode import CorruptNode, PayloadCache
 from traceforge.chakra.frame import FrameError, frames, payload_at, read_file
 from traceforge.chakra.wire import read_varint
-from traceforge.check.file_templates import FileTemplates, Matched, build_template
+from traceforge.check.comm_program import CommProgram, Structure, analyse, build
 from traceforge.check.findings import ERROR, WARNING, Finding, Tally
 from traceforge.check.nodes import WORLD, CheckRecord, decode_node
-from traceforge.check.program import Program, Structure, analyse, build
-from traceforge.check.templates import decode_with_templates
+from traceforge.check.templates import FileTemplates, Matched, build_template, decode_with_templates
 from traceforge.ir.enums import COLL, SEND
 
 # Records by payload bytes; cleared when full. Payloads without rank-specific values (compute
@@ -46,8 +45,8 @@ class RankSummary:
     findings: list[Finding] = field(default_factory=list)
     fatal: bool = False  # the file could not be read
     blocking: bool = False  # ASTRA-sim would abort on this rank's graph or attributes
-    digest: bytes = b""  # its Program's
-    program: Program | None = None  # sent only the first time this process sends its digest
+    digest: bytes = b""  # its CommProgram's
+    program: CommProgram | None = None  # sent only the first time this process sends its digest
     groups: tuple[int, ...] = ()  # group id of each group role
     peers: tuple[int, ...] = ()  # peer rank of each peer role
     size: int = 0  # bytes of the file as read, and their sha256 (compared with manifest.json)
@@ -94,11 +93,11 @@ def _scan(s: RankSummary, world: int) -> None:
     program = _check_graph(s, records, offsets, world)
     if not s.findings and program is not None:
         own = Matched(s.nodes, s.digest, program, s.groups, s.peers)
-        _files.remember(build_template(data, list(frames(data, s.path)), records, s.rank, world, own))
+        _files.add(build_template(data, list(frames(data, s.path)), records, s.rank, world, own))
 
 
-def _hand_out(s: RankSummary, program: Program) -> None:
-    """The Program travels to the parent the first time this process meets its digest."""
+def _hand_out(s: RankSummary, program: CommProgram) -> None:
+    """The CommProgram travels to the parent the first time this process meets its digest."""
     if program.digest not in _sent:
         _sent.add(program.digest)
         s.program = program
@@ -159,7 +158,7 @@ def _check_metadata(payload: bytes) -> None:
                                     "starts with one") from None
 
 
-def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> Program:
+def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int], world: int) -> CommProgram:
     rank, tally = s.rank, Tally(s.rank)
     # The structure (ids, types, dependencies) repeats across the ranks of a stage: analyse it once.
     key = tuple(map(_SHAPE, records))
@@ -196,9 +195,9 @@ def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int],
 _SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
 # Structures by (id, type, dependencies) of every node; Programs by structure and canonical rows.
 _structures: PayloadCache[Structure] = PayloadCache(256)
-_programs: PayloadCache[tuple[Structure, Program]] = PayloadCache(1024)
-_sent: set[bytes] = set()  # digests whose Program this process has handed out in this check
-_files = FileTemplates()  # whole files of clean ranks (check/file_templates.py)
+_programs: PayloadCache[tuple[Structure, CommProgram]] = PayloadCache(1024)
+_sent: set[bytes] = set()  # digests whose CommProgram this process has handed out in this check
+_files = FileTemplates()  # whole files of clean ranks (check/templates.py)
 
 
 def new_check() -> None:

@@ -1,16 +1,25 @@
-"""Check records for payloads that differ from one seen before only in their rank-specific values.
+"""check's results derived from template matches (chakra/templates.py), without decoding a node:
+a payload's record, and a whole rank's summary.
 
-Ranks of one pipeline stage write the same communication nodes but for pg_name (a new TP or DP
-group) and comm_src/comm_dst (a new peer), so most of a rank's communication payloads are new
-bytes although nothing check judges about them is. The payload with those values cut out is a
-template key (the same cut as report's, read/records.py); a payload whose key was seen gets
-the template's record with its own values put in, without a protobuf parse.
+Payloads. Ranks of one pipeline stage write the same communication nodes but for pg_name (a new
+TP or DP group) and comm_src/comm_dst (a new peer), so most of a rank's communication payloads
+are new bytes although nothing check judges about them is. A payload matching a template gets
+the template's record with its own values put in. Exact, because a template is only used when
+every rank-specific value is plain: pg_name non-empty ASCII digits, comm_src/comm_dst an int32
+varint below 2**31. Then no problem check reports depends on those values (the problems of a
+node depend on the bytes outside them, which the key holds), and the values become the record's
+group or src/dst just as decode_node would read them. Anything else goes to the full decoder.
 
-Exact, because a template is only made, and only used, when every rank-specific value is plain:
-pg_name non-empty ASCII digits, comm_src/comm_dst an int32 varint below 2**31. Then no problem
-check reports depends on those values (the problems of a node depend on the bytes outside them,
-which the key holds), and the values become the record's group or src/dst just as decode_node
-would read them. Anything else goes to the full decoder.
+Files. After a rank is checked in full and found clean, a worker keeps its file's template, each
+value in its role in check's terms: the n-th group (a collective's pg_name), the n-th peer (a
+Send's comm_dst, a Recv's comm_src), the rank itself (a Send's comm_src, a Recv's comm_dst), or a
+role of its own (any other value: check reads none, but it must be plain). A matching file's
+summary is the template's (no findings; the same CommProgram, the same structure) with its own
+groups and peers, provided what check would judge about the values holds: text plain digits (the
+template's text range), no group "all ranks", values below 2**31, peers inside the set, the
+rank's own number where a Send or Recv names itself, and no two roles merged into one (that would
+renumber the roles). Anything else, and every rank of a damaged set that differs elsewhere, is
+checked in full, so the result is always the full check's.
 """
 
 from __future__ import annotations
@@ -18,21 +27,21 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from traceforge.chakra import schema as S
-from traceforge.chakra.decode import CorruptNode, PayloadCache, parse_node
-from traceforge.chakra.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
+from traceforge.chakra import templates as T
+from traceforge.chakra.decode import parse_node
+from traceforge.chakra.spans import INT32_MAX, Span
 from traceforge.chakra.wire import read_varint
-from traceforge.check.nodes import CheckRecord, decode_node
-from traceforge.ir.enums import COLL
+from traceforge.check.comm_program import CommProgram
+from traceforge.check.nodes import WORLD, CheckRecord, decode_node, node_record
+from traceforge.ir.enums import COLL, RECV, SEND
 
 TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
+FILE_LIMIT = 128  # file templates kept per worker (~0.4 MB each at ~1,300 nodes)
+SELF, GROUP, PEER, FREE = 0, 1, 2, 3  # what a value is to check
 
+# -- payloads -------------------------------------------------------------------------------
 
-class _Template(NamedTuple):
-    record: CheckRecord
-    names: tuple[str, ...]  # the rank-specific attribute of each span, in span order
-
-
-_templates: PayloadCache[_Template | None] = PayloadCache(TEMPLATE_LIMIT)
+_templates: T.PayloadTemplates[CheckRecord] = T.PayloadTemplates(TEMPLATE_LIMIT)
 
 
 def _values(payload: bytes, spans: list[Span]) -> dict[str, int] | None:
@@ -65,44 +74,104 @@ def _with_values(record: CheckRecord, values: dict[str, int]) -> CheckRecord:
     return CheckRecord(record.id, record.type, record.deps, comm, record.problems, record.name)
 
 
-def _make(payload: bytes, spans: list[Span], record: CheckRecord) -> _Template | None:
-    """A template when the spans are exactly the node's only attribute of each name (checked on
-    the wire and against the parsed node, once per template)."""
-    if not sole_attributes(payload, parse_node(payload), spans):
-        return None
-    return _Template(record, tuple(name for _, name, _, _ in spans))
-
-
 def decode_with_templates(payload: bytes) -> tuple[CheckRecord, bool]:
     """decode_node(payload), through a template when one fits (raises CorruptNode like it), and
     whether the payload holds rank-specific values (then it rarely recurs beyond a few ranks)."""
-    spans = find_spans(payload)
-    if spans == []:
-        return decode_node(payload), False
-    if spans is None:
-        return decode_node(payload), True
+    spans, key, template = _templates.find(payload)
+    if not spans:
+        return decode_node(payload), spans is None
     values = _values(payload, spans)
     if values is None:
         return decode_node(payload), True
-    key = template_key(payload, spans)
-    template = _templates.get(key)
     if template is not None:
-        return _with_values(template.record, values), True
-    record = decode_node(payload)
-    if key not in _templates:
-        _templates.remember(key, _make(payload, spans, record))
+        return _with_values(template, values), True
+    node = parse_node(payload)
+    record = node_record(node)
+    assert key is not None  # found with the spans
+    _templates.learn(payload, spans, key, node, record)
     return record, True
 
 
-def is_sound(payload: bytes, spans: list[Span]) -> bool:
-    """Whether the payload's values are plain and its spans are its only attributes of their
-    names, so any other plain values of the same widths there parse alike (check/file_templates.py)."""
-    if _values(payload, spans) is None:
-        return False
-    key = template_key(payload, spans)
-    if key in _templates:
-        return _templates.get(key) is not None
-    try:
-        return sole_attributes(payload, parse_node(payload), spans)
-    except CorruptNode:
-        return False
+# -- files ----------------------------------------------------------------------------------
+
+
+class Matched(NamedTuple):
+    nodes: int
+    digest: bytes
+    program: CommProgram
+    groups: tuple[int, ...]
+    peers: tuple[int, ...]
+
+
+FileTemplate = T.FileTemplate[tuple[int, Matched]]  # the set's world, the clean rank's summary
+
+
+def _summary(template: FileTemplate, values: list[bytes | int], rank: int, world: int) -> Matched | None:
+    """The template's summary with the values as groups and peers, when check would judge them
+    as it judged the template's."""
+    own_world, own = template.value
+    if world != own_world:
+        return None
+    groups: list[int] = []
+    peers: list[int] = []
+    for (kind, _), found in zip(template.roles, values, strict=True):
+        value = int(found)  # text: plain digits
+        if value > INT32_MAX:
+            return None
+        if kind == GROUP:
+            if value == WORLD:
+                return None
+            groups.append(value)
+        elif kind == PEER:
+            if value >= world:
+                return None
+            peers.append(value)
+        elif kind == SELF and value != rank:
+            return None
+    if len(set(groups)) < len(groups) or len(set(peers)) < len(peers):
+        return None  # two roles became one: the rows would be numbered otherwise
+    return Matched(own.nodes, own.digest, own.program, tuple(groups), tuple(peers))
+
+
+def build_template(data: bytes, frames: list[tuple[int, bytes]], records: list[CheckRecord], rank: int,
+                   world: int, own: Matched) -> FileTemplate | None:
+    """The template of a file checked clean (own: what its full check found); None when a value's
+    place or role is not known, or the template would not read the file as the full check did."""
+    found = T.places(data, frames, _templates)
+    if found is None:
+        return None
+    values: list[tuple[T.Place, tuple[int, int]]] = []
+    for node, record in zip(found, records, strict=True):
+        for place in node:
+            value = T.span_value(data, place.start, place.stop, place.text)
+            if isinstance(value, bytes):
+                if not (value.isascii() and value.isdigit()):
+                    return None
+                value = int(value)
+            values.append((place, _role(record, place.name, value, rank, place.start)))
+    template = T.file_template(data, values, (), (world, own), T.DIGITS)
+    matched = None if template is None else template.match(data)
+    if template is None or matched is None or _summary(template, matched, rank, world) != own:
+        return None  # the roles would not read the file as check read it
+    return template
+
+
+def _role(record: CheckRecord, name: str, value: int, rank: int, start: int) -> tuple[int, int]:
+    """(kind, key) of a value: groups and peers by value (one role each), the rank's own number
+    where check requires it, every other value on its own (check does not read it)."""
+    if record.type == COLL and name == S.PG_NAME:
+        return GROUP, value
+    if record.type in (SEND, RECV) and name in (S.COMM_SRC, S.COMM_DST):
+        own = S.COMM_SRC if record.type == SEND else S.COMM_DST
+        return (SELF, 0) if name == own else (PEER, value)
+    return FREE, start
+
+
+class FileTemplates(T.FileTemplates[tuple[int, Matched]]):
+    """A worker's templates of clean ranks' files."""
+
+    def __init__(self) -> None:
+        super().__init__(FILE_LIMIT)
+
+    def match(self, rank: int, data: bytes, world: int) -> Matched | None:
+        return self.find(data, lambda template, values: _summary(template, values, rank, world))

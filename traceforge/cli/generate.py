@@ -140,9 +140,7 @@ def generate(**kwargs: Any) -> None:
         from traceforge.cli.report import print_report
 
         if cluster is not None:  # the report's machine is the bundle's
-            from traceforge.machine.links import LinkModel
-
-            print_report(run["out_dir"], gpus_per_node=cluster.gpus_per_node, link=LinkModel.from_cluster(cluster))
+            print_report(run["out_dir"], gpus_per_node=cluster.gpus_per_node, link=cluster)
         else:
             print_report(run["out_dir"])
     if run["check"]:

@@ -25,7 +25,7 @@ from traceforge.machine.cluster import FIELD, Cluster, describe
 
 def print_report(directory: Path, prefix: str | None = None, gpus_per_node: int = 8, **options) -> None:
     """Build and print the report of a trace set (what `generate --report` calls); options go
-    to build_report (link=LinkModel(...), timeline=, track_ranks=, jobs=)."""
+    to build_report (link=Cluster(...), timeline=, track_ranks=, jobs=)."""
     from traceforge.report.build import build_report
 
     build_report(directory, prefix, gpus_per_node, **options).render(out)
@@ -103,7 +103,6 @@ def report(
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
-    from traceforge.machine.links import LinkModel
     from traceforge.report.build import build_report, estimate_mode
     from traceforge.report.render import render_comparison
 
@@ -121,7 +120,7 @@ def report(
     def build(path: Path):
         mode = estimate_mode(path, estimate)
         used = machine_for(path, cluster, given, astra_model, mode)
-        return build_report(path, prefix, used.gpus_per_node, link=LinkModel.from_cluster(used), timeline=timeline,
+        return build_report(path, prefix, used.gpus_per_node, link=used, timeline=timeline,
                             track_ranks=tracks, jobs=jobs, astra_model=astra_model, estimate=mode)
 
     if simulation is not None and astra_log is not None:

@@ -10,6 +10,7 @@ from typing import Any
 from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES
 from traceforge.config.schedules import SCHEDULES
 from traceforge.config.views import DTYPE_BYTES, LayerRun, Placement, TraceConfig
+from traceforge.machine.gpus import GPUS
 
 __all__ = ["DTYPE_BYTES", "FIELDS", "FIELD_BY_NAME", "Field", "SPEC_KEYS", "Spec", "spec_fields"]
 
@@ -124,7 +125,7 @@ FIELDS: tuple[Field, ...] = (
     Field("compute_jitter", float, "Per-node compute jitter: each compute duration times exp(SIGMA*z), z ~ N(0,1) drawn per rank with --seed (default 0).",
           minimum=0, maximum=10),
     Field("gpu", str, "GPU model for compute durations (custom: give --gpu-tflops and --gpu-hbm-gbps).",
-          ("h100", "h200", "a100", "b200", "custom")),
+          (*GPUS, "custom")),
     Field("gpu_tflops", float, "Dense peak TFLOP/s in --dtype (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("gpu_hbm_gbps", float, "HBM bandwidth in GB/s (default: the GPU's datasheet figure).", minimum=1e-3, maximum=1e9),
     Field("attention", str, "Attention kernel: flash (FlashAttention; default), flash1 (FlashAttention-1's generation: v1 or its Triton port, "

@@ -8,7 +8,7 @@ from pathlib import Path
 from traceforge.base.errors import SpecError
 from traceforge.config.limits import MAX_TAG, overlap_tags
 from traceforge.config.raw import Raw
-from traceforge.machine.gpus import DEFAULT_FLAT_EFFICIENCY, FLASH1, FP8, GPUS
+from traceforge.machine.gpus import DEFAULT_FLAT_EFFICIENCY, GPUS, gpu_names
 from traceforge.machine.kernels.times import load_kernel_times
 
 
@@ -30,7 +30,7 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
     hbm = r.get("gpu_hbm_gbps", base.hbm_gbps if base else None)
     if tflops is None or hbm is None:
         raise SpecError("gpu custom needs --gpu-tflops and --gpu-hbm-gbps")
-    efficiency = r.get("gpu_efficiency", None if base and base.calibration else DEFAULT_FLAT_EFFICIENCY)
+    efficiency = r.get("gpu_efficiency", None if base else DEFAULT_FLAT_EFFICIENCY)
     if efficiency is not None and not 0 < efficiency <= 1:
         raise SpecError(f"gpu_efficiency must be in (0, 1], got {efficiency}")
     if tflops <= 0 or hbm <= 0:
@@ -43,8 +43,8 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
         if v["cp"] > 1:
             raise SpecError("context parallelism runs only in TransformerEngine's fused attention, not in "
                             "FlashAttention-1's kernels: give --attention flash, or --cp 1")
-        if efficiency is None and gpu not in FLASH1:
-            raise SpecError(f"--attention flash1 has a published rate only on {', '.join(FLASH1)}, not on {gpu}: "
+        if efficiency is None and gpu not in gpu_names("flash1"):
+            raise SpecError(f"--attention flash1 has a published rate only on {', '.join(gpu_names('flash1'))}, not on {gpu}: "
                             "give --attention flash, or --gpu-efficiency X for the flat roofline")
     return dict(gpu=gpu, gpu_tflops=float(tflops), gpu_hbm_gbps=float(hbm),
                 gpu_efficiency=None if efficiency is None else float(efficiency), attention=attention,
@@ -71,8 +71,8 @@ def normalize_engine(r: Raw, v: dict) -> dict:
                             f"TP ring transfers for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
     fp8 = r.get("fp8", "none")
     if fp8 != "none":
-        if v["gpu"] not in FP8:
-            raise SpecError(f"fp8 needs a GPU with FP8 tensor cores ({', '.join(FP8)}); {v['gpu']} has none: drop --fp8 or pick --gpu")
+        if v["gpu"] not in gpu_names("fp8"):
+            raise SpecError(f"fp8 needs a GPU with FP8 tensor cores ({', '.join(gpu_names('fp8'))}); {v['gpu']} has none: drop --fp8 or pick --gpu")
         if v["dtype"] == "fp32":
             raise SpecError("fp8 runs the GEMMs of a bf16 or fp16 model (TransformerEngine): use --dtype bf16")
     return dict(kernel_times=path, tp_comm_overlap=overlap, fp8=fp8)

@@ -44,7 +44,7 @@ from traceforge.base.output import atomic_output_dir
 from traceforge.chakra import fields as F
 from traceforge.chakra import schema as S
 from traceforge.ir.enums import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLL, COMP, RECV, REDUCE_SCATTER, SEND
-from traceforge.ir.traceset import connected_ranks
+from traceforge.ir.groups import connected_ranks
 from traceforge.read.reader import attrs, every_rank_file, iter_nodes, load_groups
 
 # The PARAM commit this export is checked against (docs/replay.md).

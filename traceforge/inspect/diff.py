@@ -22,9 +22,8 @@ from traceforge.base.pool import fan_out
 from traceforge.chakra import schema as S
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.chakra.decode import PayloadCache
-from traceforge.chakra.file_shape import Shapes
 from traceforge.chakra.frame import frames, read_file
-from traceforge.chakra.spans import find_spans, sole_attributes, template_key
+from traceforge.chakra.templates import FileTemplate, FileTemplates, PayloadTemplates, file_template, places
 from traceforge.inspect.show import Row, node_row
 from traceforge.read.reader import attr_value, find_rank_files, load_groups, parse_node, read_manifest, trace_of
 
@@ -133,11 +132,10 @@ class RankDiff:
 
 
 # What a payload adds to its rank's traffic, (dimension, bytes) or None, without parsing it again:
-# by its bytes, or by its template key (chakra/spans.py: the payload without its pg_name, comm_src
-# and comm_dst values, which the traffic does not depend on), once a parse proved the cut values
-# are the node's only attributes of their names. Bounded; cleared when full.
+# by its bytes, or through its template (chakra/templates.py: the payload but for its pg_name,
+# comm_src and comm_dst values, which the traffic does not depend on). Bounded; cleared when full.
 _by_payload: PayloadCache[tuple[tuple[str, int] | None]] = PayloadCache(50_000)
-_by_key: PayloadCache[tuple[tuple[str, int] | None]] = PayloadCache(50_000)
+_by_key: PayloadTemplates[tuple[tuple[str, int] | None]] = PayloadTemplates(50_000)
 
 
 def _node_traffic(node: pb.Node) -> tuple[str, int] | None:
@@ -150,17 +148,13 @@ def payload_traffic(offset: int, payload: bytes, path: str) -> tuple[str, int] |
     hit = _by_payload.get(payload)
     if hit is not None:
         return hit[0]
-    spans = find_spans(payload)
-    key = None
-    if spans and all(name != S.PG_NAME or payload[start:stop].isascii() for _, name, start, stop in spans):
-        key = template_key(payload, spans)  # text values must be ASCII, so protobuf takes any of them
-        hit = _by_key.get(key)
-        if hit is not None:
-            return hit[0]
+    spans, key, template = _by_key.find(payload)
+    if template is not None:
+        return template[0]
     node = parse_node(payload, offset, path)
     found = _node_traffic(node)
-    if key is not None and spans and sole_attributes(payload, node, spans):
-        _by_key.remember(key, (found,))
+    if spans and key is not None:
+        _by_key.learn(payload, spans, key, node, (found,))
     elif spans == []:
         _by_payload.remember(payload, (found,))
     return found
@@ -172,16 +166,19 @@ def _tally(offset: int, payload: bytes, path: str, traffic: Counter) -> None:
         traffic[found[0]] += found[1]
 
 
-# Node count and traffic of files seen before, by shape (chakra/file_shape.py): a file equal to one
-# of them but for its group and peer values has the same, without a pass over its nodes.
-_shapes: Shapes[tuple[int, Counter]] = Shapes(128)
+# Node count and traffic of files seen before (chakra/templates.py): a file that matches one of
+# them but for its group and peer values has the same, without a pass over its nodes.
+_shapes: FileTemplates[tuple[int, Counter]] = FileTemplates(128)
+
+
+def _known(template: FileTemplate[tuple[int, Counter]], values: list) -> tuple[int, Counter]:
+    return template.value  # neither depends on the values
 
 
 def _same_file_stats(rank: int, path: Path, data: bytes) -> RankDiff:
-    shape = _shapes.find(data)
-    if shape is not None:
-        n, known = shape.value
-        return RankDiff(rank, n, n, Counter(known), Counter(known), True, None)
+    known = _shapes.find(data, _known)
+    if known is not None:
+        return RankDiff(rank, known[0], known[0], Counter(known[1]), Counter(known[1]), True, None)
     _, payloads = trace_of(data, str(path))
     traffic: Counter[tuple] = Counter()
     n = 0
@@ -189,7 +186,9 @@ def _same_file_stats(rank: int, path: Path, data: bytes) -> RankDiff:
     for offset, payload in payloads:
         _tally(offset, payload, name, traffic)
         n += 1
-    _shapes.remember(data, frames(data, name), (n, Counter(traffic)))
+    found = places(data, frames(data, name), _by_key)
+    if found is not None:
+        _shapes.add(file_template(data, [(place, None) for node in found for place in node], (), (n, Counter(traffic))))
     return RankDiff(rank, n, n, traffic, Counter(traffic), True, None)
 
 

@@ -1,7 +1,8 @@
-"""GPU memory capacities, in bytes, as the driver reports them.
+"""A GPU's memory in bytes, and the memory flags' checks.
 
-Datasheets round: an "80 GB" H100 SXM holds 81,559 MiB (85.5e9 bytes) by nvidia-smi, which
-is the figure PyTorch's allocator can reach (less what the CUDA context takes, which the
+A named GPU's memory is its record's (machine/gpus.py, Gpu.memory_mib). Datasheets round: an
+"80 GB" H100 SXM holds 81,559 MiB (85.5e9 bytes) by nvidia-smi, which is the figure PyTorch's
+allocator can reach (less what the CUDA context takes, which the
 memory model counts as overhead). We use the driver's totals, in MiB as nvidia-smi prints
 them (MiB = 2^20 bytes: nvidia-smi's 81,559 MiB are 79.6 GiB, 85.5 GB); a custom GPU's memory
 is given with --gpu-memory-gb in GB (10^9 bytes, the project's unit for every figure it prints).
@@ -12,11 +13,10 @@ from __future__ import annotations
 import math
 
 from traceforge.base.errors import SpecError
+from traceforge.machine.gpus import GPUS
 
 MIB = 2**20
 GB = 10**9
-# nvidia-smi's "Memory-Usage" total: H100 SXM5 80 GB, H200 SXM 141 GB, A100 SXM4 80 GB, B200 SXM 192 GB.
-GPU_MEMORY_MIB = {"h100": 81559, "h200": 143771, "a100": 81920, "b200": 183359}
 # A figure past this is a typo, not a GPU (the largest today hold under 0.3 TB).
 MAX_GPU_MEMORY_GB = 100_000.0
 
@@ -27,9 +27,9 @@ def gpu_memory_bytes(gpu: str, memory_gb: float | None = None) -> int:
         if not math.isfinite(memory_gb) or not 0 < memory_gb <= MAX_GPU_MEMORY_GB:
             raise SpecError(f"--gpu-memory-gb must be a number of GB above 0 and at most {MAX_GPU_MEMORY_GB:,.0f}, got {memory_gb:g}")
         return int(memory_gb * GB)
-    if gpu not in GPU_MEMORY_MIB:
+    if gpu not in GPUS:
         raise SpecError(f"the memory of GPU {gpu!r} is unknown: give --gpu-memory-gb (e.g. 80 for an 80 GB part)")
-    return GPU_MEMORY_MIB[gpu] * MIB
+    return GPUS[gpu].memory_mib * MIB
 
 
 def overhead_bytes(overhead_gb: float | None) -> int | None:

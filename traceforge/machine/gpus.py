@@ -1,5 +1,8 @@
-"""GPU models for compute durations: dense peak FLOP/s per dtype, HBM bandwidth, and one
-calibration per preset that says which fraction of those peaks each kind of kernel reaches.
+"""The GPU table: one record per GPU (Gpu, in GPUS) holding every fact traceforge keys by a GPU's
+name, each beside its source: dense peak FLOP/s per dtype, HBM bandwidth, the memory the driver
+reports, the architecture (NCCL's tuning tables), one calibration that says which fraction of
+those peaks each kind of kernel reaches, FlashAttention-1's and FP8's rates, and the NVLink and
+DGX figures NCCL's model defaults to. `--gpu`'s choices are this table's names.
 
 Peaks are the vendors' dense (no sparsity) tensor-core figures for the SXM parts (fp32 means
 TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
@@ -12,7 +15,7 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);
 - attn_tile: FlashAttention's query x key block for head dim 128 (what a causal diagonal wastes);
-  `--attention flash1` (FlashAttention-1's generation) has its own rates (FLASH1: A100, H100, H200);
+  `--attention flash1` (FlashAttention-1's generation) has its own rates (Gpu.flash1: A100, H100, H200);
 - nccl_slowdown: how much longer compute takes while NCCL kernels run beside it (the hardware
   replay, timing/streams.py, runs a rank's compute 1/nccl_slowdown as fast while its transfers move bytes).
 Two shape terms need no constant of their own (model/compute.py): a GEMM's output store and a
@@ -64,40 +67,13 @@ class Calibration:
 
 
 @dataclass(frozen=True)
-class Gpu:
-    name: str
-    peak_tflops: dict[str, float]  # by dtype
-    hbm_gbps: float
-    calibration: Calibration | None = None
+class AttentionRates:
+    """An attention kernel's long-sequence forward and backward fractions of peak and its block."""
 
+    fwd: float
+    bwd: float
+    tile: tuple[int, int]
 
-GPUS = {
-    "h100": Gpu(
-        "h100",
-        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
-        hbm_gbps=3350.0,
-        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
-    ),
-    "h200": Gpu(
-        "h200",
-        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
-        hbm_gbps=4800.0,
-        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
-    ),
-    "a100": Gpu(
-        "a100",
-        {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
-        hbm_gbps=2039.0,
-        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85, launch_us=LAUNCH_FLOOR_US,
-                                attn_tile=FA2_TILE),
-    ),
-    "b200": Gpu(
-        "b200",
-        {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
-        hbm_gbps=8000.0,
-        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85, launch_us=LAUNCH_FLOOR_US),
-    ),
-}
 
 # -- FlashAttention-1's generation (--attention flash1) --------------------------------------------
 # FlashAttention v1 in CUDA and its Triton port, flash_attn_triton.py (Dao-AILab/flash-attention,
@@ -114,39 +90,114 @@ GPUS = {
 # forward + backward (its figure 7) against up to 230 on A100 (figure 4, "73% of the theoretical
 # maximum"). So FlashAttention-2's rates on H100 are the A100's scaled by 335/230 in TFLOP/s, and
 # the first generation's half of those, as on A100. H200 is H100's chip (the same SMs and clocks)
-# with more HBM. Blackwell and newer: nothing published, refused.
+# with more HBM. Blackwell and newer: nothing published, refused (Gpu.fa2_speedup_over_a100 None).
 FA2_OVER_FA1 = 2.0
 FA2_H100_OVER_A100 = 335.0 / 230.0
 FLASH1_TILE = (128, 128)
 
 
+# -- FP8 (TransformerEngine --fp8): the GPUs with FP8 tensor cores -------------------------------
+# Dense FP8 peak (NVIDIA H100/H200 SXM datasheets: 1,979 TFLOP/s; B200: 4,500) and the fraction
+# of it a large FP8 GEMM sustains: 8192x8192x8192 on H800 SXM (the same FP8 peak) runs at
+# 1,461-1,507 TFLOP/s (tile-ai/tilelang benchmark/matmul_fp8), DeepGEMM at up to 1,550.
+# Wave quantization applies as for bf16 (the same tiles). Only the GPUs with an Fp8 take --fp8.
+
 @dataclass(frozen=True)
-class AttentionRates:
-    """An attention kernel's long-sequence forward and backward fractions of peak and its block."""
-
-    fwd: float
-    bwd: float
-    tile: tuple[int, int]
+class Fp8:
+    peak_tflops: float
+    gemm: float
 
 
-def _flash1(gpu: str, fa2_speedup_over_a100: float) -> AttentionRates:
-    """FlashAttention-1's generation on `gpu`: half FlashAttention-2's rates there, which run
-    fa2_speedup_over_a100 times the A100's in TFLOP/s."""
-    a100 = GPUS["a100"].calibration
-    assert a100 is not None
-    scale = fa2_speedup_over_a100 * GPUS["a100"].peak_tflops["bf16"] / GPUS[gpu].peak_tflops["bf16"] / FA2_OVER_FA1
-    return AttentionRates(a100.attn_fwd * scale, a100.attn_bwd * scale, FLASH1_TILE)
+# NVIDIA's data-centre architectures, oldest first: a Gpu's architecture names NCCL's tuning
+# tables (machine/nccl.GENERATIONS), and messages list GPUs in this order (gpu_names).
+ARCHITECTURES = ("ampere", "hopper", "blackwell")
 
 
-FLASH1 = {"a100": _flash1("a100", 1.0), "h100": _flash1("h100", FA2_H100_OVER_A100),
-          "h200": _flash1("h200", FA2_H100_OVER_A100)}
+@dataclass(frozen=True)
+class Gpu:
+    """Every fact traceforge keys by a GPU's name. No field has a default: a new GPU states each
+    one (None where the fact is that there is nothing: no FP8 tensor cores, no published rate)."""
+
+    name: str
+    architecture: str  # one of ARCHITECTURES: NCCL's generation (machine/nccl.GENERATIONS)
+    peak_tflops: dict[str, float]  # dense, by dtype
+    hbm_gbps: float
+    memory_mib: int  # nvidia-smi's "Memory-Usage" total (machine/gpu_memory.py)
+    calibration: Calibration
+    # FlashAttention-2's TFLOP/s on this GPU over the A100's (None: nothing published for
+    # FlashAttention-1's generation here, so --attention flash1 is refused); see flash1.
+    fa2_speedup_over_a100: float | None
+    fp8: Fp8 | None  # None: no FP8 tensor cores
+    nvlink_gbps: float  # NVLink line rate per direction (links x per-link rate)
+    dgx_nic_gbps: float  # one compute NIC of NVIDIA's DGX node of this GPU (machine/nccl.DGX)
+
+    @property
+    def flash1(self) -> AttentionRates | None:
+        """FlashAttention-1's generation here: half FlashAttention-2's rates, which run
+        fa2_speedup_over_a100 times the A100's in TFLOP/s (see FA2_OVER_FA1)."""
+        if self.fa2_speedup_over_a100 is None:
+            return None
+        a100 = GPUS["a100"]
+        scale = self.fa2_speedup_over_a100 * a100.peak_tflops["bf16"] / self.peak_tflops["bf16"] / FA2_OVER_FA1
+        return AttentionRates(a100.calibration.attn_fwd * scale, a100.calibration.attn_bwd * scale, FLASH1_TILE)
+
+
+# Memory: nvidia-smi's "Memory-Usage" total, MiB = 2^20 bytes (H100 SXM5 80 GB, H200 SXM 141 GB,
+# A100 SXM4 80 GB, B200 SXM 192 GB): what PyTorch's allocator can reach (machine/gpu_memory.py).
+# NVLink per GPU per direction and the DGX node's compute NICs: NVIDIA's DGX A100 / H100 / H200 /
+# B200 datasheets (8 GPUs; NVLink 600 / 900 / 900 / 1,800 GB/s both ways, that is 12 NVLink3,
+# 18 NVLink4, 18 NVLink4 and 18 NVLink5; 8 compute NICs of 200 / 400 / 400 / 400 Gb/s).
+GPUS = {g.name: g for g in (
+    Gpu("h100", "hopper",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=3350.0,
+        memory_mib=81559,
+        calibration=Calibration(sms=132, gemm=0.72, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
+        fa2_speedup_over_a100=FA2_H100_OVER_A100,
+        fp8=Fp8(peak_tflops=1979.0, gemm=0.74),
+        nvlink_gbps=450.0, dgx_nic_gbps=50.0),
+    Gpu("h200", "hopper",
+        {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0},
+        hbm_gbps=4800.0,
+        memory_mib=143771,
+        calibration=Calibration(sms=132, gemm=0.74, attn_fwd=0.58, attn_bwd=0.45, memory=0.85, launch_us=LAUNCH_FLOOR_US),
+        fa2_speedup_over_a100=FA2_H100_OVER_A100,
+        fp8=Fp8(peak_tflops=1979.0, gemm=0.74),
+        nvlink_gbps=450.0, dgx_nic_gbps=50.0),
+    Gpu("a100", "ampere",
+        {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
+        hbm_gbps=2039.0,
+        memory_mib=81920,
+        calibration=Calibration(sms=108, gemm=0.80, attn_fwd=0.60, attn_bwd=0.50, memory=0.85, launch_us=LAUNCH_FLOOR_US,
+                                attn_tile=FA2_TILE),
+        fa2_speedup_over_a100=1.0,
+        fp8=None,
+        nvlink_gbps=300.0, dgx_nic_gbps=25.0),
+    Gpu("b200", "blackwell",
+        {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0},
+        hbm_gbps=8000.0,
+        memory_mib=183359,
+        calibration=Calibration(sms=148, gemm=0.70, attn_fwd=0.50, attn_bwd=0.40, memory=0.85, launch_us=LAUNCH_FLOOR_US),
+        fa2_speedup_over_a100=None,
+        fp8=Fp8(peak_tflops=4500.0, gemm=0.70),
+        nvlink_gbps=900.0, dgx_nic_gbps=50.0),
+)}
+
+
+def gpu_names(having: str | None = None) -> tuple[str, ...]:
+    """The GPUs' names, oldest architecture first (as messages list them); having: only those
+    whose record states that fact (not None), e.g. "fp8" or "flash1"."""
+    found = [g for g in GPUS.values() if having is None or getattr(g, having) is not None]
+    return tuple(g.name for g in sorted(found, key=lambda g: ARCHITECTURES.index(g.architecture)))
 
 
 def attention_rates(gpu: str, attention: str, cal: Calibration) -> AttentionRates:
     """The rates FlashAttention runs at on this preset: its own calibration, or FlashAttention-1's
     generation (the spec checks refuse flash1 on a GPU without a published rate)."""
     if attention == "flash1":
-        return FLASH1[gpu]
+        rates = GPUS[gpu].flash1
+        assert rates is not None, f"--attention flash1 on {gpu}: the spec checks refuse it"
+        return rates
     return AttentionRates(cal.attn_fwd, cal.attn_bwd, cal.attn_tile)
 
 
@@ -164,25 +215,6 @@ def wave_efficiency(m: int, n: int, cal: Calibration, batch: int = 1) -> float:
         waves = -(-tiles // cal.sms)
         best = max(best, rel * (batch * m * n) / (waves * cal.sms * tm * tn))
     return best
-
-
-# -- FP8 (TransformerEngine --fp8): the GPUs with FP8 tensor cores -------------------------------
-# Dense FP8 peak (NVIDIA H100/H200 SXM datasheets: 1,979 TFLOP/s; B200: 4,500) and the fraction
-# of it a large FP8 GEMM sustains: 8192x8192x8192 on H800 SXM (the same FP8 peak) runs at
-# 1,461-1,507 TFLOP/s (tile-ai/tilelang benchmark/matmul_fp8), DeepGEMM at up to 1,550.
-# Wave quantization applies as for bf16 (the same tiles). Only the GPUs listed here take --fp8.
-
-@dataclass(frozen=True)
-class Fp8:
-    peak_tflops: float
-    gemm: float
-
-
-FP8 = {
-    "h100": Fp8(peak_tflops=1979.0, gemm=0.74),
-    "h200": Fp8(peak_tflops=1979.0, gemm=0.74),
-    "b200": Fp8(peak_tflops=4500.0, gemm=0.70),
-}
 
 
 def capacity_text(n_bytes: float) -> str:

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from traceforge.base.errors import UserError
+from traceforge.machine.gpus import GPUS, gpu_names
 
 NCCL_VERSION = "2.30.7"
 
@@ -128,9 +129,6 @@ GENERATIONS = {
 # llMaxBws for several nodes on an Intel host: 2 nodes, more.
 LL_MAX_MULTI_NODE = (39.0, 20.4)
 
-# traceforge's GPU names (traceforge.machine.gpus.GPUS) -> NCCL generation.
-GPU_GENERATION = {"a100": "ampere", "h100": "hopper", "h200": "hopper", "b200": "blackwell"}
-
 
 @dataclass(frozen=True)
 class NcclMachine:
@@ -165,10 +163,10 @@ class NcclMachine:
 
     @classmethod
     def for_gpu(cls, gpu: str, **fields) -> NcclMachine:
-        """The machine of a traceforge GPU name (a100, h100, h200, b200)."""
-        if gpu not in GPU_GENERATION:
-            raise UserError(f"NCCL model: no NCCL tuning tables for GPU {gpu!r}; use one of {', '.join(GPU_GENERATION)}")
-        return cls(generation=GPU_GENERATION[gpu], **fields)
+        """The machine of a GPU of traceforge's table (machine/gpus.GPUS): its architecture's tables."""
+        if gpu not in GPUS:
+            raise UserError(f"NCCL model: no NCCL tuning tables for GPU {gpu!r}; use one of {', '.join(gpu_names())}")
+        return cls(generation=GPUS[gpu].architecture, **fields)
 
     @property
     def gen(self) -> Generation:
@@ -202,13 +200,9 @@ class NcclMachine:
         return bw
 
 
-# DGX defaults (NVIDIA's DGX A100 / H100 / B200 datasheets: 8 GPUs; NVLink 600 / 900 / 1,800 GB/s
-# both ways; 8 compute NICs of 200 / 400 / 400 Gb/s).
-DGX = {
-    "a100": NcclMachine("ampere", 8, 300.0, 8, 25.0),
-    "h100": NcclMachine("hopper", 8, 450.0, 8, 50.0),
-    "b200": NcclMachine("blackwell", 8, 900.0, 8, 50.0),
-}
+# Each GPU's DGX node: 8 GPUs at its NVLink line rate and 8 compute NICs (machine/gpus.py has the
+# figures and their sources).
+DGX = {g.name: NcclMachine(g.architecture, 8, g.nvlink_gbps, 8, g.dgx_nic_gbps) for g in GPUS.values()}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceforge.config import DTYPE_BYTES, LayerRun, MachineConfig, Spec
-from traceforge.machine.gpus import DEFAULT_FLAT_EFFICIENCY, FP8, GPUS, attention_rates, wave_efficiency
+from traceforge.machine.gpus import DEFAULT_FLAT_EFFICIENCY, GPUS, attention_rates, wave_efficiency
 from traceforge.machine.kernels.keys import KernelKey
 from traceforge.machine.kernels.times import load_kernel_times
 from traceforge.model.anatomy import (
@@ -289,9 +289,11 @@ class KernelPrices:
 
     def _fp8_gemm(self, k: Kernel) -> Cost:
         """A TransformerEngine FP8 GEMM: 1-byte operands, output in the model dtype, at the GPU's
-        FP8 peak (scaled with --gpu-tflops) times its own calibrated fraction (hardware.FP8)."""
-        fp8, m, kk, n = FP8[self.spec.gpu], *k.shape
-        speedup = fp8.peak_tflops / GPUS[self.spec.gpu].peak_tflops[self.spec.dtype]
+        FP8 peak (scaled with --gpu-tflops) times its own calibrated fraction (Gpu.fp8)."""
+        gpu, (m, kk, n) = GPUS[self.spec.gpu], k.shape
+        fp8 = gpu.fp8
+        assert fp8 is not None  # the spec checks refuse --fp8 on a GPU without FP8 tensor cores
+        speedup = fp8.peak_tflops / gpu.peak_tflops[self.spec.dtype]
         out_bytes = m * n * DTYPE_BYTES[self.spec.dtype]
         flops, nbytes = 2 * m * kk * n, m * kk + kk * n + out_bytes
         if self.cal is None:

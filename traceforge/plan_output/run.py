@@ -7,7 +7,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from traceforge.config import Spec
 from traceforge.config.presets import get_preset
 from traceforge.machine.cluster import FIELD, Cluster
 from traceforge.machine.gpu_memory import gpu_memory_bytes, overhead_bytes, reserve_fraction
-from traceforge.machine.links import LinkModel
 from traceforge.plan_output.rows import json_document, rank_rows, rows
 from traceforge.plan_output.shard import SHARD_FILE, merge_shards, shard_document, shard_file_name
 from traceforge.plan_output.write import is_plan_output, sweep_csv, write_sweep_plot, write_top
@@ -102,7 +101,7 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     # NCCL's model times the candidates' collectives when it has tables for the GPU.
-    link = LinkModel.from_cluster(cluster, str(raw.get("gpu", "h100")))
+    link = replace(cluster, gpu=str(raw.get("gpu", "h100")))
     result = search(query.base(), model, query.spec_flags, link, memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
                     overhead, reserve)

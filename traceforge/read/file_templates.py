@@ -1,161 +1,87 @@
-"""Ranks whose files differ from an already-scanned rank only in their rank-specific values.
+"""Ranks whose files differ from an already-scanned rank only in their rank-specific values: the
+scan derived from a match of that rank's file template (chakra/templates.py).
 
-Ranks of one pipeline stage write the same nodes in the same order: their files differ only in
-the values of pg_name, comm_src and comm_dst (records.py). A file with the same length as a rank
-this worker scanned before, and the same bytes everywhere but inside those values, frames and
-parses exactly like it (every length prefix, field key and varint continuation bit is compared;
-text values must be ASCII, so protobuf accepts them too), so its scan is that rank's with its own
-groups and peers. That takes a few numpy comparisons over the file instead of a pass over its
-nodes. Anything else (another length, any other byte, values that change which nodes share a
-group or peer, a peer that protobuf would read as a negative int32) is scanned in full, so the
-result is always the full scan's.
+A scan depends on those values only through the group or peer each communication node takes
+from one of them (records.USES), numbered into roles. So each such value plays its node's role,
+the other values play none, and a role some node names without such a value (a collective with
+no pg_name, a value stored in another member) is pinned to the template's. A matching file's
+scan is then the template's with each role's value as its group or peer, unless that would not be
+the full scan's: a peer protobuf would read as a negative int32, or two roles merged into one
+(the roles would be numbered otherwise). Those, and every file that does not match, are scanned
+in full, so the result is always the full scan's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
-import numpy as np
+from traceforge.chakra import templates as T
+from traceforge.read import records as R
+from traceforge.read.rank_scan import RankScan
 
-from traceforge.chakra.wire import read_varint
-from traceforge.ir.program import RankScan
-from traceforge.read.records import PEER_MAX, ScanRecord, value_spans
-
-FIXED, VARINT, TEXT = 0xFF, 0x80, 0x00  # mask of the bits that must equal the template's, per byte
 LIMIT = 192  # templates kept per worker (each holds its file twice: ~0.4 MB at ~1,300 nodes)
-PROBES = 64  # fixed bytes, spread over the file, compared first: most templates of a length fail there
+
+Role = tuple[bool, int]  # (a group, else a peer; its index in the scan's group_roles or peer_roles)
 
 
-class Role(NamedTuple):
-    """A group or peer of the template rank, and where a matching file holds its value."""
-
-    is_group: bool
-    slot: int  # index in the scan's group_roles or peer_roles
-    start: int  # the first value naming it (-1: no node of the template takes it from a value)
-    stop: int
-    pinned: bool  # some node names it in fixed bytes: a matching file must keep the value
-
-
-class FileTemplate:
-    def __init__(self, data: bytes, mask: np.ndarray, text: np.ndarray, roles: list[Role],
-                 same: np.ndarray, first: np.ndarray, scan: RankScan):
-        self.data = np.frombuffer(data, np.uint8)
-        self.mask, self.text, self.roles, self.same, self.first, self.scan = mask, text, roles, same, first, scan
-        fixed = np.flatnonzero(mask == FIXED)
-        self.probe = fixed[np.linspace(0, len(fixed) - 1, min(PROBES, len(fixed))).astype(np.int64)]
-        self.probe_bytes = self.data[self.probe]
-
-    def match(self, rank: int, data: bytes) -> RankScan | None:
-        """This template's scan with data's groups and peers, if data parses like its file."""
-        new = np.frombuffer(data, np.uint8)
-        if not np.array_equal(new[self.probe], self.probe_bytes):
-            return None
-        diff = np.flatnonzero(new != self.data)
-        if diff.size and ((new[diff] ^ self.data[diff]) & self.mask[diff]).any():
-            return None
-        if self.text.size and (new[self.text] >= 0x80).any():
-            return None
-        if self.same.size and not np.array_equal(new[self.same], new[self.first]):
-            return None  # nodes that shared a group or peer no longer do
-        groups, peers = list(self.scan.group_roles), list(self.scan.peer_roles)
-        for role in self.roles:
-            if role.start < 0:
-                continue
-            if role.is_group:
-                name = data[role.start:role.stop].decode("ascii")
-                if role.pinned and name != groups[role.slot]:
-                    return None
-                groups[role.slot] = name
-            else:
-                peer = read_varint(data, role.start)[0]
-                if peer > PEER_MAX or (role.pinned and peer != peers[role.slot]):
-                    return None
-                peers[role.slot] = peer
-        if len(set(groups)) < len(groups) or len(set(peers)) < len(peers):
-            return None  # two groups (or peers) became one: the roles would be numbered otherwise
-        return dataclasses.replace(self.scan, rank=rank, group_roles=tuple(groups), peer_roles=tuple(peers),
-                                   program=None)
+def _scan(rank: int, template: T.FileTemplate[RankScan], values: list[bytes | int]) -> RankScan | None:
+    """The template's scan with data's groups and peers, unless they break what it relies on."""
+    scan = template.value
+    groups, peers = list(scan.group_roles), list(scan.peer_roles)
+    for (is_group, slot), value in zip(template.roles, values, strict=True):
+        if is_group:
+            assert isinstance(value, bytes)  # pg_name: text
+            groups[slot] = value.decode("ascii")
+        else:
+            assert isinstance(value, int)
+            if value > R.PEER_MAX:
+                return None
+            peers[slot] = value
+    if len(set(groups)) < len(groups) or len(set(peers)) < len(peers):
+        return None  # two groups (or peers) became one: the roles would be numbered otherwise
+    return dataclasses.replace(scan, rank=rank, group_roles=tuple(groups), peer_roles=tuple(peers), program=None)
 
 
-def build_template(data: bytes, payloads: list[bytes], offsets: list[int], records: list[ScanRecord],
-                   scan: RankScan) -> FileTemplate | None:
+def build_template(data: bytes, payloads: list[bytes], offsets: list[int], records: list[R.ScanRecord],
+                   scan: RankScan) -> T.FileTemplate[RankScan] | None:
     """The template of a fully scanned file; None when its values do not allow one."""
     if len(payloads) < 2 or len(offsets) != len(payloads) or len(records) != len(payloads) - 1:
         return None  # no node after the metadata (a file of one 0x00 byte): nothing to template
-    mask = np.full(len(data), FIXED, np.uint8)
-    text: list[np.ndarray] = []
+    found = T.places(data, zip(offsets, payloads, strict=True), R.templates)
+    if found is None:
+        return None
     group_index = {name: i for i, name in enumerate(scan.group_roles)}
     peer_index = {peer: i for i, peer in enumerate(scan.peer_roles)}
-    spans: dict[tuple[bool, int], list[tuple[int, int]]] = {}  # role -> its values' (start, stop)
-    pinned: set[tuple[bool, int]] = set()
-    ends = offsets[2:] + [len(data)]
-    for payload, end, record in zip(payloads[1:], ends, records, strict=True):
+    values: list[tuple[T.Place, Role | None]] = []
+    pinned: set[Role] = set()
+    for node, record in zip(found, records, strict=True):
         key = record.traffic_key
-        role = None
-        if key is not None:
-            role = (True, group_index[key[4]]) if key[1] == "coll" else (False, peer_index[key[4]])
-        found = value_spans(payload)
-        used = None
-        if found:
-            base = end - len(payload)
-            for span in found:
-                start, stop = base + span.start, base + span.stop
-                mask[start:stop] = TEXT if span.text else VARINT
-                if span.text:
-                    text.append(np.arange(start, stop))
-                if span.used:
-                    used = (start, stop)
-        if role is None:
+        if key is None:
+            values += [(place, None) for place in node]
             continue
-        if used is None:
+        role = (True, group_index[key[4]]) if key[1] == "coll" else (False, peer_index[key[4]])
+        used = R.USES[key[1]]
+        named = False
+        for place in node:
+            if place.name == used:
+                values.append((place, role))
+                named = True
+            else:
+                values.append((place, None))
+        if not named:  # the node names its role elsewhere than in a value: that stays the template's
             pinned.add(role)
-        else:
-            spans.setdefault(role, []).append(used)
-    roles, same, first = [], [], []
-    for role in sorted(set(spans) | pinned):
-        values = spans.get(role, [])
-        start, stop = values[0] if values else (-1, -1)
-        for other_start, other_stop in values[1:]:
-            if other_stop - other_start != stop - start:
-                return None  # one value written in two widths: not worth a template
-            same.append(np.arange(other_start, other_stop))
-            first.append(np.arange(start, stop))
-        roles.append(Role(role[0], role[1], start, stop, role in pinned))
-    return FileTemplate(data, mask, _cat(text), roles, _cat(same), _cat(first), scan)
+    return T.file_template(data, values, pinned, scan, T.ASCII)
 
 
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-class FileTemplates:
-    """A worker's templates by file length, most recently matched first."""
+class FileTemplates(T.FileTemplates[RankScan]):
+    """A worker's templates of scanned files."""
 
     def __init__(self) -> None:
-        self.by_length: dict[int, list[FileTemplate]] = {}
-        self.count = 0
-
-    def clear(self) -> None:
-        self.by_length.clear()
-        self.count = 0
+        super().__init__(LIMIT)
 
     def scan(self, rank: int, data: bytes) -> RankScan | None:
-        candidates = self.by_length.get(len(data), [])
-        for i, template in enumerate(candidates):
-            found = template.match(rank, data)
-            if found is not None:
-                if i:
-                    candidates.insert(0, candidates.pop(i))
-                return found
-        return None
+        return self.find(data, lambda template, values: _scan(rank, template, values))
 
-    def remember(self, data: bytes, payloads: list[bytes], offsets: list[int], records: list[ScanRecord],
+    def remember(self, data: bytes, payloads: list[bytes], offsets: list[int], records: list[R.ScanRecord],
                  scan: RankScan) -> None:
-        template = build_template(data, payloads, offsets, records, scan)
-        if template is None:
-            return
-        if self.count >= LIMIT:
-            self.clear()
-        self.by_length.setdefault(len(data), []).insert(0, template)
-        self.count += 1
+        self.add(build_template(data, payloads, offsets, records, scan))

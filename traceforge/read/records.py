@@ -6,7 +6,7 @@ the payload bytes, never on the rank, so it is cached by them. Three levels, che
 1. The payload was seen before: a dict lookup. Ranks of one pipeline stage share most node bytes,
    and ranks of one TP group (usually adjacent) share all of them.
 2. Only its rank-specific values are new (pg_name, comm_src, comm_dst: a new TP group, a new
-   peer): the payload with those values cut out is a template key, and the record is the
+   peer): it matches a payload template (chakra/templates.py), and the record is the
    template's with the one value that matters read straight from the bytes.
 3. Otherwise: a protobuf parse (~11 us a node, the cost this module exists to avoid).
 
@@ -31,7 +31,8 @@ from traceforge.chakra import schema as S
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.chakra.decode import PayloadCache, node_attributes
 from traceforge.chakra.frame import read_file, split
-from traceforge.chakra.spans import INT32_MAX, Span, find_spans, sole_attributes, template_key
+from traceforge.chakra.spans import INT32_MAX, Span
+from traceforge.chakra.templates import PayloadTemplates
 from traceforge.chakra.wire import read_varint
 from traceforge.ir.enums import COLL, RECV, SEND
 from traceforge.ir.program import NO_DIM, WORLD
@@ -122,17 +123,10 @@ def decode_record(node: pb.Node) -> ScanRecord:
     return ScanRecord(row, array("Q", deps).tobytes(), traffic_key, node.name, dim, wide)
 
 
-# -- level 2: templates over the rank-specific values (chakra/spans.py finds them) --------------
+# -- level 2: templates over the rank-specific values (chakra/templates.py) ------------------
 
 PEER_MAX = INT32_MAX
-_USES = {COLL: S.PG_NAME, SEND: S.COMM_DST, RECV: S.COMM_SRC}  # the one value a record takes from them
-
-
-def _node_type(record: ScanRecord) -> int:
-    if record.row is None:
-        assert record.wide is not None  # a record holds its numbers in one or the other
-        return record.wide[1]
-    return ROW.unpack(record.row)[1]
+USES = {"coll": S.PG_NAME, "send": S.COMM_DST, "recv": S.COMM_SRC}  # the one value a record takes from them
 
 
 class PayloadTemplate(NamedTuple):
@@ -140,21 +134,13 @@ class PayloadTemplate(NamedTuple):
     used: int  # index in the spans of the value the record depends on, -1 for none
 
 
-def _make_template(payload: bytes, node: pb.Node, spans: list[Span], record: ScanRecord) -> PayloadTemplate | None:
-    """A template, if the found spans are exactly the node's only attribute of each rank-specific
-    name (checked on the wire, once per template); else None."""
-    if not sole_attributes(payload, node, spans):
-        return None
-    wanted = _USES.get(_node_type(record))
-    used = next((i for i, span in enumerate(spans) if span[1] == wanted), -1)
-    return PayloadTemplate(record, used)
+def _template(record: ScanRecord, spans: list[Span]) -> PayloadTemplate:
+    wanted = USES.get(record.traffic_key[1]) if record.traffic_key is not None else None
+    return PayloadTemplate(record, next((i for i, span in enumerate(spans) if span[1] == wanted), -1))
 
 
 def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanRecord | None:
     """The template's record with this payload's value; None when a value needs the full decoder."""
-    for _, name, start, stop in spans:
-        if name == S.PG_NAME and not payload[start:stop].isascii():  # protobuf judges other text
-            return None
     record = template.record
     if template.used < 0:
         return record
@@ -170,14 +156,14 @@ def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanR
 
 _stable: PayloadCache[ScanRecord] = PayloadCache(STABLE_LIMIT)
 _volatile: PayloadCache[ScanRecord] = PayloadCache(VOLATILE_LIMIT)
-_templates: PayloadCache[PayloadTemplate | None] = PayloadCache(TEMPLATE_LIMIT)
+templates: PayloadTemplates[PayloadTemplate] = PayloadTemplates(TEMPLATE_LIMIT)
 
 
 def clear() -> None:
     """Forget every payload (records depend on bytes only, so this is never needed for results)."""
     _stable.clear()
     _volatile.clear()
-    _templates.clear()
+    templates.clear()
 
 
 def read_records(path: Path, rank: int | None = None) -> list[ScanRecord]:
@@ -218,41 +204,13 @@ def records_of(payloads: list[bytes], offsets: list[int], name: str, rank: int |
 
 def _miss(payload: bytes, name: str, offset: int) -> ScanRecord:
     """Levels 2 and 3 for a payload not seen before; the record is cached under it."""
-    spans = find_spans(payload)
+    spans, key, template = templates.find(payload)
     if spans == []:
         return _stable.remember(payload, decode_record(parse_node(payload, offset, name)))
-    record = template = key = None
-    if spans is not None:
-        key = template_key(payload, spans)
-        template = _templates.get(key)
-        if template is not None:
-            record = _fill(template, payload, spans)
+    record = None if not spans or template is None else _fill(template, payload, spans)
     if record is None:
         node = parse_node(payload, offset, name)
         record = decode_record(node)
-        if key is not None and spans is not None and key not in _templates:
-            _templates.remember(key, _make_template(payload, node, spans, record))
+        if spans and key is not None:
+            templates.learn(payload, spans, key, node, _template(record, spans))
     return _volatile.remember(payload, record)
-
-
-class ValueSpan(NamedTuple):
-    """A rank-specific value inside a payload: bytes start:stop, text (pg_name) or a varint."""
-
-    start: int
-    stop: int
-    text: bool
-    used: bool  # the payload's record takes its group or peer from this value
-
-
-def value_spans(payload: bytes) -> list[ValueSpan] | None:
-    """Where the payload's rank-specific values sit, when its template is known to be sound (so
-    any bytes there, of the same width and varint shape, parse alike but for those values);
-    [] when it has none; None when unknown (then every byte of it must be treated as fixed)."""
-    spans = find_spans(payload)
-    if not spans:
-        return None if spans is None else []
-    template = _templates.get(template_key(payload, spans))
-    if template is None:
-        return None
-    return [ValueSpan(start, stop, name == S.PG_NAME, i == template.used)
-            for i, (_, name, start, stop) in enumerate(spans)]

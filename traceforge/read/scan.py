@@ -19,9 +19,10 @@ import numpy as np
 from traceforge.base.errors import TraceReadError
 from traceforge.chakra.frame import prefetch, read_file
 from traceforge.ir.enums import COMP
-from traceforge.ir.program import RankProgram, RankScan, intern_traffic
+from traceforge.ir.program import RankProgram
 from traceforge.read import records as scan_cache
 from traceforge.read.file_templates import FileTemplates
+from traceforge.read.rank_scan import RankScan, intern_traffic
 from traceforge.read.records import ROW_DTYPE, ScanRecord, read_records
 
 

@@ -1,4 +1,11 @@
-"""A scanned trace set: every rank's compact scan, the groups and what dimension each serves.
+"""A trace set as read: the ProgramSet the engine replays, and what reading learned beside it.
+
+The ProgramSet (ir/programset.py) is the set's programs, each rank's binding of their roles, the
+groups and the dimension each serves: the same thing the planner builds from a spec in memory
+(program/programset.py). TraceSet adds the reading's provenance, which only the commands that read
+files use: where the set lies (directory, prefix), its manifest, the notes about what the files
+lacked, which dimensions were inferred, and every rank's scan (its traffic counters for traffic/
+and report/, its compute total).
 
 Group membership (in ring order) comes from comm_group.json when the set has one; a group a
 node names but the file lacks is taken from usage (the ranks whose nodes name it, ascending).
@@ -10,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -17,11 +25,31 @@ from traceforge.base.errors import TraceReadError
 from traceforge.base.output import COMM_GROUP_FILE
 from traceforge.base.pool import cores, fan_out
 from traceforge.base.progress import Progress
-from traceforge.ir.program import NO_DIM, WORLD, RankProgram, RankScan, intern_traffic
-from traceforge.ir.traceset import TraceSet
+from traceforge.ir.program import NO_DIM, WORLD, RankProgram
+from traceforge.ir.programset import ProgramSet
 from traceforge.read.dims import infer_group_dims
+from traceforge.read.rank_scan import RankScan, intern_traffic
 from traceforge.read.reader import find_rank_files, load_groups, manifest_world_size, read_manifest
 from traceforge.read.scan import forget, scan_ranks
+
+P2P_DIM = "p2p"  # label of point-to-point traffic in traces without annotations
+
+
+@dataclass
+class TraceSet:
+    program_set: ProgramSet  # what the engine replays
+    directory: Path
+    prefix: str
+    scans: list[RankScan]  # indexed by rank
+    inferred_dims: set[str] = field(default_factory=set)
+    manifest: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def p2p_dim(self, dim: str) -> str:
+        return dim or P2P_DIM
+
+    def coll_dim(self, dim: str, group: str) -> str:
+        return dim or self.program_set.group_dims.get(group, "unknown")
 
 
 def _scan_all(files: dict[int, Path], jobs: int) -> list[RankScan]:
@@ -80,8 +108,10 @@ def load_trace_set(directory: Path, prefix: str | None = None, jobs: int | None 
     dangling = sum(s.dangling_deps for s in scans)
     if dangling:
         notes.append(f"{dangling} dependencies name no node of their file (ignored); run 'traceforge check'")
-    return TraceSet(directory, prefix, world, scans, programs, groups, group_dims, steps, annotated,
-                    inferred, manifest if isinstance(manifest, dict) else None, notes)
+    program_set = ProgramSet(world, programs, [s.shape for s in scans], [s.group_roles for s in scans],
+                             [s.peer_roles for s in scans], groups, group_dims, steps, annotated)
+    return TraceSet(program_set, directory, prefix, scans, inferred, manifest if isinstance(manifest, dict) else None,
+                    notes)
 
 
 def _groups(directory: Path, scans: list[RankScan], world: int, notes: list[str]) -> dict[str, tuple[int, ...]]:

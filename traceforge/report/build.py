@@ -21,15 +21,14 @@ import numpy as np
 from traceforge.base.errors import UserError
 from traceforge.base.output import atomic_output_dir
 from traceforge.ir.enums import COMP
-from traceforge.ir.traceset import TraceSet
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
-from traceforge.machine.cluster import node_of
-from traceforge.machine.links import LinkModel
-from traceforge.machine.nccl import GPU_GENERATION, NCCL_VERSION
+from traceforge.machine.cluster import Cluster, node_of
+from traceforge.machine.gpus import GPUS, gpu_names
+from traceforge.machine.nccl import NCCL_VERSION
 from traceforge.memory.manifest import manifest_memory, manifest_spec
 from traceforge.memory.timeline import counter_events, memory_counter
 from traceforge.parallel.layout import Layout
-from traceforge.read.traceset import load_trace_set
+from traceforge.read.traceset import TraceSet, load_trace_set
 from traceforge.report.render import render_report
 from traceforge.simulate.result import trace_set_identity
 from traceforge.simulate.view import simulated_chrome_trace, simulated_view
@@ -62,7 +61,7 @@ class Report:
     dims: list[DimTraffic]
     edges: dict[tuple[str, int, int], float]
     tests: list[MatrixRow]
-    link: LinkModel
+    link: Cluster
     replay: ReplayResult | None = None
     estimate: StepEstimate | None = None
     track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
@@ -77,7 +76,7 @@ class Report:
     # -- views ---------------------------------------------------------------------------
     @property
     def world(self) -> int:
-        return self.traces.world
+        return self.traces.program_set.world
 
     @property
     def nodes(self) -> int:
@@ -118,9 +117,9 @@ class Report:
         return rank_matrix(self.edges, self.world, dim)
 
     def source(self) -> dict:
-        ts = self.traces
-        out = {"directory": str(ts.directory), "prefix": ts.prefix, "world_size": ts.world, "steps": ts.steps,
-               "annotated": ts.annotated, "groups": len(ts.groups)}
+        ts, ps = self.traces, self.traces.program_set
+        out = {"directory": str(ts.directory), "prefix": ts.prefix, "world_size": ps.world, "steps": ps.steps,
+               "annotated": ps.annotated, "groups": len(ps.groups)}
         m = ts.manifest or {}
         spec = m.get("spec") if isinstance(m.get("spec"), dict) else None
         if spec:
@@ -169,8 +168,8 @@ class Report:
                     "dimensions": [{"topology": d.topology, "npus": d.npus, "bandwidth_gib_per_s": d.bandwidth,
                                     "latency_ns": d.latency} for d in self.network.dims],
                     "preferred_dataset_splits": self.network.splits, "local_mem_bw_gbps": self.network.local_mem_gbps}
-        doc: dict[str, Any] = {"intra_gbps": self.link.intra_gbps, "inter_gbps": self.link.inter_gbps,
-                               "intra_latency_us": self.link.intra_latency_us, "inter_latency_us": self.link.inter_latency_us}
+        doc: dict[str, Any] = {"intra_gbps": self.link.scale_up_bw, "inter_gbps": self.link.scale_out_bw,
+                               "intra_latency_us": self.link.scale_up_latency_us, "inter_latency_us": self.link.scale_out_latency_us}
         if self.estimate_mode == HARDWARE and self.link.nccl is not None:
             doc.update(model=f"NCCL {NCCL_VERSION} cost model ({self.link.nccl.generation})",
                        nics_per_node=self.link.nics_per_node)
@@ -215,7 +214,7 @@ class Report:
                                 f"pass the log of a run of this set")
         sim.check_matches(self.traces.directory, self.world)
         self.simulation = sim
-        self.sim_view = simulated_view(sim, self.traces, self.replay.color if self.replay is not None else None)
+        self.sim_view = simulated_view(sim, self.traces.program_set, self.replay.color if self.replay is not None else None)
 
     def simulation_json(self) -> dict | None:
         if self.simulation is None:
@@ -264,7 +263,7 @@ class Report:
             if self.simulation is not None:
                 shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
                     else list(range(min(self.world, 32)))
-                sim_trace = simulated_chrome_trace(self.simulation, self.traces, self.link, shown)
+                sim_trace = simulated_chrome_trace(self.simulation, self.traces.program_set, self.link, shown)
                 if sim_trace is not None:
                     (tmp / "timeline_simulated.json").write_text(json.dumps(sim_trace) + "\n")
             try:
@@ -315,7 +314,7 @@ def estimate_mode(directory: Path, estimate: str | None) -> str:
 
 
 def build_report(
-    directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: LinkModel | None = None,
+    directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: Cluster | None = None,
     timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
     astra_model: bool | None = None, estimate: str | None = None,
 ) -> Report:
@@ -332,22 +331,23 @@ def build_report(
             raise UserError("--estimate hardware times transfers with the alpha-beta link model: drop --astra-model, "
                             "or use --estimate astra-sim")
         astra_model = False
-    link = replace(link or LinkModel(), gpus_per_node=gpus_per_node)  # LinkModel checks its values (traceforge.machine.cluster)
+    link = replace(link or Cluster(), gpus_per_node=gpus_per_node)  # Cluster checks its values (traceforge.machine.cluster)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     ts = load_trace_set(Path(directory), prefix, jobs)
+    ps = ts.program_set
     seconds["scan"] = time.perf_counter() - t0
     gpu_note = None
     if mode == HARDWARE and link.gpu is None:  # NCCL's tables for the set's GPU, when it names one they cover
         recorded = (ts.manifest or {}).get("spec")  # a forged manifest may hold anything here
         gpu = recorded.get("gpu") if isinstance(recorded, dict) else None
         gpu = gpu if isinstance(gpu, str) else None
-        if gpu in GPU_GENERATION:
+        if gpu in GPUS:
             link = replace(link, gpu=gpu)
         else:
             gpu_note = (f"hardware estimate: collectives on the alpha-beta link model, as "
                         f"{'the set names no GPU' if gpu is None else f'NCCL has no tables for GPU {gpu!r}'} "
-                        f"(NCCL's model covers {', '.join(GPU_GENERATION)})")
+                        f"(NCCL's model covers {', '.join(gpu_names())})")
     t0 = time.perf_counter()
     dims = dimension_traffic(ts, gpus_per_node)
     edges = traffic_edges(ts)
@@ -365,22 +365,22 @@ def build_report(
         astra_model = (Path(directory) / NETWORK_FILE).exists()
     if astra_model:
         report.network = load_network(Path(directory))
-        if report.network.world != ts.world:
+        if report.network.world != ps.world:
             raise UserError(f"{Path(directory) / NETWORK_FILE} describes {report.network.world} NPUs but the trace set has "
-                            f"{ts.world} ranks; rewrite the bundle with 'traceforge generate --astra-sim'")
-    if ts.world % gpus_per_node:
-        report.notes.append(f"{ts.world} ranks do not fill nodes of {gpus_per_node} GPUs; the last node is partial")
+                            f"{ps.world} ranks; rewrite the bundle with 'traceforge generate --astra-sim'")
+    if ps.world % gpus_per_node:
+        report.notes.append(f"{ps.world} ranks do not fill nodes of {gpus_per_node} GPUs; the last node is partial")
     if timeline:
         t0 = time.perf_counter()
         try:
             net = report.network
             replay_link = link if net is None or len(net.dims) < 2 else replace(
                 link, gpus_per_node=net.dims[0].npus)  # rank classes see its links
-            report.replay = replay(ts, replay_link, network=net, mode=mode)
+            report.replay = replay(ps, replay_link, network=net, mode=mode)
         except ReplayTooBig as exc:
             report.notes.append(f"timeline skipped: {exc}")
         else:
-            report.estimate = step_estimate(report.replay, ts.steps)
+            report.estimate = step_estimate(report.replay, ps.steps)
             if report.replay.stalled:
                 report.notes.append(f"replay stalled: {len(report.replay.stalled)} nodes never ran (a collective or "
                                     f"recv without its partner); run 'traceforge check'")

@@ -130,13 +130,14 @@ def estimate_lines(report) -> list[str]:
     net = getattr(report, "network", None)
     mode = getattr(report, "estimate_mode", "astra-sim")
     shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
-    links = (f"scale-up {link.intra_gbps:g} GB/s and {link.intra_latency_us * 1e3:g} ns, scale-out {link.inter_gbps:g} GB/s "
-             f"and {link.inter_latency_us * 1e3:g} ns (once per collective or send)")
+    # the latencies the replay charged (us), in ns
+    links = (f"scale-up {link.scale_up_bw:g} GB/s and {link.scale_up_latency_us * 1e3:g} ns, scale-out {link.scale_out_bw:g} GB/s "
+             f"and {link.scale_out_latency_us * 1e3:g} ns (once per collective or send)")
     if mode == "hardware" and link.nccl is not None:
         model = (f"  hardware mode: an analytical replay, not a simulation: collectives and sends as NCCL's cost model "
                  f"times them ({link.nccl.generation}: NCCL's algorithms, protocols and latencies; scale-up "
-                 f"{link.intra_gbps:g} GB/s line rate, {link.nics_per_node} NICs per node sharing "
-                 f"{link.inter_gbps * link.gpus_per_node:g} GB/s); one NCCL stream per group and per send peer, "
+                 f"{link.scale_up_bw:g} GB/s line rate, {link.nics_per_node} NICs per node sharing "
+                 f"{link.scale_out_bw * link.gpus_per_node:g} GB/s); one NCCL stream per group and per send peer, "
                  f"concurrent transfers share a tier's bandwidth (--estimate astra-sim: ASTRA-sim's one "
                  f"send/collective in flight per rank)")
     elif mode == "hardware":

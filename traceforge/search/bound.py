@@ -42,7 +42,7 @@ from traceforge.config import LayerRun, PipelineConfig, Spec
 from traceforge.config.routing import BALANCED
 from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import NodeType
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.model.compute import CostModel
 from traceforge.model.params import activation_bytes, is_moe_layer, p2p_bytes
 from traceforge.parallel.layout import Layout, LayoutKey
@@ -64,7 +64,7 @@ class Piece:
     backward_input: float = 0.0  # the backward without its weight-gradient GEMMs (a zero-bubble I pass)
 
 
-def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
+def _floor(ops: list[Op], sizes: dict[str, int], link: Cluster) -> float:
     """Longest path through a scratch recording's ops (ids are topological)."""
     end: list[float] = []
     for op in ops:
@@ -81,7 +81,7 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: LinkModel) -> float:
     return max(end, default=0.0)
 
 
-def _record(spec: LayerRun, link: LinkModel, emit, only_compute: bool = False, input_only: bool = False
+def _record(spec: LayerRun, link: Cluster, emit, only_compute: bool = False, input_only: bool = False
             ) -> tuple[float, int]:
     """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
     depend on the routing of each micro-batch, its computes do not); input_only: the weight-
@@ -95,12 +95,12 @@ def _record(spec: LayerRun, link: LinkModel, emit, only_compute: bool = False, i
     return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
 
 
-def _piece(spec: LayerRun, link: LinkModel, fwd, bwd, only_compute: bool = False) -> Piece:
+def _piece(spec: LayerRun, link: Cluster, fwd, bwd, only_compute: bool = False) -> Piece:
     (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
     return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
 
 
-def _pieces(spec: LayerRun, link: LinkModel) -> dict[str, Piece]:
+def _pieces(spec: LayerRun, link: Cluster) -> dict[str, Piece]:
     """Floors of one layer (dense and MoE), the embedding and the LM head, per micro-batch."""
     return _layer_pieces(one_microbatch(spec), link)
 
@@ -120,7 +120,7 @@ def _one_microbatch(run: LayerRun) -> LayerRun:
     return dataclasses.replace(run, num_microbatches=1)
 
 
-def _record_pieces(spec: LayerRun, link: LinkModel) -> dict[str, Piece]:
+def _record_pieces(spec: LayerRun, link: Cluster) -> dict[str, Piece]:
     cost = CostModel(spec)
     tp = TensorParallel(activation_bytes(spec), spec.tp, spec.sequence_parallel)  # the embedding's and head's
     # The layers' TP as the programs run it (program/stage.py): TransformerEngine's, with FP8
@@ -154,7 +154,7 @@ def _record_pieces(spec: LayerRun, link: LinkModel) -> dict[str, Piece]:
 _layer_pieces = functools.lru_cache(maxsize=4096)(_record_pieces)
 
 
-def replay_nodes_floor(spec: LayerRun, link: LinkModel) -> int:
+def replay_nodes_floor(spec: LayerRun, link: Cluster) -> int:
     """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
     stage is a class of its own (its program or its neighbours' differ, up the chain from the
     stage that holds the embedding), and a stage's program holds every pass of its layers, the
@@ -235,7 +235,7 @@ def _blocking_sends(name: str, stage: int, p: int, m: int, v: int, blocking: boo
 # Memoised on what it reads: the layer's run and the pipeline (not the data parallelism), the
 # link, and the gathers and links it is given.
 @functools.lru_cache(maxsize=65536)
-def _pipeline(spec: LayerRun, pipeline: PipelineConfig, link: LinkModel, gathers: tuple[tuple[float, ...], ...] | None = None,
+def _pipeline(spec: LayerRun, pipeline: PipelineConfig, link: Cluster, gathers: tuple[tuple[float, ...], ...] | None = None,
               links: Links | None = None) -> tuple[list[float], float, list[float]]:
     """(per stage: when its last compute can end at the earliest, the whole pipeline's earliest
     end: the last micro-batch's gradient back through every virtual stage, per stage: when the
@@ -314,7 +314,7 @@ def _pipeline(spec: LayerRun, pipeline: PipelineConfig, link: LinkModel, gathers
     return ends, whole, starts
 
 
-def step_lower_bound(spec: Spec, link: LinkModel) -> float:
+def step_lower_bound(spec: Spec, link: Cluster) -> float:
     """Microseconds the replay of spec's step cannot beat (per step, as the estimate)."""
     ends, pipeline, starts = _pipeline(spec.run, spec.pipeline, link, unit_gathers(spec, link),
                                        pipeline_links(spec, link.gpus_per_node))
@@ -335,7 +335,7 @@ FLOOR_PROBE = dict(recompute="none", schedule="1f1b", virtual_stages=1, dp_mode=
                    overlap_grad_reduce=True, overlap_param_gather=False)
 
 
-def layout_floor(runs: list[LayerRun], pp: int, link: LinkModel) -> float:
+def layout_floor(runs: list[LayerRun], pp: int, link: Cluster) -> float:
     """Microseconds per step no candidate of one top-level layout (tp, cp, pp, dp, ep) can beat,
     from its layer's run at each micro-batch size (FLOOR_PROBE's values): its busiest stage
     computes at least its share (1/pp) of every micro-batch's forward and backward of the whole

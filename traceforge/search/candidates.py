@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from traceforge.base.errors import SpecError, UserError
 from traceforge.base.pool import fan_out
 from traceforge.config import LayerRun, Spec, spec_builder
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.memory.report import DOES_NOT_FIT, Band
 from traceforge.model.flops import model_flops_per_step
 from traceforge.search.bound import FLOOR_PROBE, layout_floor, replay_nodes_floor, step_lower_bound
@@ -119,7 +119,7 @@ class _Job:
     builder: Callable[..., Spec]
     model: Model
     fixed: Mapping[str, Any]
-    link: LinkModel
+    link: Cluster
     gpu_memory: int | None
     overhead_bytes: int | None = None
     reserve: float | None = None
@@ -245,7 +245,7 @@ def _floor_groups(tops: list[dict[str, Any]], which: list[int]) -> list[list[int
     return list(groups.values())
 
 
-def search(base: Base, model: Model, fixed: Mapping[str, Any], link: LinkModel, gpu_memory: int | None,
+def search(base: Base, model: Model, fixed: Mapping[str, Any], link: Cluster, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
            quiet: bool = False, until_us: float | None = None, budget_s: float | None = None,
            overhead_bytes: int | None = None, reserve: float | None = None) -> PlanResult:

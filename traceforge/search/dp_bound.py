@@ -31,7 +31,7 @@ from traceforge.config import DP_MODES, Placement, Spec
 from traceforge.config.dp_modes import PER_MICROBATCH, PER_STEP
 from traceforge.config.schedules import UNSPLIT_BACKWARD
 from traceforge.ir.enums import Coll
-from traceforge.machine.links import LinkModel
+from traceforge.machine.cluster import Cluster
 from traceforge.model.compute import KernelPrices
 from traceforge.parallel.buckets import pad_to, shard_group
 from traceforge.parallel.groups import DATA_PARALLEL_KINDS
@@ -84,18 +84,18 @@ def _spans(key: LayoutKey, gpus_per_node: int) -> tuple[dict[str, tuple[int, ...
     return tuple(out)
 
 
-def _cost(link: LinkModel, ctype: Coll, size: float, n: int, nodes: tuple[int, ...]) -> float:
+def _cost(link: Cluster, ctype: Coll, size: float, n: int, nodes: tuple[int, ...]) -> float:
     """At most the replay's charge for one collective on any of the stage's groups of a role."""
     if n < 2 or size <= 0:
         return 0.0
     return min(link.charge(int(ctype), int(size), n, k) for k in nodes)
 
 
-def _unit_latency(link: LinkModel, group_size: int, nodes: tuple[int, ...]) -> float:
+def _unit_latency(link: Cluster, group_size: int, nodes: tuple[int, ...]) -> float:
     """At most the latency of one more all-gather or reduce-scatter of a unit: the alpha-beta
     latency, or NCCL's least latency of any collective of the group (a tiny one)."""
     if link.nccl is None:
-        return min(link.inter_latency_us if k > 1 else link.intra_latency_us for k in nodes)
+        return min(link.scale_out_latency_us if k > 1 else link.scale_up_latency_us for k in nodes)
     return min(link.charge(int(c), 1, group_size, k) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER) for k in nodes)
 
 
@@ -110,7 +110,7 @@ class _Parts:
 # Memoised on what it reads (the placement of the model's states, the layout, the link): nothing
 # of the micro-batch or the schedule's step.
 @functools.lru_cache(maxsize=16384)
-def _stage_parts(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[_Parts, ...]:
+def _stage_parts(spec: Placement, key: LayoutKey, link: Cluster) -> tuple[_Parts, ...]:
     """What stage_floors needs that does not depend on the micro-batch size or count."""
     span = _spans(key, link.gpus_per_node)
     cost = KernelPrices(spec.machine)  # the optimizer's step: its kernels alone, no layer's
@@ -168,7 +168,7 @@ def _stage_parts(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[_Par
     return tuple(out)
 
 
-def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
+def stage_floors(spec: Spec, link: Cluster) -> list[StageFloor]:
     """Per stage, per step: the busiest data-parallel group's collectives and the tail."""
     m = spec.num_microbatches
     out = []
@@ -185,7 +185,7 @@ def stage_floors(spec: Spec, link: LinkModel) -> list[StageFloor]:
     return out
 
 
-def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] | None:
+def unit_gathers(spec: Spec, link: Cluster) -> tuple[tuple[float, ...], ...] | None:
     """ZeRO-3 / HSDP: per virtual stage, the floor of each unit's parameter AllGather, units in
     forward order (embedding, layers, LM head); None for the other modes.
 
@@ -197,7 +197,7 @@ def unit_gathers(spec: Spec, link: LinkModel) -> tuple[tuple[float, ...], ...] |
 
 
 @functools.lru_cache(maxsize=16384)
-def _unit_gathers(spec: Placement, key: LayoutKey, link: LinkModel) -> tuple[tuple[float, ...], ...] | None:
+def _unit_gathers(spec: Placement, key: LayoutKey, link: Cluster) -> tuple[tuple[float, ...], ...] | None:
     if not DP_MODES[spec.dp_mode].per_unit:
         return None
     group, size = shard_group(spec)

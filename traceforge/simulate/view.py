@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from traceforge.ir.enums import COLL, COMP, RECV, SEND
-from traceforge.ir.traceset import TraceSet
-from traceforge.machine.links import LinkModel
+from traceforge.ir.programset import ProgramSet
+from traceforge.machine.cluster import Cluster
 from traceforge.simulate.result import Simulation
 from traceforge.timing.engine import ReplayResult
 from traceforge.timing.timeline import Split, _measure, _overlap, _union, chrome_trace
@@ -60,19 +60,19 @@ def _node_times(sim: Simulation, rank: int, n: int) -> tuple[list, list]:
     return start, finish
 
 
-def simulated_result(sim: Simulation, ts: TraceSet, link: LinkModel) -> ReplayResult:
+def simulated_result(sim: Simulation, ps: ProgramSet, link: Cluster) -> ReplayResult:
     """The simulated node times in the replay's shape (every rank its own class)."""
     programs, starts, finishes = [], [], []
-    for r in range(ts.world):
-        p = ts.programs[ts.scans[r].shape]
+    for r in range(ps.world):
+        p = ps.program(r)
         s, f = _node_times(sim, r, len(p))
         programs.append(p)
         starts.append(s)
         finishes.append(f)
     return ReplayResult(
         link,
-        list(range(ts.world)),
-        list(range(ts.world)),
+        list(range(ps.world)),
+        list(range(ps.world)),
         programs,
         [list(s) for s in starts],
         starts,
@@ -81,12 +81,12 @@ def simulated_result(sim: Simulation, ts: TraceSet, link: LinkModel) -> ReplayRe
     )
 
 
-def simulated_view(sim: Simulation, ts: TraceSet, color: list[int] | None = None) -> SimView:
+def simulated_view(sim: Simulation, ps: ProgramSet, color: list[int] | None = None) -> SimView:
     """Group ranks by `color` (the estimate's rank classes; else by program) and split their time."""
     step = sim.step_time_ns / 1e3
     if color is None:
         shapes: dict[bytes, int] = {}
-        color = [shapes.setdefault(ts.scans[r].shape, len(shapes)) for r in range(ts.world)]
+        color = [shapes.setdefault(shape, len(shapes)) for shape in ps.shapes]
     per_rank: dict[int, Split] = {}
     by_dim: dict[str, float] = defaultdict(float)
     exact = bool(sim.nodes)
@@ -94,7 +94,7 @@ def simulated_view(sim: Simulation, ts: TraceSet, color: list[int] | None = None
         if not exact:
             per_rank[r] = Split(step, (finish - exposed) / 1e3, exposed / 1e3)
             continue
-        p = ts.programs[ts.scans[r].shape]
+        p = ps.program(r)
         start, end = _node_times(sim, r, len(p))
         compute, comm = [], []
         for i, t in enumerate(p.types.tolist()):
@@ -127,7 +127,7 @@ def simulated_view(sim: Simulation, ts: TraceSet, color: list[int] | None = None
         )
     n = max(1, len(per_rank))
     return SimView(
-        step, len(sim.ranks), sim.world or ts.world, classes, {d: v / n for d, v in sorted(by_dim.items())}, exact
+        step, len(sim.ranks), sim.world or ps.world, classes, {d: v / n for d, v in sorted(by_dim.items())}, exact
     )
 
 
@@ -162,10 +162,10 @@ def _exposed_by_dim(compute: list[tuple[float, float]], comm: list[tuple[float, 
     return out
 
 
-def simulated_chrome_trace(sim: Simulation, ts: TraceSet, link: LinkModel, ranks: list[int]) -> dict | None:
+def simulated_chrome_trace(sim: Simulation, ps: ProgramSet, link: Cluster, ranks: list[int]) -> dict | None:
     if not sim.nodes:
         return None
-    result = simulated_result(sim, ts, link)
+    result = simulated_result(sim, ps, link)
     meta = {
         "traceforge": "ASTRA-sim simulated times (trace output)",
         "simulator": sim.simulator,

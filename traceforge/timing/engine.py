@@ -1,7 +1,7 @@
-"""Analytical replay of a trace set's DAG with time: an estimate of when every node runs, not a
+"""Analytical replay of a program set's DAG with time: an estimate of when every node runs, not a
 simulation (check/deadlock.py is the untimed one that looks for deadlocks).
 
-Timing model (alpha-beta, per link class of the Cluster, LinkModel):
+Timing model (alpha-beta, per link class of the Cluster):
 - compute takes its duration_micros; a rank runs one compute node at a time;
 - a collective starts when every member has issued it (its deps done and the rank's comm slot
   free) and takes latency + ring wire bytes / bandwidth: scale-up latency and bandwidth when the
@@ -35,13 +35,12 @@ import numpy as np
 
 from traceforge.ir.enums import COLL, COMP, RECV, SEND
 from traceforge.ir.program import RankProgram
-from traceforge.ir.traceset import TraceSet
+from traceforge.ir.programset import ProgramSet
 from traceforge.machine.astra import AstraNetwork
-from traceforge.machine.cluster import crosses_nodes, node_of
+from traceforge.machine.cluster import Cluster, crosses_nodes, node_of, nodes_spanned
 from traceforge.machine.collectives import (
     wire_bytes,
 )
-from traceforge.machine.links import LinkModel, nodes_spanned
 
 # The estimate's two resource models (docs/estimate-modes.md).
 ASTRA_SIM, HARDWARE = "astra-sim", "hardware"
@@ -71,17 +70,17 @@ class ReplayTooBig(Exception):
     """The set has too many distinct rank programs to replay in reasonable time."""
 
 
-def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
+def rank_classes(ps: ProgramSet, gpus_per_node: int) -> list[int]:
     """Class of each rank: equal program, link classes and (recursively) neighbour classes."""
-    world = ts.world
-    crossing = {g: nodes_spanned(m, gpus_per_node) for g, m in ts.groups.items()}  # NCCL's time depends on it
+    world = ps.world
+    crossing = {g: nodes_spanned(m, gpus_per_node) for g, m in ps.groups.items()}  # NCCL's time depends on it
 
     first: dict[tuple, int] = {}
     color = []
-    for s in ts.scans:
-        node = node_of(s.rank, gpus_per_node)
-        inter = tuple([not (0 <= p < world) or node_of(p, gpus_per_node) != node for p in s.peer_roles])
-        key = (s.shape, tuple(map(crossing.__getitem__, s.group_roles)), inter)
+    for rank, (shape, groups, peers) in enumerate(zip(ps.shapes, ps.group_roles, ps.peer_roles, strict=True)):
+        node = node_of(rank, gpus_per_node)
+        inter = tuple([not (0 <= p < world) or node_of(p, gpus_per_node) != node for p in peers])
+        key = (shape, tuple(map(crossing.__getitem__, groups)), inter)
         color.append(first.setdefault(key, len(first)))
     count = len(first)
     while True:
@@ -89,11 +88,11 @@ def rank_classes(ts: TraceSet, gpus_per_node: int) -> list[int]:
         # tuples of up to thousands of members hashed again for every rank.
         numbers: dict[tuple[int, ...], int] = {}
         group_sig = {g: numbers.setdefault(tuple(sorted(map(color.__getitem__, members))), len(numbers))
-                     for g, members in ts.groups.items()}
+                     for g, members in ps.groups.items()}
         seen: dict[tuple, int] = {}
-        new = [seen.setdefault((color[s.rank], tuple(map(group_sig.__getitem__, s.group_roles)),
-                                tuple([color[p] if 0 <= p < world else -1 for p in s.peer_roles])), len(seen))
-               for s in ts.scans]
+        new = [seen.setdefault((color[rank], tuple(map(group_sig.__getitem__, groups)),
+                                tuple([color[p] if 0 <= p < world else -1 for p in peers])), len(seen))
+               for rank, (groups, peers) in enumerate(zip(ps.group_roles, ps.peer_roles, strict=True))]
         if len(seen) == count:
             return color
         color, count = new, len(seen)
@@ -144,7 +143,7 @@ class _ClassProgram:
 
 @dataclass
 class ReplayResult:
-    link: LinkModel
+    link: Cluster
     color: list[int]  # class of each rank
     reps: list[int]  # representative rank of each class
     programs: list[RankProgram]
@@ -166,18 +165,18 @@ class ReplayResult:
 
 
 class _Replay:
-    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int],
+    def __init__(self, ps: ProgramSet, link: Cluster, color: list[int], reps: list[int],
                  network: AstraNetwork | None = None):
-        self.ts, self.link, self.color = ts, link, color
+        self.ps, self.link, self.color = ps, link, color
         self.network = network  # when given, durations follow ASTRA-sim's analytical backend
         self.gpn = link.gpus_per_node
         indexes: dict[bytes, _ProgramIndex] = {}
         self.classes = []
         for r in reps:
-            shape = ts.scans[r].shape
+            shape = ps.shapes[r]
             if shape not in indexes:
-                indexes[shape] = _ProgramIndex(ts.programs[shape])
-            self.classes.append(_ClassProgram(r, ts.programs[shape], indexes[shape]))
+                indexes[shape] = _ProgramIndex(ps.programs[shape])
+            self.classes.append(_ClassProgram(r, ps.programs[shape], indexes[shape]))
         sizes = [len(cp.types) for cp in self.classes]
         # Times per class and node, None until it happens.
         self.issue: list[list[float | None]] = [[None] * n for n in sizes]
@@ -208,8 +207,8 @@ class _Replay:
         self.stale: Callable[[int, int, int], bool] | None = None
         for c, cp in enumerate(self.classes):
             for role in cp.coll_lists:
-                g = ts.scans[cp.rank].group_roles[role]
-                members = ts.groups[g]
+                g = ps.group_roles[cp.rank][role]
+                members = ps.groups[g]
                 mates = {(color[m], self._group_role(m, g)) for m in members}
                 self.coll_info[(c, role)] = (mates, len(members), crosses_nodes(members, self.gpn))
                 self.coll_members[(c, role)] = tuple(members)
@@ -221,12 +220,12 @@ class _Replay:
     # -- lookups ------------------------------------------------------------------------
     def _group_role(self, rank: int, group: str) -> int:
         if rank not in self._roles:
-            self._roles[rank] = {g: i for i, g in enumerate(self.ts.scans[rank].group_roles)}
+            self._roles[rank] = {g: i for i, g in enumerate(self.ps.group_roles[rank])}
         return self._roles[rank].get(group, -1)
 
     def _peer_role(self, rank: int, peer: int) -> int:
         if rank not in self._peers:
-            self._peers[rank] = {p: i for i, p in enumerate(self.ts.scans[rank].peer_roles)}
+            self._peers[rank] = {p: i for i, p in enumerate(self.ps.peer_roles[rank])}
         return self._peers[rank].get(peer, -1)
 
     def partners(self, c: int, i: int) -> list[tuple[int, int]] | None:
@@ -251,8 +250,8 @@ class _Replay:
         cp = self.classes[c]
         key = (c, cp.roles[i])
         if key not in self.senders:  # the same for every recv of this class from this peer role
-            src = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
-            self.senders[key] = (self.color[src], self._peer_role(src, cp.rank)) if 0 <= src < self.ts.world else None
+            src = self.ps.peer_roles[cp.rank][cp.roles[i]]
+            self.senders[key] = (self.color[src], self._peer_role(src, cp.rank)) if 0 <= src < self.ps.world else None
         sender = self.senders[key]
         if sender is None:
             return None
@@ -264,15 +263,15 @@ class _Replay:
     def send_micros(self, c: int, i: int) -> float:
         cp = self.classes[c]
         if self.network is not None:
-            dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
-            if 0 <= dst < self.ts.world:
+            dst = self.ps.peer_roles[cp.rank][cp.roles[i]]
+            if 0 <= dst < self.ps.world:
                 return self.network.send_ns(cp.rank, dst, cp.sizes[i]) / 1000
         return self.link.micros(cp.sizes[i], self.send_is_inter(c, i))
 
     def send_is_inter(self, c: int, i: int) -> bool:
         cp = self.classes[c]
-        dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
-        return not 0 <= dst < self.ts.world or node_of(dst, self.gpn) != node_of(cp.rank, self.gpn)
+        dst = self.ps.peer_roles[cp.rank][cp.roles[i]]
+        return not 0 <= dst < self.ps.world or node_of(dst, self.gpn) != node_of(cp.rank, self.gpn)
 
     # -- events -------------------------------------------------------------------------
     def done_at(self, c: int, i: int, t: float) -> None:

@@ -11,7 +11,7 @@ flight per rank. This one follows what the GPU does (docs/estimate-modes.md has 
   groups' transfers proceed together. Compute keeps one stream; recvs need none (as astra-sim).
 - Links. A transfer is on the scale-out tier when its group (or pair) spans nodes, else on the
   scale-up tier. Its latency and unshared rate are NCCL's cost model's for its group's span
-  (LinkModel.nccl_collective / nccl_send: the latency, and wire bytes over the bandwidth part)
+  (Cluster.nccl_collective / nccl_send: the latency, and wire bytes over the bandwidth part)
   when the link names a GPU NCCL covers, else the tier's alpha-beta latency and bandwidth. It
   pays the latency once (not shared) and its wire bytes at that rate divided by the number of
   transfers in their bytes phase
@@ -42,10 +42,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from traceforge.ir.enums import COLL, COMP, SEND
-from traceforge.ir.traceset import TraceSet
+from traceforge.ir.programset import ProgramSet
+from traceforge.machine.cluster import Cluster
 from traceforge.machine.collectives import wire_bytes
 from traceforge.machine.gpus import GPUS
-from traceforge.machine.links import LinkModel
 from traceforge.timing.engine import ReplayResult, _Replay
 
 OUT, IN = 0, 1
@@ -80,8 +80,8 @@ class _Compute:
 class StreamReplay(_Replay):
     """A _Replay whose communication runs on per-communicator streams over shared tiers."""
 
-    def __init__(self, ts: TraceSet, link: LinkModel, color: list[int], reps: list[int]):
-        super().__init__(ts, link, color, reps, None)
+    def __init__(self, ps: ProgramSet, link: Cluster, color: list[int], reps: list[int]):
+        super().__init__(ps, link, color, reps, None)
         self.stream_of: list[list[int]] = []
         self.stream_names: list[list[str]] = []
         by_program: dict[int, tuple[list[int], list[str]]] = {}  # classes of one program share its streams
@@ -153,9 +153,9 @@ class StreamReplay(_Replay):
         route = self.send_route.get((c, cp.roles[i]))
         if route is None:  # the same for every send of this class to this peer role
             inter = self.send_is_inter(c, i)
-            dst = self.ts.scans[cp.rank].peer_roles[cp.roles[i]]
+            dst = self.ps.peer_roles[cp.rank][cp.roles[i]]
             own: tuple[int, ...] = (load_id(c, inter, OUT),)
-            if 0 <= dst < self.ts.world:
+            if 0 <= dst < self.ps.world:
                 own += (load_id(self.color[dst], inter, IN),)
             route = self.send_route[(c, cp.roles[i])] = (inter, own)
         inter, own = route
@@ -180,11 +180,11 @@ class StreamReplay(_Replay):
                 return
             bandwidth = wire / part
         else:
-            latency = link.inter_latency_us if inter else link.intra_latency_us
+            latency = link.scale_out_latency_us if inter else link.scale_up_latency_us
             if wire <= 0:
                 self.done_at(c, i, t + latency)
                 return
-            bandwidth = (link.inter_gbps if inter else link.intra_gbps) * 1e3
+            bandwidth = (link.scale_out_bw if inter else link.scale_up_bw) * 1e3
         key = (c, i)
         self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, 0.0, t)  # rate 0 until _rerate
         self._flying(c, 1, t)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from traceforge.ir.traceset import TraceSet
 from traceforge.machine.cluster import crosses_nodes, node_of
 from traceforge.machine.collectives import RECV_NAME, SEND_NAME, coll_name, wire_bytes
+from traceforge.read.traceset import P2P_DIM, TraceSet
 
 DIM_ORDER = ("tp", "cp", "ep", "pp", "dp", "emb")
 
@@ -98,12 +98,13 @@ class DimTraffic:
 def dimension_traffic(ts: TraceSet, gpus_per_node: int) -> list[DimTraffic]:
     """Every dimension's traffic, in the order tp, cp, ep, pp, dp, emb, then others."""
     dims: dict[str, DimTraffic] = {}
-    crossing = {name: crosses_nodes(members, gpus_per_node) for name, members in ts.groups.items()}
-    steps = ts.steps
+    ps = ts.program_set
+    crossing = {name: crosses_nodes(members, gpus_per_node) for name, members in ps.groups.items()}
+    steps = ps.steps
 
     def get(dim: str) -> DimTraffic:
         if dim not in dims:
-            dims[dim] = DimTraffic(dim, inferred=dim in ts.inferred_dims or (dim == "p2p" and not ts.annotated))
+            dims[dim] = DimTraffic(dim, inferred=dim in ts.inferred_dims or (dim == P2P_DIM and not ps.annotated))
         return dims[dim]
 
     for scan in ts.scans:
@@ -112,7 +113,7 @@ def dimension_traffic(ts: TraceSet, gpus_per_node: int) -> list[DimTraffic]:
             per_step = count / steps
             if kind == "coll":
                 d = get(ts.coll_dim(dim, target))
-                members = ts.groups[target]
+                members = ps.groups[target]
                 d.kinds.add("collective")
                 d.groups.add(target)
                 d.group_sizes.add(len(members))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from traceforge.ir.traceset import connected_ranks
+from traceforge.ir.groups import connected_ranks
 
 EXPERT_DIMS = ("ep", "epx", "epn")
 

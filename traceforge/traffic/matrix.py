@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from traceforge.ir.traceset import TraceSet
 from traceforge.machine.cluster import node_of
 from traceforge.machine.collectives import destinations, wire_bytes
+from traceforge.read.traceset import TraceSet
 
 # A dense rank x rank matrix above this many ranks is too big to be useful (or to fit).
 MAX_DENSE_RANKS = 2048
@@ -33,11 +33,11 @@ def traffic_edges(ts: TraceSet) -> dict[tuple[str, int, int], float]:
     for scan in ts.scans:
         rank = scan.rank
         for (dim, kind, ctype, size, target), count in scan.traffic.items():
-            per_step = count / ts.steps
+            per_step = count / ts.program_set.steps
             if kind == "send":
                 edges[(ts.p2p_dim(dim), rank, target)] += size * per_step
             elif kind == "coll":
-                members = ts.groups[target]
+                members = ts.program_set.groups[target]
                 if target not in positions:
                     positions[target] = {r: i for i, r in enumerate(members)}
                 wire = wire_bytes(ctype, size, len(members)) * per_step

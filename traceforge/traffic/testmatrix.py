@@ -14,9 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from traceforge.ir.traceset import TraceSet
 from traceforge.machine.cluster import crosses_nodes
 from traceforge.machine.collectives import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
+from traceforge.read.traceset import TraceSet
 from traceforge.traffic.dimensions import dim_sort_key
 
 
@@ -53,8 +53,8 @@ def collective_test_matrix(ts: TraceSet, gpus_per_node: int) -> list[MatrixRow]:
             counts[key] = max(counts[key], count)
     rows: dict[tuple, list] = defaultdict(list)
     for (dim, ctype, size, group), count in counts.items():
-        members = list(ts.groups[group]) if ctype >= 0 else list(group)
-        rows[(dim, ctype, size, len(members), count / ts.steps)].append(members)
+        members = list(ts.program_set.groups[group]) if ctype >= 0 else list(group)
+        rows[(dim, ctype, size, len(members), count / ts.program_set.steps)].append(members)
     out = []
     for (dim, ctype, size, n, per_step), memberships in rows.items():
         memberships.sort()

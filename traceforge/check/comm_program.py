@@ -1,10 +1,19 @@
-"""A rank's communication program with its groups and peers renamed to roles.
+"""check's communication view of a rank file (CommProgram): its communication nodes with the
+groups and peers renamed to roles, and the ordering facts the class replay proves about them.
+
+It is derived from the file by check alone, not from the engines' program (ir/program.py): check
+reads any file, hostile ones included, and must word every problem as a finding, so a value
+read/ refuses (a negative comm_type, a size that is a string) stays a row marked unusable (-1),
+node ids need not be positions, and dependencies may dangle or cycle; it keeps only the
+communication rows and the order between them, and its digest covers what the cross-rank checks
+compare (docs/design.md, "The program representations").
 
 Role i of a rank's groups is the i-th distinct group it posts a collective on (file order); role
 j of its peers is the j-th distinct rank it sends to or receives from. Ranks of one pipeline stage
-(and every data-parallel replica of it) then have the same Program, and a rank is its Program's
-digest plus two short tuples: the group id and the peer rank of each role. Workers build each
-distinct Program once and send it to the parent once; the parent keeps one copy per class.
+(and every data-parallel replica of it) then have the same CommProgram, and a rank is its
+CommProgram's digest plus two short tuples: the group id and the peer rank of each role. Workers
+build each distinct CommProgram once and send it to the parent once; the parent keeps one copy
+per class.
 
 Built from two cached halves:
 - the Structure of a file (node ids, types, dependencies; no values): its order, its
@@ -13,7 +22,7 @@ Built from two cached halves:
   communication ancestors as a bitset (for the proofs below);
 - the canonical communication rows (kind, role, type/tag, size) of the rank.
 
-A Program also carries two facts the class replay relies on, proven here from the dependencies:
+A CommProgram also carries two facts the class replay relies on, proven here from the dependencies:
 - ordered: each collective depends (transitively) on the previous one on its group, so no
   schedule can issue them out of order (the replay's "order" warning can never fire);
 - chained: Recvs with the same (peer, tag, size) depend on each other in file order, so which Send
@@ -86,7 +95,7 @@ def analyse(records: list[CheckRecord], index: dict[int, int], order) -> Structu
 
 
 @dataclass
-class Program:
+class CommProgram:
     """A rank-independent communication program (see the module docstring). Rows are per
     communication node in file order; p2p values per Send/Recv in order."""
 
@@ -117,8 +126,8 @@ class Program:
         return None
 
 
-def build(rows: tuple, node_ids: array, structure: Structure, usable: bool, regular: bool) -> Program:
-    """A Program from canonical rows: (COLL, group role, comm_type, size) or (SEND/RECV, peer role,
+def build(rows: tuple, node_ids: array, structure: Structure, usable: bool, regular: bool) -> CommProgram:
+    """A CommProgram from canonical rows: (COLL, group role, comm_type, size) or (SEND/RECV, peer role,
     tag, size) with -1 for unusable values; usable: the graph may be replayed."""
     kind = bytes(r[0] for r in rows)
     grole, seq, prev, p2p, p2p_row = array("i"), array("i"), array("i"), array("q"), array("i")
@@ -166,7 +175,7 @@ def build(rows: tuple, node_ids: array, structure: Structure, usable: bool, regu
         indegree[s] += 1
     digest = hashlib.blake2b(pickle.dumps((rows, node_ids.tobytes(), bytes(succ_ptr), bytes(succ), usable, regular),
                                           protocol=4), digest_size=16).digest()
-    return Program(digest, node_ids, kind, grole, seq, prev, p2p, p2p_row, seqs, succ_ptr, succ, indegree,
+    return CommProgram(digest, node_ids, kind, grole, seq, prev, p2p, p2p_row, seqs, succ_ptr, succ, indegree,
                    regular, ordered, chained, p2p_sig)
 
 
