@@ -4,7 +4,7 @@ Per rank: traffic counters keyed by (dim, kind, collective type, size, group or 
 rank's program in a rank-independent form: group names become "roles" (order of first use),
 peer ranks become peer roles. Ranks whose rank-independent program hashes equal share one
 stored copy, so a 16k-rank set of a 16-stage pipeline keeps 16 programs, not 16k.
-Nodes are decoded through scan_cache.py, which parses each distinct node payload once.
+Nodes are decoded through records.py, which parses each distinct node payload once.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from traceforge.base.errors import TraceReadError
 from traceforge.chakra.frame import prefetch, read_file
 from traceforge.ir.enums import COMP
 from traceforge.ir.program import RankProgram
-from traceforge.read import records as scan_cache
 from traceforge.read.file_templates import FileTemplates
 from traceforge.read.rank_scan import RankScan, intern_traffic
-from traceforge.read.records import ROW_DTYPE, ScanRecord, read_records
+from traceforge.read.records import ROW_DTYPE, ScanRecord, frame_file, read_records, records_of
+from traceforge.read.records import clear as clear_decoded
 
 
 def scan_rank(rank: int, path: Path, known_shapes: Container[bytes] = ()) -> RankScan:
@@ -135,7 +135,7 @@ PREFETCH = 8  # files whose reading the kernel starts ahead of the one being sca
 
 def forget() -> None:
     """Give back the decode caches' and file templates' memory (they never change results)."""
-    scan_cache.clear()
+    clear_decoded()
     _reuse.clear()
 
 
@@ -145,7 +145,7 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
     global _session, _seen
     if session != _session:
         _session, _seen = session, set()
-        scan_cache.clear()
+        clear_decoded()
         _reuse.clear()
     # The caches hold ~10^5 small tuples and nothing here makes reference cycles: the cyclic
     # collector would only walk them over and over (~8% of the scan).
@@ -163,8 +163,8 @@ def scan_ranks(items: list[tuple[int, Path]], session: object) -> list[RankScan]
             scan = _reuse.scan(rank, data)
             if scan is None:
                 name = str(path)
-                payloads, offsets = scan_cache.frame_file(data, name)
-                records = scan_cache.records_of(payloads, offsets, name, rank)
+                payloads, offsets = frame_file(data, name)
+                records = records_of(payloads, offsets, name, rank)
                 scan = scan_records(rank, path, records, _seen)
                 _reuse.remember(data, payloads, offsets, records, scan)
             _seen.add(scan.shape)
