@@ -405,8 +405,8 @@ PACKAGE = ROOT / "traceforge"
 SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
 TOP_DIRS = ("traceforge", "tests", "benchmarks", "scripts", "docs", "samples", "proto")
 ROOTS = "|".join((*TOP_DIRS, *SUBPACKAGES))
-# A path inside the repo that names a file or a folder: traceforge/x.py, plan/, emit/astra*.py,
-# emit/writer.estimate_bytes (a module and a name in it). `check/report` (prose) names neither.
+# A path inside the repo that names a file or a folder: traceforge/x.py, program/, write/astra*.py,
+# write/writer.estimate_bytes (a module and a name in it). `check/report` (prose) names neither.
 REPO_PATH = re.compile(rf"(?<![\w./-])((?:{ROOTS})/(?:[\w*-]+/)*(?:[\w*-]+\.\w+(?:\.\w+)?)?)(?![\w/-])")
 BARE_MODULE = re.compile(r"^[`*|(\[]*(\w+\.py)[`*|)\],.;:]*$")
 FOLDER = re.compile(r"^[`*|(\[]*(?:traceforge/)?(%s)/[`*|)\],.;:]*$" % "|".join(SUBPACKAGES))  # noqa: UP031

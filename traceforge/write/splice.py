@@ -6,7 +6,7 @@ All ranks of a pipeline stage share one program; their files differ only in grou
 on how many bytes each hole takes (varint and decimal widths), so a template is keyed by the
 widths of the rank's role values: ranks with equal widths share every byte but the holes.
 
-With stragglers or jitter (emit/durations.py) a rank's compute durations differ too. The
+With stragglers or jitter (write/durations.py) a rank's compute durations differ too. The
 template remembers where each compute node's length prefix and duration sit. A duration whose
 varint keeps its width is overwritten in place (vectorized, like the holes); only nodes whose
 duration changes width (and so their length prefix) are cut out and joined back with their
@@ -221,7 +221,7 @@ class StageEncoder:
 
     def encode(self, values: dict[str, int], duration_scale: np.ndarray | None = None) -> tuple[memoryview, int]:
         """(file bytes, node count) of the rank whose role values are given; duration_scale
-        multiplies its compute durations (emit/durations.py)."""
+        multiplies its compute durations (write/durations.py)."""
         encoded = {r: encode_value(str(values[r]) if r in self.string_roles else values[r]) for r in self.roles}
         sig = tuple(len(encoded[r]) for r in self.roles)
         template = self._templates.get(sig)
