@@ -100,6 +100,17 @@ def test_values_are_found_where_protobuf_wrote_them():
     assert texts == [b"12", b"34", b"12"]
 
 
+def test_a_file_of_its_metadata_alone_has_no_places_and_templates_as_fixed_bytes():
+    """A rank file that holds its GlobalMetadata and no node (diff compares such files when both
+    sets have them) has nothing rank-specific: no places, and its template matches itself only."""
+    data = encode([])
+    assert len(list(frames(data))) == 1
+    assert T.places(data, frames(data), T.PayloadTemplates(8)) == []
+    template = T.file_template(data, [], (), "value")
+    assert template is not None and template.match(data) == []
+    assert template.match(encode([]).replace(b"0.0.4", b"0.0.5")) is None
+
+
 def test_a_file_differing_only_in_its_values_matches_with_its_values():
     template = template_of(BASE, learnt(BASE))
     assert template.roles == (("group", b"12"), ("group", b"34"), ("self",), ("peer", 1))

@@ -68,6 +68,17 @@ def test_identical_sets_are_equal(demo, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_identical_sets_of_metadata_only_files_are_equal(demo, tmp_path):
+    """Rank files holding their GlobalMetadata and no node compare as equal sets of 0 nodes."""
+    for path in demo.glob("workload.*.et"):
+        write_trace(path, read_trace(path).metadata, [])
+    other = copy(demo, tmp_path / "other")
+    d = diff_sets(open_set(demo), open_set(other))
+    assert not d.differs and d.ranks_compared == 8 and d.nodes_a == d.nodes_b == 0
+    result = runner.invoke(app, ["diff", str(demo), str(other)])
+    assert result.exit_code == 0, result.output
+
+
 def test_one_changed_collective_is_found_with_both_versions(demo, tmp_path):
     other = copy(demo, tmp_path / "other")
     nodes = read_trace(demo / "workload.3.et").nodes

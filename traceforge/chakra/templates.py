@@ -115,6 +115,8 @@ def places(data: bytes, frames: Iterable[tuple[int, bytes]], payloads: PayloadTe
     in data, proven through payloads; None when one node's cannot be proven (then no template)."""
     out: list[list[Place]] = []
     messages = list(frames)
+    if len(messages) < 2:
+        return out  # no node after the metadata: nothing rank-specific
     ends = [offset for offset, _ in messages[2:]] + [len(data)]  # a message ends where the next one starts
     for (_, payload), end in zip(messages[1:], ends, strict=True):
         spans = find_spans(payload)
