@@ -36,7 +36,7 @@ STEP = "step"
 MICROBATCH = "microbatch"
 LAYER = "layer"
 # Activation memory (docs/memory.md "Memory in the trace"): on a pass's first compute node, the
-# bytes allocated as it starts; on its last, the bytes freed as it ends. From memory/activations.
+# bytes allocated as it starts; on its last, the bytes freed as it ends. From model/activations.
 MEM_ALLOC_BYTES = "mem_alloc_bytes"
 MEM_FREE_BYTES = "mem_free_bytes"
 # On every Send, Recv and collective: the element type of what it moves, as torch names it

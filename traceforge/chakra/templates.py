@@ -42,6 +42,9 @@ Value = TypeVar("Value")
 Result = TypeVar("Result")
 Key = tuple[bytes, ...]
 _UNKNOWN = object()
+# Payload templates a reader keeps: one per distinct communication node of a stage, whatever its
+# group or peer.
+TEMPLATE_LIMIT = 32_768
 
 # -- payloads -------------------------------------------------------------------------------
 
@@ -50,7 +53,7 @@ class PayloadTemplates(Generic[Value]):
     """What a reader derived from a payload, by template key; emptied when it holds limit keys
     (what was handed out stays valid: it depends on the key's bytes only)."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int = TEMPLATE_LIMIT):
         self._known: PayloadCache[Value | None] = PayloadCache(limit)  # None: the proof failed
 
     def clear(self) -> None:
@@ -156,7 +159,7 @@ class FileTemplate(Generic[Value]):
                 return None
         if self.same.size and not np.array_equal(new[self.same], new[self.first]):
             return None  # values of one role no longer agree
-        return [data[start:stop] if text else read_varint(data, start)[0] for start, stop, text in self.slots]
+        return [span_value(data, start, stop, text) for start, stop, text in self.slots]
 
 
 def file_template(data: bytes, values: Iterable[tuple[Place, Hashable | None]], pinned: Collection[Hashable],

@@ -86,7 +86,7 @@ class CrossRank:
             self.seqs.setdefault(group, {}).setdefault(program.seqs[role], []).append(rank)
 
     def _interned(self, p: CommProgram) -> CommProgram:
-        """Programs that differ only in some values (a foreign set with rank-specific tags: a
+        """CommPrograms that differ only in some values (a foreign set with rank-specific tags: a
         class per rank) share their other arrays: one copy of each distinct one."""
         for name in ("node_id", "kind", "grole", "seq", "prev", "p2p_row", "succ_ptr", "succ", "indegree"):
             value = getattr(p, name)

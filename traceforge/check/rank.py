@@ -193,7 +193,7 @@ def _check_graph(s: RankSummary, records: list[CheckRecord], offsets: list[int],
 
 
 _SHAPE = itemgetter(0, 1, 2)  # a record's id, type, dependencies
-# Structures by (id, type, dependencies) of every node; Programs by structure and canonical rows.
+# Structures by (id, type, dependencies) of every node; CommPrograms by structure and canonical rows.
 _structures: PayloadCache[Structure] = PayloadCache(256)
 _programs: PayloadCache[tuple[Structure, CommProgram]] = PayloadCache(1024)
 _sent: set[bytes] = set()  # digests whose CommProgram this process has handed out in this check
@@ -201,7 +201,7 @@ _files = FileTemplates()  # whole files of clean ranks (check/templates.py)
 
 
 def new_check() -> None:
-    """Forget which Programs were handed out (each check's parent starts with none), and the
+    """Forget which CommPrograms were handed out (each check's parent starts with none), and the
     file templates (they belong to one set's world)."""
     _sent.clear()
     _files.clear()

@@ -35,13 +35,12 @@ from traceforge.check.comm_program import CommProgram
 from traceforge.check.nodes import WORLD, CheckRecord, decode_node, node_record
 from traceforge.ir.enums import COLL, RECV, SEND
 
-TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
 FILE_LIMIT = 128  # file templates kept per worker (~0.4 MB each at ~1,300 nodes)
 SELF, GROUP, PEER, FREE = 0, 1, 2, 3  # what a value is to check
 
 # -- payloads -------------------------------------------------------------------------------
 
-_templates: T.PayloadTemplates[CheckRecord] = T.PayloadTemplates(TEMPLATE_LIMIT)
+_templates: T.PayloadTemplates[CheckRecord] = T.PayloadTemplates()
 
 
 def _values(payload: bytes, spans: list[Span]) -> dict[str, int] | None:

@@ -14,7 +14,6 @@ from traceforge.search.candidates import Base, PlanResult, Ranked, sort_key
 JSON_KEYS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "num_microbatches", "schedule", "recompute",
              "dp_mode", "step_ms", "tflops_per_gpu", "mfu", "peak_bytes", "allocated_bytes", "reserved_bytes", "verdict",
              "flags")
-JSON_TOP = ("gpus", "considered", "legal", "feasible", "seconds", "candidates")
 
 
 def _flag(name: str, value: Any) -> str:

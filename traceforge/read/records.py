@@ -41,10 +41,9 @@ from traceforge.read.reader import parse_metadata, parse_node
 # Entries per cache before it is cleared (an entry, key and record, is a few hundred bytes).
 STABLE_LIMIT = 32_768  # payloads without rank-specific values: a few pipeline stages' compute nodes
 VOLATILE_LIMIT = 16_384  # payloads with them: the groups and peers of the last few dozen ranks
-TEMPLATE_LIMIT = 32_768  # one per distinct communication node of a stage, whatever its group or peer
 
 # A node's numbers as one packed row, so a rank's rows become numpy columns in one join. The
-# ranges are those of the arrays scan.RankProgram keeps (a value outside them fails there, as before).
+# ranges are those of the arrays ir.program.RankProgram keeps (a value outside them fails there, as before).
 ROW = struct.Struct("<QbqhqqiI?")
 ROW_DTYPE = np.dtype([("id", "<u8"), ("type", "i1"), ("duration", "<i8"), ("ctype", "<i2"), ("size", "<i8"),
                       ("tag", "<i8"), ("step", "<i4"), ("ndeps", "<u4"), ("annotated", "?")])
@@ -156,7 +155,7 @@ def _fill(template: PayloadTemplate, payload: bytes, spans: list[Span]) -> ScanR
 
 _stable: PayloadCache[ScanRecord] = PayloadCache(STABLE_LIMIT)
 _volatile: PayloadCache[ScanRecord] = PayloadCache(VOLATILE_LIMIT)
-templates: PayloadTemplates[PayloadTemplate] = PayloadTemplates(TEMPLATE_LIMIT)
+templates: PayloadTemplates[PayloadTemplate] = PayloadTemplates()
 
 
 def clear() -> None:

@@ -29,7 +29,6 @@ from traceforge.chakra.wire import varint
 from traceforge.read.reader import find_rank_files, load_groups, read_manifest
 from traceforge.write.writer import trace_file_name
 
-PLACEMENTS = ("packed", "interleaved")
 _SHARD_MANIFEST = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 
 
