@@ -214,7 +214,7 @@ class MachineConfig(View):
     attention: str
     bias_fusion: bool
     gradient_accumulation_fusion: bool
-    # measured kernel times and FP8 (machine.normalize_engine)
+    # measured kernel times and FP8 (config/machine.py, normalize_engine)
     kernel_times: str | None
     fp8: str
     dtype: str

@@ -1,6 +1,6 @@
 """What ASTRA-sim's analytical, congestion-unaware backend charges for one collective or send.
 
-The estimate (timing_replay.py) asks this module for durations; the arithmetic is ASTRA-sim's
+The estimate (timing/engine.py) asks this module for durations; the arithmetic is ASTRA-sim's
 (github.com/astra-sim/astra-sim, facts only, no code), in nanoseconds:
 
 - a message of m bytes from NPU a to NPU b travels in the first (innermost) network dimension
@@ -50,7 +50,7 @@ LOG_DIR = "astra_log"
 # The one place traceforge's GB/s (10^9 bytes/s, traceforge.machine.cluster) meets ASTRA-sim's: its
 # analytical network reads bandwidth in "GB/s" and multiplies by 2^30 (astra-network-analytical
 # common/NetworkFunction.cpp, bw_GBps_to_Bpns), so a value of X there is X * 2^30 bytes/s.
-# machine/astra.py reads the file back with the same factor.
+# The bundle's writer converts with astra_gbps, and load_network reads the file back with from_astra_gbps.
 ASTRA_GB = float(1 << 30)
 
 # ASTRA-sim skips a --comm-group-configuration path that contains this substring (the option's

@@ -72,7 +72,6 @@ P2P = "P2P"
 # Collectives NCCL's tuning knows (the rest are point-to-point).
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE = "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce"
 ALL_TO_ALL, SEND_RECV, GATHER, SCATTER = "AllToAll", "SendRecv", "Gather", "Scatter"
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, SEND_RECV, GATHER, SCATTER)
 
 # ncclTunerConstantsDefaults.baseLatencies (us): algorithm -> (LL, LL128, Simple).
 BASE_LATENCY = {

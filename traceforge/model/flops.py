@@ -27,6 +27,6 @@ def model_flops_per_step(spec: Spec) -> float:
     products, 3 x s x (query + output channels) per layer and token (forward and backward):
     every query head has its own value product, shared key/value heads or not (Megatron-LM
     training.py num_floating_point_operations counts query_projection_size for both). Both
-    from the layers' anatomy (model.active_params, model.attention_flops_per_token)."""
+    from the layers' anatomy (params.active_params, attention_flops_per_token)."""
     tokens = spec.global_batch * spec.seq_len
     return tokens * (6.0 * active_params(spec) + attention_flops_per_token(spec))

@@ -121,9 +121,6 @@ class Layout:
             stride *= self.dense.sizes[dim]
         return rank
 
-    def members(self, dim: str) -> np.ndarray:
-        return self._rows(dim)
-
     def _rows(self, name: str) -> np.ndarray:
         """Every group of a kind as (groups, size), by its row in groups.GROUP_KINDS."""
         kind = GROUP_KIND[name]

@@ -14,7 +14,7 @@ The program posts each pass's Recv just before it and its Send just after it; ho
 and Recvs between two computes batch, and what waits for them, is docs/pipeline-schedules.md's
 "Sends and receives as the frameworks post them".
 
-Placement: a stage's chunk c is virtual stage ``model.virtual_stage(spec, stage, c)`` of the model's
+Placement: a stage's chunk c is virtual stage ``partition.virtual_stage(spec, stage, c)`` of the model's
 p*v: c*p + stage when interleaved ("loop"), stage and 2p-1-stage for the V-shaped schedules
 (zbv, dualpipev), whose chunk 0 runs down the stages and chunk 1 back up, so the last stage's
 chunk 0 feeds its own chunk 1 without any transfer.

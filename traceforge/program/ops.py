@@ -64,7 +64,7 @@ NEXT, PREV = Peer.NEXT, Peer.PREV
 # Not frozen: a frozen dataclass's __init__ sets each of the 19 fields through
 # object.__setattr__, 4x the cost of plain slot stores, and a 405B stage program records up to
 # ~34,000 ops (over a million per candidate). unsafe_hash keeps Op hashable by value as before;
-# nothing assigns to an Op after _add (program.py uses dataclasses.replace).
+# nothing assigns to an Op after _add (stage.py uses dataclasses.replace).
 @dataclass(slots=True, unsafe_hash=True)
 class Op:
     id: int

@@ -66,7 +66,7 @@ class Report:
     estimate: StepEstimate | None = None
     track_ranks: int | str = CLASSES  # timeline tracks: "classes", "all" or a count of ranks
     network: AstraNetwork | None = None  # the estimate follows ASTRA-sim's analytical backend
-    estimate_mode: str = ASTRA_SIM  # the replay's resource model (timing_replay.MODES)
+    estimate_mode: str = ASTRA_SIM  # the replay's resource model (timing.engine.MODES)
     simulation: Any = None  # a Simulation read back (simulation.json or an ASTRA-sim log)
     sim_view: Any = None
     notes: list[str] = field(default_factory=list)

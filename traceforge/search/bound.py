@@ -155,7 +155,7 @@ _layer_pieces = functools.lru_cache(maxsize=4096)(_record_pieces)
 
 
 def replay_nodes_floor(spec: LayerRun, link: Cluster) -> int:
-    """Fewest nodes the replay of spec takes (timing_replay sums its rank classes' programs): each
+    """Fewest nodes the replay of spec takes (timing/engine.py sums its rank classes' programs): each
     stage is a class of its own (its program or its neighbours' differ, up the chain from the
     stage that holds the embedding), and a stage's program holds every pass of its layers, the
     embedding and the head, for every micro-batch and step. So a candidate above the replay's

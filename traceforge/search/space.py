@@ -34,9 +34,6 @@ from traceforge.parallel.partition import split_counts
 SCHEDULES = tuple(SCHEDULE_RULES)
 RECOMPUTE = ("none", "selective", "full")
 DP_MODES = tuple(DP_MODE_RULES)
-# The axes, in the order candidates vary (outermost first) and the order their flags print.
-AXES = ("tp", "cp", "pp", "dp", "ep", "layer_split", "micro_batch", "schedule", "virtual_stages",
-        "recompute", "dp_mode", "shard_size")
 SPLIT_ACCOUNTING = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
 OTHER_SPLITS = ("layers_per_stage", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 

@@ -1,5 +1,5 @@
 """One replay of a program set under one of the estimate modes (docs/estimate-modes.md): astra-sim
-(timing_replay.py's resource model, one communication in flight per rank) or hardware
+(engine.py's resource model, one communication in flight per rank) or hardware
 (streams.py's, one stream per communicator and shared link tiers, a subclass of it)."""
 
 from __future__ import annotations

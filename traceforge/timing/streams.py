@@ -1,6 +1,6 @@
 """The hardware estimate mode's resource model: one stream per communicator, links shared per tier.
 
-timing_replay.py replays the trace's DAG; the resource model decides when a ready node may run
+engine.py replays the trace's DAG; the resource model decides when a ready node may run
 and how long a transfer takes. The astra-sim mode keeps ASTRA-sim's one non-recv communication in
 flight per rank. This one follows what the GPU does (docs/estimate-modes.md has the sources):
 
@@ -24,7 +24,7 @@ The DAG is untouched: what --overlap-grad-reduce, --overlap-param-gather and --o
 change is already in the trace's dependencies (program/data.py, program/ops.py); this model only lets
 what the DAG allows to overlap actually overlap.
 
-Rank classes stay exact. The equitable partition (timing_replay.rank_classes) gives every member
+Rank classes stay exact. The equitable partition (engine.rank_classes) gives every member
 of a class the same program, the same classes in each group role and at each peer role. Streams
 are keyed by those roles, so they are the same for every member. A rank's load on a tier and
 direction is the sum over its in-flight transfers and, for the in direction, its peers' sends to

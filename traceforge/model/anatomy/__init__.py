@@ -10,7 +10,7 @@ its forward keeps for the backward. From this one description:
   ``active_params``, and from them the gradient buffers and the memory model's states);
 - the compute (model/compute.py: ``CostModel`` prices every op's work, forward and backward);
 - the kept activations (model/activations.py: ``layer_activations`` sums ``Saved``);
-- the model FLOPs (search/estimate.py: ``model_flops_per_step``);
+- the model FLOPs (model/flops.py: ``model_flops_per_step``);
 - the sizes of some messages: what SP gathers before attention's column-parallel entries
   (program/layer.py), the Q, K, V and output shards context parallelism moves (program/context.py).
 
