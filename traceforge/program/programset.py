@@ -15,7 +15,7 @@ the result equal to what read/ loads from generate's files, over many specs.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 
 from traceforge.config import Spec
 from traceforge.ir.enums import COLL, RECV, SEND
-from traceforge.ir.program import NO_DIM, RankProgram
+from traceforge.ir.program import RankProgram
 from traceforge.ir.programset import ProgramSet
 from traceforge.parallel.layout import Layout
 from traceforge.program.ops import Peer, Program
@@ -63,12 +63,6 @@ class _Columns:
         self.role = np.full(n, -1, np.int32)
         self.role[colls] = list(map({g: i for i, g in enumerate(self.group_roles)}.__getitem__, coll_groups))
         self.role[self.transfers] = list(map({p: i for i, p in enumerate(self.peer_roles)}.__getitem__, transfer_peers))
-        # Per group role, its collectives' dimension labels with their counts, in order of first
-        # use: what read/traceset.py's vote for a group's dimension counts on each rank.
-        self.votes: dict[str, Counter] = {g: Counter() for g in self.group_roles}
-        for (g, dim), count in Counter(zip(coll_groups, map(self.dims.__getitem__, colls), strict=True)).items():
-            if dim != NO_DIM:
-                self.votes[g][dim] = count
 
     def rank_program(self, peer_number: np.ndarray) -> RankProgram:
         """The program with each peer role numbered peer_number[role]. Only the roles column
@@ -103,16 +97,14 @@ def program_set(spec: Spec) -> ProgramSet:
     shapes: list[bytes] = [b""] * world
     group_roles: list[tuple[str, ...]] = [()] * world
     peer_roles: list[tuple[int, ...]] = [()] * world
-    # (first rank binding it, group kind, group id, votes of its program's role, ranks binding it)
-    bound: list[tuple[int, str, int, Counter, int]] = []
+    bound: dict[int, str] = {}  # every group id a rank's collectives name, with its kind
     for key in np.unique(key_of).tolist():
         ranks = np.flatnonzero(key_of == key)
         columns = _Columns(build_program(spec, *divmod(key, variants)))
         rank_list = ranks.tolist()
         ids = [group_ids[kind][ranks].tolist() for kind in columns.group_roles]
         for kind, kind_ids in zip(columns.group_roles, ids, strict=True):
-            first = dict(zip(reversed(kind_ids), reversed(rank_list), strict=True))  # the lowest rank binding each
-            bound += [(first[g], kind, g, columns.votes[kind], count) for g, count in Counter(kind_ids).items()]
+            bound.update(dict.fromkeys(kind_ids, kind))
         names = [list(map(str, kind_ids)) for kind_ids in ids]
         for rank, groups in zip(rank_list, zip(*names, strict=True) if names else [()] * len(ranks), strict=True):
             group_roles[rank] = groups
@@ -143,19 +135,12 @@ def _coinciding(resolved: np.ndarray) -> dict[tuple[int, ...], list[int]]:
     return out
 
 
-def _groups(layout: Layout, bound: list[tuple[int, str, int, Counter, int]]) -> tuple[dict[str, tuple[int, ...]],
-                                                                                      dict[str, str]]:
-    """Every bound group's members in ring order, and its dimension: the label its collectives
-    carry most often over its members, ties to the label met first in rank order (the vote
-    read/traceset.py takes over the files)."""
-    members: dict[int, tuple[int, ...]] = {}
-    tally: dict[int, Counter] = {}
-    for _, kind, group, votes, ranks in sorted(bound, key=lambda b: b[0]):
-        if group not in members:
-            first, rows = layout.group_rows[kind]
-            members[group], tally[group] = tuple(rows[group - first].tolist()), Counter()
-        for dim, count in votes.items():
-            tally[group][dim] += count * ranks
-    order = sorted(members)
-    return ({str(g): members[g] for g in order},
-            {str(g): tally[g].most_common(1)[0][0] for g in order if tally[g]})
+def _groups(layout: Layout, bound: dict[int, str]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Every bound group's members in ring order, and its dimension: its kind, the label every
+    collective on it carries (ProgramBuilder.collective labels a collective with its group role),
+    so the vote read/traceset.py takes over the files' labels elects it."""
+    members: dict[str, tuple[int, ...]] = {}
+    for group in sorted(bound):
+        first, rows = layout.group_rows[bound[group]]
+        members[str(group)] = tuple(rows[group - first].tolist())
+    return members, {str(g): bound[g] for g in sorted(bound)}
