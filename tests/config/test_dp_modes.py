@@ -6,6 +6,7 @@ search take their modes from the table."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -73,3 +74,29 @@ def test_the_validator_accepts_the_overlaps_a_row_lists(mode):
         else:
             with pytest.raises(SpecError, match="overlap"):
                 build_spec("demo", overrides=dict(base, **flags))
+
+
+def test_a_refusal_names_the_modes_whose_rows_allow_what_was_asked(monkeypatch):
+    """The validator's alternatives are the rows that allow the refused setting, so a mode added as
+    a row is offered at once: a renamed copy of every row appears in each refusal's list."""
+    field = FIELD_BY_NAME["dp_mode"]
+    copies = {f"renamed-{mode}": rule for mode, rule in DP_MODES.items()}
+    monkeypatch.setitem(FIELD_BY_NAME, "dp_mode", dataclasses.replace(field, choices=(*field.choices, *copies)))
+    for name, rule in copies.items():
+        monkeypatch.setitem(DP_MODES, name, rule)
+
+    def refusal(**flags) -> str:
+        with pytest.raises(SpecError) as info:
+            build_spec("demo", overrides=dict(SHAPE, **flags))
+        return str(info.value)
+
+    def offered(text: str) -> set[str]:
+        return set(re.findall(r"[\w-]+", text)) & set(DP_MODES)
+
+    no_cp = next(m for m, rule in DP_MODES.items() if not rule.context_parallel)
+    text = refusal(dp_mode=no_cp, shard_size=2 if DP_MODES[no_cp].replicas else None, cp=2, dp=2, order="megatron")
+    assert offered(text.split("use ")[-1]) == {m for m, rule in DP_MODES.items() if rule.context_parallel}
+    text = refusal(dp_mode="ddp", overlap_grad_reduce=True, overlap_param_gather=True)
+    assert offered(text.split("use --dp-mode ")[-1]) == {m for m, rule in DP_MODES.items() if PARAM_GATHER in rule.overlaps}
+    text = refusal(dp_mode="ddp", shard_size=2)
+    assert offered(text.split("use ")[-1]) == {m for m, rule in DP_MODES.items() if rule.replicas}

@@ -158,7 +158,8 @@ def largest_bucket(spec: Placement, stage: int) -> int:
 
 def shard_group(spec: Placement) -> tuple[str, int]:
     """(group role, size) that ZeRO-3 / HSDP shard parameters over: DP x CP, or HSDP's shard."""
-    if DP_MODES[spec.dp_mode].replicas:
-        assert spec.shard_size is not None  # the spec requires it with hsdp
-        return "dps", spec.shard_size
-    return "dp", spec.dp * spec.cp
+    rule = DP_MODES[spec.dp_mode]
+    if rule.replicas:
+        assert spec.shard_size is not None  # the spec requires it of a mode that replicates its shards
+        return rule.shard_group, spec.shard_size
+    return rule.shard_group, spec.dp * spec.cp
