@@ -28,13 +28,15 @@ from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.options import spec_parameters
 from traceforge.config import load_config_file
+from traceforge.config.dp_modes import GRAD_REDUCE, PARAM_GATHER, modes_where
 from traceforge.machine.cluster import FIELD, Cluster, check_value
 from traceforge.write.astra import network_dimensions
 
 # The axes plan varies (search/space.py), and the ones it sets from them unless given.
 SEARCHED = ("tp", "cp", "pp", "ep", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_mode", "shard_size")
-DERIVED = {"sequence_parallel": "on when tp > 1", "overlap_grad_reduce": "on for ddp, zero1, zero2 and dist-opt",
-           "overlap_param_gather": "on for zero1, zero2 and dist-opt"}
+DERIVED = {"sequence_parallel": "on when tp > 1",
+           "overlap_grad_reduce": f"on for {modes_where(lambda rule: GRAD_REDUCE in rule.overlaps, 'and')}",
+           "overlap_param_gather": f"on for {modes_where(lambda rule: PARAM_GATHER in rule.overlaps, 'and')}"}
 NOT_WITH_PLAN = ("dp", "world_size", "num_microbatches", "layers_per_stage", "decoder_first_pipeline_num_layers",
                  "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
                  "account_for_loss_in_pipeline_split")

@@ -5,13 +5,8 @@ is its row in dp_modes.py."""
 from __future__ import annotations
 
 from traceforge.base.errors import SpecError
-from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, GRAD_REDUCE, PARAM_GATHER
+from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, GRAD_REDUCE, PARAM_GATHER, modes_where
 from traceforge.config.raw import Raw, divisors
-
-
-def _modes(names: list[str], last: str) -> str:
-    """The modes named as a sentence does: "a, b and c"."""
-    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
 
 
 def normalize(r: Raw, v: dict) -> dict:
@@ -26,26 +21,23 @@ def normalize(r: Raw, v: dict) -> dict:
         if dp % shard_size:
             raise SpecError(f"shard_size ({shard_size}) must divide dp ({dp}): choose from {divisors(dp)}")
     elif shard_size is not None:
-        replicating = [m for m, other in DP_MODES.items() if other.replicas]
-        raise SpecError(f"shard_size applies only to --dp-mode {_modes(replicating, 'or')}: drop --shard-size "
-                        f"or use {_modes(replicating, 'or')}")
+        replicating = modes_where(lambda other: other.replicas)
+        raise SpecError(f"shard_size applies only to --dp-mode {replicating}: drop --shard-size or use {replicating}")
     if rule.per_unit and r.get("bucket_mb") is not None and "bucket_mb" in r.explicit:
         raise SpecError(f"bucket_mb does not apply to {dp_mode}, which reduces each layer's gradients on its own: drop it")
     if v["experts"] and not rule.experts:
-        with_experts = [m for m, other in DP_MODES.items() if other.experts]
-        raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use {_modes(with_experts, 'or')}")
+        raise SpecError(f"dp_mode {dp_mode} with experts is not modelled: use {modes_where(lambda other: other.experts)}")
     if v["cp"] > 1 and not rule.context_parallel:
-        with_cp = [m for m, other in DP_MODES.items() if other.context_parallel]
-        raise SpecError(f"dp_mode {dp_mode} with cp > 1 is not modelled: use {_modes(with_cp, 'or')}")
+        raise SpecError(f"dp_mode {dp_mode} with cp > 1 is not modelled: use "
+                        f"{modes_where(lambda other: other.context_parallel)}")
     overlap_grad = bool(r.get("overlap_grad_reduce"))
     overlap_param = bool(r.get("overlap_param_gather"))
     if overlap_grad and GRAD_REDUCE not in rule.overlaps:
-        overlapping = [m for m, other in DP_MODES.items() if GRAD_REDUCE in other.overlaps]
-        raise SpecError(f"overlap_grad_reduce applies to {_modes(overlapping, 'and')}; {dp_mode} already reduces per layer")
+        overlapping = modes_where(lambda other: GRAD_REDUCE in other.overlaps, "and")
+        raise SpecError(f"overlap_grad_reduce applies to {overlapping}; {dp_mode} already reduces per layer")
     if overlap_param and PARAM_GATHER not in rule.overlaps:
-        gathering = [m for m, other in DP_MODES.items() if PARAM_GATHER in other.overlaps]
         raise SpecError(f"overlap_param_gather needs a sharded optimizer gathered once per step: use --dp-mode "
-                        f"{_modes(gathering, 'or')}")
+                        f"{modes_where(lambda other: PARAM_GATHER in other.overlaps)}")
     if overlap_param and not overlap_grad:
         raise SpecError("overlap_param_gather needs --overlap-grad-reduce too, as Megatron requires")
     return dict(dp_mode=dp_mode, shard_size=shard_size, bucket_mb=r.get("bucket_mb"), overlap_grad_reduce=overlap_grad,

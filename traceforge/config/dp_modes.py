@@ -9,6 +9,7 @@ names. The programs (program/data.py), the memory model (memory/states.py), the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from traceforge.ir.enums import Coll
@@ -83,3 +84,10 @@ DP_MODES: dict[str, DpModeRule] = {
 }
 # Other names for a mode, as a spec may give them.
 DP_MODE_ALIASES = {"fsdp": "zero3"}
+
+
+def modes_where(test: Callable[[DpModeRule], bool], last: str = "or") -> str:
+    """The modes whose row passes test, named as a sentence does ("a, b or c"): what a refusal
+    offers instead, or a help text lists, so a new row is named wherever it qualifies."""
+    names = [mode for mode, rule in DP_MODES.items() if test(rule)]
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
