@@ -10,8 +10,10 @@ import json
 import pytest
 from cli_runner import invoke
 
+from traceforge.config import build_spec
 from traceforge.memory import memory_report
 from traceforge.memory.manifest import manifest_spec
+from traceforge.memory.timeline import memory_counter
 from traceforge.report.build import build_report
 
 SCHEDULES = [
@@ -64,3 +66,11 @@ def test_report_prints_memory_and_foreign_sets_have_none(tmp_path):
     report = build_report(out)
     assert report.memory is None and report.to_json()["memory"] is None
     assert not [e for e in report.chrome_trace()["traceEvents"] if e.get("ph") == "C"]
+
+
+def test_counter_skips_names_whose_numbers_are_not_ascii_digits():
+    """A foreign node named "fwd/mb²/L0_qkv" ("²".isdigit() holds, int() refuses it) is no pass of
+    ours: the counter matches no pass and gives up, as for any other name it cannot place."""
+    spec = build_spec("demo")
+    assert memory_counter(spec, 0, ["fwd/mb\u00b2/L0_qkv", "fwd/mb0/L\u00b2_qkv"], [True, True],
+                          [0.0, 1.0], [1.0, 2.0]) is None

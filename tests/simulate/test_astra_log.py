@@ -57,6 +57,8 @@ def test_log_file_itself_and_rotations(tmp_path):
     (tmp_path / "log.1.log").write_text("".join(text[:half]))  # spdlog's older rotation
     (tmp_path / "log.log").write_text("".join(text[half:]))
     assert read_astra_log(tmp_path).ranks.keys() == {0, 1, 2, 3}
+    (tmp_path / "log.\u00b2.log").write_text("")  # "²".isdigit() holds; not a rotation number
+    assert read_astra_log(tmp_path).ranks.keys() == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("content", ["hello\nworld\n", "", "sys finished 12 cycles\n"])

@@ -176,6 +176,38 @@ def test_rank_file_named_with_a_non_ascii_digit(base, tmp_path):
     assert result.exit_code != 0 and any(f["kind"] == "missing-rank" and f["rank"] == 7 for f in findings)
 
 
+def _rename_group(directory: Path, old: str, new: str) -> None:
+    """Group old renamed new in every rank file's pg_name and in comm_group.json."""
+    def rename(nodes: list[pb.Node]) -> None:
+        for n in nodes:
+            if M.attr(n, "pg_name") == old:
+                M.set_str(n, "pg_name", new)
+
+    for rank in range(len(list(directory.glob("workload.*.et")))):
+        M.edit(directory, rank, rename)
+    groups = json.loads((directory / "comm_group.json").read_text())
+    groups[new] = groups.pop(old)
+    (directory / "comm_group.json").write_text(json.dumps(groups))
+
+
+@pytest.mark.parametrize("command", ["check", *READERS, "combine"])
+def test_group_named_with_a_non_ascii_digit(base, tmp_path, command):
+    """A group named "\u00b2" (superscript two: str.isdigit holds, int() refuses it) is a name like
+    any other to the readers (the same members under another name); check, which judges a set
+    as ASTRA-sim reads it, and combine, which renumbers decimal ids, refuse it in one line."""
+    d = _copy(base, tmp_path)
+    old = next(k for k, members in json.loads((d / "comm_group.json").read_text()).items() if 0 in members)
+    _rename_group(d, old, "\u00b2")
+    if command in ("check", "combine"):
+        out = tmp_path / "combined"
+        args = ["check", d] if command == "check" else ["combine", d, d, "-o", out]
+        one_line_error(invoke(*args), "\u00b2", "decimal")
+        assert not out.exists()
+        return
+    result = invoke(*READERS[command](d))  # never a traceback (invoke raises on one)
+    assert result.exit_code == 0, result.stderr
+
+
 @pytest.mark.parametrize("command", ["check", "report", "diff", "show", "export"])
 def test_fifo_rank_file_does_not_hang(base, tmp_path, command):
     d = _copy(base, tmp_path)

@@ -110,3 +110,9 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             self.fail(where, value, f"a number in {low:g}..{high:g}")
         return float(value)
+
+
+def decimal(text: str) -> int | None:
+    """text's value when it is a plain decimal number (ASCII digits only), else None: a name read
+    from a file ("²" or "٣" pass str.isdigit, and int() refuses the first) is judged by this."""
+    return int(text) if text.isascii() and text.isdigit() else None

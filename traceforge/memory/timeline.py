@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from traceforge.base.files import decimal
 from traceforge.config import Spec
 from traceforge.memory.report import _stage_parts
 from traceforge.model.activations import chunk_activations
@@ -38,10 +39,11 @@ def _runs(spec: Spec, stage: int, names: Sequence[str], compute: Sequence[bool],
         if not compute[i] or s is None or f is None:
             continue
         parts = name.split("/")
-        if len(parts) < 2 or not parts[1].startswith("mb") or not parts[1][2:].isdigit():
+        mb = decimal(parts[1][2:]) if len(parts) > 1 and parts[1].startswith("mb") else None
+        if mb is None:
             continue
-        phase, mb = parts[0], int(parts[1][2:])
-        layer = next((int(p[1:]) for p in parts[2:] if p[:1] == "L" and p[1:].isdigit()), None)
+        phase = parts[0]
+        layer = next((decimal(p[1:]) for p in parts[2:] if p[:1] == "L" and decimal(p[1:]) is not None), None)
         chunk = chunk_of.get(layer) if layer is not None else ends.get(parts[-1].split("_")[0])
         last = runs[-1] if runs else None
         if last and last[0] == phase and last[1] == mb and (chunk is None or last[2] is None or last[2] == chunk):

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from traceforge.base.errors import TraceReadError
+from traceforge.base.files import decimal
 from traceforge.base.output import COMM_GROUP_FILE
 from traceforge.base.pool import cores, fan_out
 from traceforge.base.progress import Progress
@@ -146,7 +147,8 @@ def _groups(directory: Path, scans: list[RankScan], world: int, notes: list[str]
 
 
 def _group_sort_key(name: str):
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+    number = decimal(name)
+    return (0, number, "") if number is not None else (1, 0, name)
 
 
 def _group_dims(scans: list[RankScan], groups: dict[str, tuple[int, ...]], world: int) -> tuple[dict[str, str], set[str]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from traceforge.base.errors import UserError
+from traceforge.base.files import decimal
 
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
 NODE_EVENT = re.compile(r"\b(issue|callback),sys->id=(\d+), tick=(\d+), node->id=(\d+)")
@@ -102,7 +103,7 @@ def _log_files(path: Path) -> list[Path]:
         )
     files = [path / name for name in LOG_FILES if (path / name).is_file()]
     rotated = sorted(
-        path.glob("log.*.log"), key=lambda p: -int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else 0
+        path.glob("log.*.log"), key=lambda p: -(decimal(p.name.split(".")[1]) or 0)
     )
     # stdout repeats log.log's info lines; read log.log (oldest rotation first) when it is there.
     logs = rotated + [f for f in files if f.name == "log.log"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from traceforge import __version__
 from traceforge.base.errors import UserError
-from traceforge.base.files import read_json
+from traceforge.base.files import decimal, read_json
 from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE, atomic_output_dir, check_prefix
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
 from traceforge.chakra.frame import frames, read_file
@@ -65,10 +65,11 @@ def load_job(directory: Path) -> Job:
     raw = load_groups(directory) or {}
     groups: dict[int, tuple[int, ...]] = {}
     for name, members in raw.items():
-        if not name.isdigit():
+        number = decimal(name)
+        if number is None:
             raise UserError(f"trace set {directory}: group {name!r} in {COMM_GROUP_FILE} is not a decimal id; "
                             "combine renumbers decimal ids only")
-        groups[int(name)] = tuple(int(r) for r in members)
+        groups[number] = tuple(int(r) for r in members)
     manifest = read_manifest(directory)
     return Job(directory, prefix, files, groups, manifest if isinstance(manifest, dict) else None)
 
@@ -139,7 +140,7 @@ def renumber_node(payload: bytes | memoryview, ranks: list[int], group_offset: i
                     raise UserError(f"{where} (node {node.id}): {attr.name} {str(peer)[:40]!r} is not a rank of its job "
                                     f"(0..{len(ranks) - 1}); run 'traceforge check' on the set")
                 setattr(attr, field, ranks[peer])
-        elif attr.name == PG_NAME and attr.WhichOneof("value") == "string_val" and attr.string_val.isdigit():
+        elif attr.name == PG_NAME and attr.WhichOneof("value") == "string_val" and decimal(attr.string_val) is not None:
             attr.string_val = str(int(attr.string_val) + group_offset)
     data = node.SerializeToString(deterministic=True)
     return varint(len(data)) + data
