@@ -16,11 +16,12 @@ from google.protobuf.json_format import MessageToDict
 from traceforge.chakra._proto import traceforge_et_pb2 as our_pb
 from traceforge.config import build_spec
 from traceforge.parallel.layout import Layout
+from traceforge.program.binding import role_ranks, role_values
 from traceforge.program.stage import stage_program
 from traceforge.read.reader import find_rank_files, read_trace
 from traceforge.write.reference import encode_rank
 from traceforge.write.splice import StageEncoder
-from traceforge.write.writer import role_values, write_trace_set
+from traceforge.write.writer import write_trace_set
 
 
 def as_dict(message) -> dict:
@@ -141,18 +142,19 @@ SPLICE_SPECS = {
 def test_splice_encoder_equals_reference(name):
     spec = build_spec("demo", overrides=SPLICE_SPECS[name])
     layout = Layout.from_spec(spec)
+    roles = role_ranks(layout, False)
     widths = set()
     for stage in range(spec.pp):
         program = stage_program(spec, stage)
         encoder = StageEncoder(program)
         for rank in layout.stage_ranks(stage).tolist():
-            values = role_values(layout, rank)
+            values = role_values(roles, rank)
             data, count = encoder.encode(values)
             assert count == len(program.ops)
             assert bytes(data) == encode_rank(program, values), f"{name}: rank {rank} (stage {stage})"
             widths.add(tuple(len(str(values[k])) for k in sorted(values)))
     if name.startswith("t2p2d56"):
-        tp_ids = {role_values(layout, r)["tp"] for r in range(spec.world_size)}
+        tp_ids = {role_values(roles, r)["tp"] for r in range(spec.world_size)}
         assert {9, 10, 99, 100} <= tp_ids
         assert len(widths) > 3, "the matrix must exercise several width signatures"
 
@@ -161,8 +163,9 @@ def test_written_files_equal_reference_encoding(tmp_path):
     spec = build_spec("demo", overrides=dict(tp=2, pp=2, dp=40, num_microbatches=2))
     write_trace_set(spec, tmp_path / "out", jobs=2)
     layout = Layout.from_spec(spec)
+    roles = role_ranks(layout, False)
     _, files = find_rank_files(tmp_path / "out")
     assert sorted(files) == list(range(spec.world_size))
     for rank, path in files.items():
         program = stage_program(spec, int(layout.coordinate(rank)["pp"]))
-        assert path.read_bytes() == encode_rank(program, role_values(layout, rank)), rank
+        assert path.read_bytes() == encode_rank(program, role_values(roles, rank)), rank

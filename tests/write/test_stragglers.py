@@ -11,11 +11,11 @@ from oracle import COMP, load_set
 from traceforge.base.errors import SpecError
 from traceforge.config import build_spec
 from traceforge.parallel.layout import Layout
+from traceforge.program.binding import program_keys, role_ranks, role_values
 from traceforge.program.stage import stage_program
 from traceforge.write.durations import duration_scale, scaled_durations
 from traceforge.write.reference import encode_rank
 from traceforge.write.splice import StageEncoder
-from traceforge.write.writer import program_key, role_values
 
 
 def _without_duration(nodes):
@@ -66,11 +66,12 @@ def test_splice_with_durations_equals_reference(overrides):
     spec = build_spec("demo", overrides=overrides)
     layout = Layout.from_spec(spec)
     encoders = {}
+    keys, roles = program_keys(spec, layout), role_ranks(layout, False)
     for rank in range(spec.world_size):
-        key = program_key(spec, layout, rank)
+        key = (int(keys[rank]), 0)  # balanced routing: one program per stage
         program = stage_program(spec, *key)
         encoder = encoders.setdefault(key, StageEncoder(program))
-        values = role_values(layout, rank)
+        values = role_values(roles, rank)
         scale = duration_scale(spec, rank, len(encoder.base_durations))
         data, _ = encoder.encode(values, scale)
         timed = [op.id for op in program.ops if op.duration_micros]

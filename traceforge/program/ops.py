@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 COLL_SHORT = {Coll.ALL_REDUCE: "ar", Coll.ALL_GATHER: "ag", Coll.ALL_TO_ALL: "a2a", Coll.REDUCE_SCATTER: "rs"}
 
 class Peer(str, Enum):
-    """Peer roles of point-to-point ops, bound to a rank per rank (write/writer.role_values).
+    """Peer roles of point-to-point ops, bound to a rank per rank (binding.role_ranks).
     Members compare and hash as their strings, so a role is also a plain key."""
 
     SELF = "self"  # the rank itself (a send's comm_src, a receive's comm_dst)

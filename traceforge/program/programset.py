@@ -2,12 +2,11 @@
 spec reads back as, made from the stage programs and the layout without any file. The planner
 replays it (search/estimate.py).
 
-generate binds each program's roles per rank (write/writer.role_values) and encodes the files;
+generate binds each program's roles per rank (binding.py, the rule both follow) and encodes the files;
 read/ scans them back into columns and numbers each rank's groups and peers in order of first
 use (read/scan.py). The same here, from the ops: each distinct program's columns are read once,
-a rank binds its program's group roles to its group ids (parallel/layout.group_id_of) and its
-peer roles to ranks (layout.ring_peers, and layout.ep_peers for the per-EP-rank programs of
-imbalanced routing). Two peer roles that bind one rank are one peer (next and prev at pp = 2),
+a rank binds its program's group roles to its group ids and its peer roles to ranks
+(binding.role_ranks). Two peer roles that bind one rank are one peer (next and prev at pp = 2),
 so a program's peer-role column depends on which of its roles coincide on the rank: ranks of one
 program with the same coincidences share one RankProgram. tests/program/test_programset.py holds
 the result equal to what read/ loads from generate's files, over many specs.
@@ -27,7 +26,8 @@ from traceforge.ir.enums import COLL, RECV, SEND
 from traceforge.ir.program import RankProgram
 from traceforge.ir.programset import ProgramSet
 from traceforge.parallel.layout import Layout
-from traceforge.program.ops import Peer, Program
+from traceforge.program.binding import program_keys, role_ranks
+from traceforge.program.ops import Program
 from traceforge.program.stage import build_program, program_variants
 
 # What a RankProgram reads of every op, each column fetched by a C-level map of attrgetter over
@@ -74,15 +74,6 @@ class _Columns:
                            self.dep_ptr, self.dep_idx, names=self.names, dims=self.dims)
 
 
-def _peer_ranks(layout: Layout, ep_peers: bool) -> dict[str, np.ndarray]:
-    """Per peer role, the rank it binds on each rank: write/writer.role_values's peers, as arrays."""
-    out = {str(Peer.SELF): np.arange(layout.world_size), **layout.ring_peers}
-    if ep_peers:
-        members = layout.ep_peers
-        out.update({f"ep{j}": members[:, j] for j in range(members.shape[1])})
-    return out
-
-
 def program_set(spec: Spec) -> ProgramSet:
     """The ProgramSet read/traceset.load_trace_set returns for the set generate writes for spec,
     built from the programs and the layout. Durations are the programs' own: --straggler and
@@ -90,9 +81,8 @@ def program_set(spec: Spec) -> ProgramSet:
     layout = Layout.from_spec(spec)
     world = layout.world_size
     variants = program_variants(spec)
-    key_of = layout.coords["pp"] * variants + (layout.coords["ep"] if variants > 1 else 0)
-    group_ids = layout.group_id_of
-    peers_of = _peer_ranks(layout, variants > 1)
+    key_of = program_keys(spec, layout)
+    roles = role_ranks(layout, variants > 1)
     programs: dict[bytes, RankProgram] = {}
     shapes: list[bytes] = [b""] * world
     group_roles: list[tuple[str, ...]] = [()] * world
@@ -102,13 +92,13 @@ def program_set(spec: Spec) -> ProgramSet:
         ranks = np.flatnonzero(key_of == key)
         columns = _Columns(build_program(spec, *divmod(key, variants)))
         rank_list = ranks.tolist()
-        ids = [group_ids[kind][ranks].tolist() for kind in columns.group_roles]
+        ids = [roles[kind][ranks].tolist() for kind in columns.group_roles]
         for kind, kind_ids in zip(columns.group_roles, ids, strict=True):
             bound.update(dict.fromkeys(kind_ids, kind))
         names = [list(map(str, kind_ids)) for kind_ids in ids]
         for rank, groups in zip(rank_list, zip(*names, strict=True) if names else [()] * len(ranks), strict=True):
             group_roles[rank] = groups
-        resolved = np.array([peers_of[role][ranks] for role in columns.peer_roles], np.int64).reshape(-1, len(ranks))
+        resolved = np.array([roles[role][ranks] for role in columns.peer_roles], np.int64).reshape(-1, len(ranks))
         for pattern, positions in _coinciding(resolved).items():
             distinct = [j for j, i in enumerate(pattern) if i == j]  # a rank's peers, in order of first use
             program = columns.rank_program(np.array([distinct.index(i) for i in pattern], np.int32))

@@ -22,7 +22,8 @@ from traceforge.model.compute import kernel_time_report
 from traceforge.model.params import padded_vocab, total_params
 from traceforge.parallel.layout import Layout
 from traceforge.parallel.partition import model_chunks
-from traceforge.program.ops import Peer, Program
+from traceforge.program.binding import program_keys, role_ranks, role_values
+from traceforge.program.ops import Program
 from traceforge.program.stage import build_program, program_variants, stage_program
 from traceforge.write.durations import duration_scale, varies
 from traceforge.write.splice import StageEncoder
@@ -63,25 +64,6 @@ def trace_file_name(prefix: str, rank: int) -> str:
     return f"{prefix}.{rank}.et"
 
 
-def role_values(layout: Layout, rank: int, ep_peers: bool = False) -> dict[str, int]:
-    """What each role of a program means on this rank (ep_peers: the members of its EP group
-    by EP rank, roles ep0..ep{n-1}, which imbalanced expert traffic addresses)."""
-    values: dict[str, int] = {Peer.SELF: rank}
-    for role, peers in layout.ring_peers.items():
-        values[Peer(role)] = int(peers[rank])
-    for kind, ids in layout.group_id_of.items():
-        values[kind] = int(ids[rank])
-    if ep_peers:
-        for j, peer in enumerate(layout.ep_peers[rank].tolist()):
-            values[f"ep{j}"] = peer
-    return values
-
-
-def program_key(spec: Spec, layout: Layout, rank: int) -> tuple[int, int]:
-    """(stage, variant) of the program this rank runs (see program_variants)."""
-    variant = int(layout.coords["ep"][rank]) if program_variants(spec) > 1 else 0
-    return int(layout.coords["pp"][rank]), variant
-
 
 
 class RankWriter:
@@ -90,7 +72,10 @@ class RankWriter:
     def __init__(self, spec: Spec, layout: Layout, directory: Path, prefix: str):
         self.spec, self.layout, self.directory, self.prefix = spec, layout, directory, prefix
         self._encoders: dict[tuple[int, int], StageEncoder] = {}
-        self._ep_peers = program_variants(spec) > 1
+        self._variants = program_variants(spec)
+        self._ep_peers = self._variants > 1
+        self._keys = program_keys(spec, layout)
+        self._roles = role_ranks(layout, self._ep_peers)
         self._durations_vary = varies(spec)
 
     def encoder(self, key: tuple[int, int]) -> StageEncoder:
@@ -106,9 +91,9 @@ class RankWriter:
 
     def encode(self, rank: int) -> tuple[memoryview, int]:
         """(file bytes, node count) of one rank."""
-        encoder = self.encoder(program_key(self.spec, self.layout, rank))
+        encoder = self.encoder(divmod(int(self._keys[rank]), self._variants))
         scale = duration_scale(self.spec, rank, len(encoder.base_durations)) if self._durations_vary else None
-        return encoder.encode(role_values(self.layout, rank, self._ep_peers), scale)
+        return encoder.encode(role_values(self._roles, rank), scale)
 
     def write(self, rank: int) -> RankRecord:
         data, nodes = self.encode(rank)
