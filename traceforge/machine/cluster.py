@@ -155,15 +155,20 @@ class Cluster:
     scale_out_topology: str = "switch"
     nics_per_node: int = 8
     gpu: str | None = None  # NCCL's tables for this GPU time the hardware mode; None: the set's, ALPHA_BETA: none
-    # The latencies in the replay's us, derived once from the ns above.
+    # The latencies in the replay's us and the bandwidths in its bytes per us, derived once from
+    # the flags' ns and GB/s above: the one conversion.
     scale_up_latency_us: float = field(init=False, repr=False, compare=False)
     scale_out_latency_us: float = field(init=False, repr=False, compare=False)
+    scale_up_bytes_per_us: float = field(init=False, repr=False, compare=False)
+    scale_out_bytes_per_us: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in FIELD:
             object.__setattr__(self, name, check_value(name, getattr(self, name)))
         object.__setattr__(self, "scale_up_latency_us", self.scale_up_latency / 1e3)
         object.__setattr__(self, "scale_out_latency_us", self.scale_out_latency / 1e3)
+        object.__setattr__(self, "scale_up_bytes_per_us", self.scale_up_bw * 1e3)
+        object.__setattr__(self, "scale_out_bytes_per_us", self.scale_out_bw * 1e3)
 
     @classmethod
     def from_options(cls, **options: Any) -> Cluster:
@@ -176,12 +181,17 @@ class Cluster:
         return {k: getattr(self, k) for k, v in options.items() if k in FIELD and v is not None}
 
     # -- what a transfer costs, in us ---------------------------------------------------------
+    def tier(self, inter: bool) -> tuple[float, float]:
+        """(latency in us, bandwidth in bytes per us) of the scale-out links, or the scale-up ones."""
+        if inter:
+            return self.scale_out_latency_us, self.scale_out_bytes_per_us
+        return self.scale_up_latency_us, self.scale_up_bytes_per_us
+
     def micros(self, wire: float, inter: bool) -> float:
         """The alpha-beta charge of `wire` bytes on one link class: its latency once plus the
         bytes over its bandwidth."""
-        if inter:
-            return self.scale_out_latency_us + wire / (self.scale_out_bw * 1e3)
-        return self.scale_up_latency_us + wire / (self.scale_up_bw * 1e3)
+        latency, bandwidth = self.tier(inter)
+        return latency + wire / bandwidth
 
     @cached_property
     def nccl(self) -> NcclMachine | None:

@@ -130,9 +130,8 @@ def estimate_lines(report) -> list[str]:
     net = getattr(report, "network", None)
     mode = getattr(report, "estimate_mode", "astra-sim")
     shape = " x ".join(f"{d.npus} {d.topology}" for d in net.dims) if net is not None else ""
-    # the latencies the replay charged (us), in ns
-    links = (f"scale-up {link.scale_up_bw:g} GB/s and {link.scale_up_latency_us * 1e3:g} ns, scale-out {link.scale_out_bw:g} GB/s "
-             f"and {link.scale_out_latency_us * 1e3:g} ns (once per collective or send)")
+    links = (f"scale-up {link.scale_up_bw:g} GB/s and {link.scale_up_latency:g} ns, scale-out {link.scale_out_bw:g} GB/s "
+             f"and {link.scale_out_latency:g} ns (once per collective or send)")
     if mode == "hardware" and link.nccl is not None:
         model = (f"  hardware mode: an analytical replay, not a simulation: collectives and sends as NCCL's cost model "
                  f"times them ({link.nccl.generation}: NCCL's algorithms, protocols and latencies; scale-up "

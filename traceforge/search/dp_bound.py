@@ -95,7 +95,7 @@ def _unit_latency(link: Cluster, group_size: int, nodes: tuple[int, ...]) -> flo
     """At most the latency of one more all-gather or reduce-scatter of a unit: the alpha-beta
     latency, or NCCL's least latency of any collective of the group (a tiny one)."""
     if link.nccl is None:
-        return min(link.scale_out_latency_us if k > 1 else link.scale_up_latency_us for k in nodes)
+        return min(link.tier(k > 1)[0] for k in nodes)
     return min(link.charge(int(c), 1, group_size, k) for c in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER) for k in nodes)
 
 

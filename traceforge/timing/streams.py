@@ -180,11 +180,10 @@ class StreamReplay(_Replay):
                 return
             bandwidth = wire / part
         else:
-            latency = link.scale_out_latency_us if inter else link.scale_up_latency_us
+            latency, bandwidth = link.tier(inter)
             if wire <= 0:
                 self.done_at(c, i, t + latency)
                 return
-            bandwidth = (link.scale_out_bw if inter else link.scale_up_bw) * 1e3
         key = (c, i)
         self.active[key] = _Transfer(own, bound, wire, latency, bandwidth, 0.0, t)  # rate 0 until _rerate
         self._flying(c, 1, t)
