@@ -57,7 +57,13 @@ ASTRA_GB = float(1 << 30)
 # "no file" default); every collective then fails with "communicator group N not found".
 ASTRA_NO_FILE = "empty"
 
-TOPOLOGIES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnected"}
+TOPOLOGIES = {"switch": "Switch", "ring": "Ring", "fullyconnected": "FullyConnected"}
+
+
+def topology_key(value: object) -> str:
+    """A topology as a flag or a network file spells it, as TOPOLOGIES' key: Fully_Connected,
+    fully-connected -> fullyconnected."""
+    return str(value).strip().lower().replace("-", "").replace("_", "")
 
 ASTRA_REPO = "https://github.com/astra-sim/astra-sim"
 ASTRA_BINARY = "AstraSim_Analytical_Congestion_Unaware"
@@ -238,7 +244,7 @@ def load_network(directory: Path, network_file: Path | None = None, system_file:
     sys_path = Path(system_file) if system_file else directory / SYSTEM_FILE
     try:
         net = yaml.safe_load(net_path.read_text())
-        topo = [TOPOLOGIES[str(t).lower().replace("_", "").replace("-", "")] for t in _as_list(net["topology"])]
+        topo = [TOPOLOGIES[topology_key(t)] for t in _as_list(net["topology"])]
         npus = [int(x) for x in _as_list(net["npus_count"])]
         bw = [float(x) for x in _as_list(net["bandwidth"])]
         lat = [float(x) for x in _as_list(net["latency"])]

@@ -26,6 +26,8 @@ from functools import cached_property
 from typing import Any
 
 from traceforge.base.errors import UserError
+from traceforge.machine import nccl
+from traceforge.machine.astra import TOPOLOGIES, topology_key
 from traceforge.machine.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -50,15 +52,13 @@ MIN_BW_GBPS, MAX_BW_GBPS = 1e-3, 1e6
 MAX_LATENCY_NS = 3.6e12
 MAX_GPUS_PER_NODE = 1 << 16
 
-TOPOLOGIES = ("switch", "ring", "fullyconnected")
-
 # Cluster.gpu for the alpha-beta model in the hardware mode too, whatever GPU the set names.
 ALPHA_BETA = "alpha-beta"
 
 # traceforge's collective types -> NCCL's (traceforge/machine/nccl.py).
-NCCL_COLL = {ALL_REDUCE: "AllReduce", ALL_GATHER: "AllGather", REDUCE_SCATTER: "ReduceScatter",
-             REDUCE_SCATTER_BLOCK: "ReduceScatter", BROADCAST: "Broadcast", REDUCE: "Reduce", ALL_TO_ALL: "AllToAll",
-             GATHER: "Gather", SCATTER: "Scatter"}
+NCCL_COLL = {ALL_REDUCE: nccl.ALL_REDUCE, ALL_GATHER: nccl.ALL_GATHER, REDUCE_SCATTER: nccl.REDUCE_SCATTER,
+             REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, BROADCAST: nccl.BROADCAST, REDUCE: nccl.REDUCE,
+             ALL_TO_ALL: nccl.ALL_TO_ALL, GATHER: nccl.GATHER, SCATTER: nccl.SCATTER}
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,10 @@ FIELD = {f.name: f for f in FIELDS}
 
 
 def _topology(value: Any, flag: str) -> str:
-    key = str(value).strip().lower().replace("-", "").replace("_", "")
+    key = topology_key(value)
     if key not in TOPOLOGIES:
-        raise UserError(f"{flag} {value!r} is not an ASTRA-sim topology: use switch, ring or fullyconnected")
+        *others, last = TOPOLOGIES
+        raise UserError(f"{flag} {value!r} is not an ASTRA-sim topology: use {', '.join(others)} or {last}")
     return key
 
 
@@ -280,7 +281,7 @@ def node_of(rank: int, gpus_per_node: int) -> int:
 
 
 def crosses_nodes(members, gpus_per_node: int) -> bool:
-    return len({node_of(r, gpus_per_node) for r in members}) > 1
+    return nodes_spanned(members, gpus_per_node) > 1
 
 
 def nodes_spanned(members, gpus_per_node: int) -> int:

@@ -92,7 +92,7 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
                   heads=_whole(raw, "heads", "--heads"), experts=int(raw.get("experts") or 0),
                   global_batch=_whole(raw, "global_batch", "--global-batch"), tp_across_nodes=query.tp_across_nodes)
     try:
-        memory = gpu_memory_bytes(str(raw.get("gpu", "h100")), query.gpu_memory_gb)
+        memory = gpu_memory_bytes(str(raw["gpu"]), query.gpu_memory_gb)
     except SpecError as exc:
         raise UserError(str(exc)) from None
     try:  # memory's own rules
@@ -101,7 +101,7 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
         raise UserError(str(exc)) from None
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     # NCCL's model times the candidates' collectives when it has tables for the GPU.
-    link = replace(cluster, gpu=str(raw.get("gpu", "h100")))
+    link = replace(cluster, gpu=str(raw["gpu"]))
     result = search(query.base(), model, query.spec_flags, link, memory, query.top,
                     query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
                     overhead, reserve)
@@ -195,7 +195,7 @@ def _counts(result: PlanResult) -> dict[str, Any]:
 def title(query: Query, gpus: int | None) -> str:
     """'plan: llama3-8b on 64 h100 GPUs' (without the count when a sweep varies it)."""
     name = query.preset or (query.config or {}).get("preset") or "demo"
-    gpu = query.raw().get("gpu", "h100")
+    gpu = query.raw()["gpu"]
     return f"plan: {name} on {gpus:,} {gpu} GPUs" if gpus is not None else f"plan: {name} on {gpu} GPUs"
 
 
@@ -203,7 +203,7 @@ def assumed(query: Query) -> str:
     """What every candidate shares and the plan assumed: the step's tokens, the GPU, the machine."""
     raw = query.raw()
     cluster = Cluster.from_options(**query.machine)
-    gpu = str(raw.get("gpu", "h100"))
+    gpu = str(raw["gpu"])
     try:
         memory = f" ({gpu_memory_bytes(gpu, query.gpu_memory_gb) / 1e9:,.1f} GB)"
     except SpecError:
