@@ -25,7 +25,7 @@ import numpy as np
 
 from traceforge.config import LayerRun
 from traceforge.config.routing import Routing
-from traceforge.model.anatomy import FULL, SELECTIVE, dispatched_copies, is_moe_layer, layer_anatomy, local_tokens, padded_vocab
+from traceforge.model.anatomy import FULL, SELECTIVE, dispatched_copies, is_moe_layer, layer_anatomy, local_tokens, moe_layers, padded_vocab
 from traceforge.model.params import Chunk
 
 FP32, INT64, MASK = 4, 8, 1
@@ -54,13 +54,13 @@ def routing_imbalance(spec: LayerRun) -> float:
 def _routing_imbalance(spec: LayerRun) -> float:
     if not spec.experts or spec.moe_routing == "balanced" or spec.ep == 1:
         return 1.0
-    moe_layers = sum(is_moe_layer(spec, layer) for layer in range(spec.layers))
     copies = max(1, dispatched_copies(spec))  # the draw the generator writes (a rank routes its sequence shard)
-    routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, copies, spec.steps, spec.num_microbatches, moe_layers)
+    count = moe_layers(spec)
+    routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, copies, spec.steps, spec.num_microbatches, count)
     if routing.table is not None:
         received = routing.table.sum(axis=-2)  # [.., dst]
     else:
-        received = np.stack([routing.counts(0, 0, layer).sum(axis=0) for layer in range(moe_layers)])
+        received = np.stack([routing.counts(0, 0, layer).sum(axis=0) for layer in range(count)])
     mean = received.mean()
     return float(received.max() / mean) if mean > 0 else 1.0
 
@@ -125,13 +125,13 @@ def chunk_activations(spec: LayerRun, chunk: Chunk) -> PassBytes:
     """One micro-batch through one model chunk: its layers, and the embedding / LM head on
     the model's first / last chunk."""
     total = PassBytes(0)
-    moe_layers = sum(is_moe_layer(spec, layer) for layer in chunk.layers)
-    if moe_layers:
+    moe_count = sum(is_moe_layer(spec, layer) for layer in chunk.layers)
+    if moe_count:
         moe = layer_activations(spec, True)
-        total += PassBytes(moe.stored * moe_layers, moe.forward, moe.backward)
-    if len(chunk.layers) > moe_layers:
+        total += PassBytes(moe.stored * moe_count, moe.forward, moe.backward)
+    if len(chunk.layers) > moe_count:
         dense = layer_activations(spec, False)
-        total += PassBytes(dense.stored * (len(chunk.layers) - moe_layers), dense.forward, dense.backward)
+        total += PassBytes(dense.stored * (len(chunk.layers) - moe_count), dense.forward, dense.backward)
     if chunk.first:
         total += embedding_activations(spec)
     if chunk.last:

@@ -4,16 +4,16 @@ attention's score and value products, from the layers' anatomy."""
 from __future__ import annotations
 
 from traceforge.config import Spec
-from traceforge.model.anatomy import AttentionCore, is_moe_layer, layer_structure
+from traceforge.model.anatomy import AttentionCore, layer_structure, moe_layers
 from traceforge.model.params import active_params
 
 
 def attention_flops_per_token(spec: Spec) -> int:
     """Model FLOPs of attention's score and value products per token over every layer, forward
     and backward, as publications count them (the anatomy's AttentionCore)."""
-    moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
+    moe_count = moe_layers(spec)
     total = 0
-    for moe, count in ((False, spec.layers - moe_layers), (True, moe_layers)):
+    for moe, count in ((False, spec.layers - moe_count), (True, moe_count)):
         if count:
             cores = [w for op in layer_structure(spec, moe).ops() for w in op.work
                      if isinstance(w, AttentionCore)]

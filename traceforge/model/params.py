@@ -17,11 +17,12 @@ from traceforge.model.anatomy import (
     is_moe_layer,
     layer_structure,
     local_tokens,
+    moe_layers,
     output_ops,
     padded_vocab,
 )
 
-__all__ = ["is_moe_layer", "local_tokens", "padded_vocab"]  # the anatomy's, as the model's users name them
+__all__ = ["is_moe_layer", "local_tokens", "moe_layers", "padded_vocab"]  # the anatomy's, as the model's users name them
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,10 @@ def total_params(spec: Layer) -> int:
 def active_params(spec: Layer) -> int:
     """Parameters one token passes through: total_params with only top_k routed experts per
     MoE layer (shared experts, router and embeddings included, as DeepSeek and Qwen count)."""
-    moe_layers = sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
-    if not moe_layers:
+    moe = moe_layers(spec)
+    if not moe:
         return total_params(spec)
-    return total_params(spec) - moe_layers * (spec.experts - spec.top_k) * _one_expert(spec)
+    return total_params(spec) - moe * (spec.experts - spec.top_k) * _one_expert(spec)
 
 
 def activation_bytes(spec: LayerRun) -> int:

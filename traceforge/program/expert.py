@@ -44,7 +44,7 @@ from traceforge.config.routing import Routing
 from traceforge.ir.enums import Coll
 from traceforge.model.anatomy import dispatched_copies
 from traceforge.model.compute import Cost, CostModel
-from traceforge.model.params import is_moe_layer, local_tokens
+from traceforge.model.params import is_moe_layer, local_tokens, moe_layers
 from traceforge.program.ops import ProgramBuilder
 from traceforge.program.tensor import TensorParallel
 
@@ -69,7 +69,7 @@ class MixtureOfExperts:
         self.token_bytes = spec.hidden * spec.act_bytes
         self.copies = dispatched_copies(spec)  # token copies a rank dispatches (balanced: receives)
         self.routing = Routing(spec.moe_routing, spec.seed, spec.experts, spec.ep, self.copies, spec.steps,
-                               spec.num_microbatches, sum(is_moe_layer(spec, layer) for layer in range(spec.layers)))
+                               spec.num_microbatches, moe_layers(spec))
         self.moe_index = {layer: i for i, layer in enumerate(x for x in range(spec.layers) if is_moe_layer(spec, x))}
         self.tag_base = ep_tag_base(spec.steps, spec.num_microbatches, spec.layers, spec.cp)
         self._counts: np.ndarray | None = None

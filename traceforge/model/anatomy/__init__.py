@@ -49,6 +49,7 @@ from traceforge.model.anatomy.sizes import (
     dispatched_copies,
     is_moe_layer,
     local_tokens,
+    moe_layers,
     padded_vocab,
     qkv_channels,
     tokens_of,
@@ -58,7 +59,7 @@ __all__ = [
     "ACTIVATION", "AttentionCore", "Block", "CROSS_ENTROPY", "FULL", "LayerAnatomy", "Linear", "Lookup", "NORM",
     "Op", "Pointwise", "RESIDUAL", "SELECTIVE", "Saved", "Sizes", "Weight", "Work",
     "attention_core", "attention_output_channels", "dispatched_copies", "embedding_ops", "final_norm_op",
-    "fp8_gemms", "is_moe_layer", "layer_anatomy", "layer_structure", "local_tokens", "output_ops", "padded_vocab",
+    "fp8_gemms", "is_moe_layer", "layer_anatomy", "layer_structure", "local_tokens", "moe_layers", "output_ops", "padded_vocab",
     "qkv_channels", "qkv_gathers", "tokens_of",
 ]
 

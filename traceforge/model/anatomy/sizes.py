@@ -37,6 +37,11 @@ def is_moe_layer(spec: ModelConfig, layer: int) -> bool:
     return spec.experts > 0 and layer >= spec.moe_first_dense_layers and layer % spec.moe_layer_freq == 0
 
 
+def moe_layers(spec: ModelConfig) -> int:
+    """How many of the model's layers are MoE layers (is_moe_layer)."""
+    return sum(1 for layer in range(spec.layers) if is_moe_layer(spec, layer))
+
+
 def qkv_channels(spec: ModelConfig) -> tuple[int, int, int]:
     """Channels of the full (all heads) query, key and value: GQA, or MLA's up-projected ones
     (keys carry a nope and a rope part, DeepSeek-V2 section 2.1)."""
