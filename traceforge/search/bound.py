@@ -44,7 +44,7 @@ from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import NodeType
 from traceforge.machine.cluster import Cluster
 from traceforge.model.compute import CostModel
-from traceforge.model.params import activation_bytes, is_moe_layer, p2p_bytes
+from traceforge.model.params import activation_bytes, is_moe_layer, moe_layers, p2p_bytes
 from traceforge.parallel.layout import Layout, LayoutKey
 from traceforge.parallel.partition import chunks_of, layers_of, placement, placement_in, virtual_stage, virtual_stage_in
 from traceforge.parallel.pipeline import passes_of
@@ -161,9 +161,13 @@ def replay_nodes_floor(spec: LayerRun, link: Cluster) -> int:
     embedding and the head, for every micro-batch and step. So a candidate above the replay's
     node limit by this count is set aside without building its programs."""
     pieces = _pieces(spec, link)
+    moe = _moe_layers(spec.model)
     per_microbatch = pieces["embed"].nodes + pieces["head"].nodes + sum(
-        pieces["moe" if is_moe_layer(spec, i) else "dense"].nodes for i in range(spec.layers))
+        count * pieces[kind].nodes for kind, count in (("dense", spec.layers - moe), ("moe", moe)) if count)
     return spec.steps * spec.num_microbatches * per_microbatch
+
+
+_moe_layers = functools.lru_cache(maxsize=256)(moe_layers)  # per candidate: once per model
 
 
 # A stage's sends to its next and previous stage: True when every rank's crosses nodes, False
