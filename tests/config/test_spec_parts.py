@@ -40,7 +40,7 @@ from traceforge.config import (
     build_spec,
 )
 from traceforge.config.fields import SPEC_KEYS
-from traceforge.config.views import PARTS, View, field_names
+from traceforge.config.views import PARTS, View, field_names, view
 from traceforge.machine.cluster import Cluster
 from traceforge.memory import report
 from traceforge.memory.report import memory_report, stages_activation_peaks, stages_states
@@ -261,3 +261,23 @@ def test_a_memo_given_a_whole_spec_would_miss_every_other_candidate():
     lookups = functools.lru_cache(maxsize=8)(lambda key: object())
     assert lookups(a.staged) is lookups(b.staged)
     assert lookups(a) is not lookups(b)
+
+
+def test_a_part_of_few_fields_reads_them_from_a_larger_record():
+    """A part made from a larger record fills its fields in on the first reading, whatever its
+    size: whether they are filled in is asked of the fields themselves, not of the dict's length
+    (which also holds the part's values and hash)."""
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Wide(View):
+        a: int
+        b: int
+        c: int
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Narrow(View):
+        a: int
+        b: int
+
+    part = view(Narrow, Wide(1, 2, 3))
+    assert (part.a, part.b) == (1, 2)
+    assert part == Narrow(1, 2) and hash(part) == hash(Narrow(1, 2))

@@ -123,9 +123,10 @@ class View:
     def _fields(self) -> dict[str, Any]:
         """The dict holding this record's fields, filled in first if they are not yet."""
         d = self.__dict__
-        if "_values" in d and len(d) < len(_fields_of(type(self))[0]):
-            names, _ = _fields_of(type(self))
-            d.update(zip(names, d["_values"], strict=True))
+        if "_values" in d:
+            names = _fields_of(type(self))[0]
+            if names[0] not in d:  # the fields are filled in together, or not at all
+                d.update(zip(names, d["_values"], strict=True))
         return d
 
     if not TYPE_CHECKING:  # (to mypy every attribute must be a field or a method: no fallback)
