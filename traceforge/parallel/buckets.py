@@ -15,14 +15,10 @@ from traceforge.model.params import Chunk, Param
 from traceforge.parallel.partition import chunk_param_list, model_chunks
 
 MEGATRON_MIN_BUCKET_ELEMS = 40_000_000
-
-
 MEGATRON_BUCKET_ELEMS_PER_DP_RANK = 1_000_000
-
 
 # DeepSpeed's ZeRO stage 1/2 reduce_bucket_size default, in elements (deepspeed/runtime/zero/config.py)
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
-
 
 MAX_BUCKETS = 4096  # per chunk and buffer; more is a typo in --bucket-mb, not a training setup
 
@@ -96,8 +92,9 @@ class Buffer:
         if size and spec.bucket_mb is not None and total // size > MAX_BUCKETS:
             raise SpecError(f"bucket_mb makes {total // size:,} gradient buckets per chunk (over {MAX_BUCKETS:,}): "
                             f"use at least {total / MAX_BUCKETS * spec.grad_bytes / 2**20:.3g} MiB, or 0 for one bucket")
-        dist_opt = DP_MODES[spec.dp_mode].buckets == MEGATRON_DIST_OPT
-        before = DP_MODES[spec.dp_mode].buckets == DEEPSPEED  # reduce the bucket before it would overflow
+        buckets = DP_MODES[spec.dp_mode].buckets
+        dist_opt = buckets == MEGATRON_DIST_OPT
+        before = buckets == DEEPSPEED  # reduce the bucket before it would overflow
         multiple = bucket_padding(spec, group_size)
         order = list(counts)
         buf = cls(role, group_size, counts, [], [], [])
