@@ -410,6 +410,13 @@ def fabric_from_mapping(doc: Any, where: str) -> Fabric:
         values["failed_links"] = tuple(links)
     if "name" not in values and base.name == "custom" and where.startswith("fabric file"):
         values["name"] = Path(where.split()[-1]).stem
+    return _replace(base, values)
+
+
+def _replace(base: Fabric, values: dict[str, Any]) -> Fabric:
+    """base with values; an NVLink domain of one node follows a new node size unless given."""
+    if "gpus_per_node" in values and "nvlink_domain" not in values and base.nvlink_domain == base.gpus_per_node:
+        values = dict(values, nvlink_domain=values["gpus_per_node"])
     return replace(base, **values)
 
 
@@ -464,6 +471,4 @@ def with_flags(fabric: Fabric, **flags: Any) -> Fabric:
                 "qps_per_connection", "pxn"):
         if flags.get(key) is not None:
             values[key] = flags[key]
-    if "gpus_per_node" in values and "nvlink_domain" not in values and fabric.nvlink_domain == fabric.gpus_per_node:
-        values["nvlink_domain"] = values["gpus_per_node"]  # the domain follows the node unless it was larger
-    return replace(fabric, **values)
+    return _replace(fabric, values)
