@@ -14,7 +14,7 @@ import csv
 import json
 
 import pytest
-from test_report import A, BULK, DP0, DP1, EMB, PP, TP0, TP1
+from test_report import BULK, DP0, DP1, EMB, PP, TP0, TP1, A
 
 from tests.cli_runner import invoke, one_line_error
 from traceforge.machine.fabric import NAMED, TOR, Fabric, Tier
