@@ -30,6 +30,7 @@ PRESET = "llama3-405b"
 FULL_RANKS = 16_384
 MICROBATCHES = 16  # the preset's own at its full 16,384 ranks (global batch 2048 / dp 128)
 BYTES_PER_RANK = 215_000  # ~1,330 nodes of ~150 bytes; sizes the scratch space
+EXTRA_ARGS: list[str] = []  # more report flags for the child (bench_report_fabric.py's --fabric)
 
 
 def _child(directory: str, mode: str) -> None:
@@ -40,7 +41,7 @@ def _child(directory: str, mode: str) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     out = tempfile.mkdtemp(prefix="tf-bench-report-out-") if mode == "out" else None
-    sys.argv = ["traceforge", "report", directory] + (["--json"] if mode == "json" else [])
+    sys.argv = ["traceforge", "report", directory] + (["--json"] if mode == "json" else []) + EXTRA_ARGS
     sys.argv += ["-o", out + "/r"] if out else []
     started = time.perf_counter()
     code = 0
@@ -59,9 +60,10 @@ def _child(directory: str, mode: str) -> None:
                                         "load": os.getloadavg()[0]}) + "\n").encode())
 
 
-def run_report(directory: Path, mode: str) -> dict:
+def run_report(directory: Path, mode: str, script: str = __file__, extra: list[str] | None = None) -> dict:
+    """One report in a fresh child (`script --child DIR MODE [flags]`): its row."""
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", str(directory), mode],
+    proc = subprocess.run([sys.executable, script, "--child", str(directory), mode, *(extra or [])],
                           capture_output=True, text=True)
     command = time.perf_counter() - started
     lines = proc.stdout.strip().splitlines()
@@ -89,7 +91,9 @@ def generate(directory: Path, ranks: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        global EXTRA_ARGS
+        EXTRA_ARGS = sys.argv[4:]
         _child(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

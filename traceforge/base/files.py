@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from traceforge.base.errors import UserError
 
@@ -116,3 +116,71 @@ def decimal(text: str) -> int | None:
     """text's value when it is a plain decimal number (ASCII digits only), else None: a name read
     from a file ("²" or "٣" pass str.isdigit, and int() refuses the first) is judged by this."""
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """json object_pairs_hook: a key given twice is an error, not a silent last-wins."""
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def _yaml_load(text: str, kind: str) -> Any:
+    """yaml.safe_load without aliases (a spec or a fabric needs none; an alias bomb would expand without
+    end) and without duplicate keys."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise _DuplicateKey(f"line {mark.line + 1}: YAML aliases (*name) are not allowed in a {kind}")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+            keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+            seen: set[Any] = set()
+            for key, (knode, _) in zip(keys, node.value, strict=True):
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: let the base class report it
+                    continue
+                if dup:
+                    raise _DuplicateKey(f"line {knode.start_mark.line + 1}: key {key!r} is given twice")
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_structured(path: Path, what: str, kind: str, fix: str, error: type[UserError] = UserError) -> Any:
+    """A YAML, TOML or JSON file (by its extension, which the caller has checked) through the one
+    bounded reader, parsed: UTF-8, no YAML aliases, no key given twice; anything else is one line
+    of ``error`` naming the path (what: 'config file'; kind: 'spec file', the noun of the alias rule)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    data_bytes = read_regular_file(path, what, MAX_SPEC_FILE_BYTES, fix, error)
+    try:
+        text = data_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text: save it as a UTF-8 .yaml, .toml or .json file") from None
+    try:
+        if suffix in (".yaml", ".yml"):
+            return _yaml_load(text, kind)
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            return tomllib.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except Exception as exc:  # the parsers' own error types differ; all mean malformed input
+        detail = " ".join(str(exc).split())[:300]  # bounded: a message may quote the input
+        raise error(f"{what} {path} is not valid {suffix.lstrip('.').upper()}: {detail}") from None

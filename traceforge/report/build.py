@@ -23,6 +23,7 @@ from traceforge.base.output import atomic_output_dir
 from traceforge.ir.enums import COMP
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.machine.cluster import Cluster, node_of
+from traceforge.machine.fabric import Fabric
 from traceforge.machine.gpus import GPUS, gpu_names
 from traceforge.machine.nccl import NCCL_VERSION
 from traceforge.memory.manifest import manifest_memory, manifest_spec
@@ -37,6 +38,7 @@ from traceforge.timing.replay import replay
 from traceforge.timing.timeline import CLASSES, RANK_PID, StepEstimate, chrome_trace, step_estimate, timeline_ranks, write_chrome_trace
 from traceforge.traffic.dimensions import DimTraffic, dimension_traffic
 from traceforge.traffic.experts import ExpertGroup, expert_groups
+from traceforge.traffic.fabric import FabricTraffic, fabric_traffic
 from traceforge.traffic.matrix import (
     MAX_DENSE_RANKS,
     PlotUnavailable,
@@ -72,6 +74,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     memory: Any = None  # memory.MemoryReport of the manifest's spec (our sets only)
+    fabric: FabricTraffic | None = None  # the step routed onto --fabric's links
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -188,7 +191,7 @@ class Report:
                            for d in self.dims],
             "totals": {"wire_bytes_per_step": wire, "scale_up_wire_bytes_per_step": intra,
                        "scale_out_wire_bytes_per_step": wire - intra},
-            "test_matrix": [r.to_json() for r in self.tests],
+            "test_matrix": self.test_matrix_json(),
             "expert_parallel": [g.to_json() for g in self.expert_groups],
             "jobs": self.job_traffic(),
             "timeline": None if self.estimate is None else {
@@ -201,7 +204,15 @@ class Report:
         }
         if self.nodes <= JSON_NODE_MATRIX_LIMIT:
             doc["node_matrix_bytes_per_step"] = self.node_matrix().tolist()
+        if self.fabric is not None:
+            doc["fabric"] = self.fabric.to_json()
         return doc
+
+    def test_matrix_json(self) -> list[dict]:
+        """The test matrix's rows; with a fabric, each with how many of its groups reach each tier."""
+        if self.fabric is None:
+            return [r.to_json() for r in self.tests]
+        return [dict(r.to_json(), fabric_tiers=self.fabric.row_tiers(i)) for i, r in enumerate(self.tests)]
 
     def attach_simulation(self, sim) -> None:
         """Show a simulation of this set beside the estimate; refuse one of another set."""
@@ -258,7 +269,12 @@ class Report:
                 heatmaps.insert(0, ("rank x rank (lines: node boundaries)", ranks, self.gpus_per_node))
             else:
                 notes.append(f"no matrix_ranks.csv above {MAX_DENSE_RANKS} ranks; links.csv has every rank pair")
-            write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
+            if self.fabric is None:
+                write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json")
+            else:
+                tiers = [self.fabric.row_tiers(i) for i in range(len(self.tests))]
+                write_test_matrix(self.tests, tmp / "test_matrix.csv", tmp / "test_matrix.json", tiers)
+                self.fabric.write(tmp)
             self.write_timeline(tmp / "timeline.json")
             if self.simulation is not None:
                 shown = timeline_ranks(self.replay, self.track_ranks) if self.replay is not None \
@@ -316,13 +332,14 @@ def estimate_mode(directory: Path, estimate: str | None) -> str:
 def build_report(
     directory: Path, prefix: str | None = None, gpus_per_node: int = 8, *, link: Cluster | None = None,
     timeline: bool = True, track_ranks: int | str = CLASSES, jobs: int | None = None,
-    astra_model: bool | None = None, estimate: str | None = None,
+    astra_model: bool | None = None, estimate: str | None = None, fabric: Fabric | None = None,
 ) -> Report:
     """Scan a trace set once and assemble its report. Raises UserError on unreadable input.
 
     estimate: the replay's mode, astra-sim or hardware (None: estimate_mode's default).
     astra_model: time communication as ASTRA-sim's analytical backend does, with the set's
-    astra_network.yml / astra_system.json (None: in astra-sim mode, when the set has them)."""
+    astra_network.yml / astra_system.json (None: in astra-sim mode, when the set has them).
+    fabric: route the step onto this fabric's links (traffic/fabric.py; docs/fabric.md)."""
     if gpus_per_node < 1:
         raise UserError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     mode = estimate_mode(directory, estimate)
@@ -353,8 +370,13 @@ def build_report(
     edges = traffic_edges(ts)
     tests = collective_test_matrix(ts, gpus_per_node)
     seconds["traffic"] = time.perf_counter() - t0
+    routed = None
+    if fabric is not None:
+        t0 = time.perf_counter()
+        routed = fabric_traffic(tests, ps.world, fabric)
+        seconds["fabric"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
-                    notes=list(ts.notes), seconds=seconds)
+                    notes=list(ts.notes), seconds=seconds, fabric=routed)
     if gpu_note and timeline:
         report.notes.append(gpu_note)
 

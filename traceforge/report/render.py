@@ -91,17 +91,74 @@ def node_table(report) -> Table | None:
 def test_table(report) -> Table:
     rows = report.tests
     t = Table(title=f"Collective test matrix ({len(rows)} rows; full memberships in test_matrix.csv/json)", title_justify="left")
-    for col in ("dim", "op", "size", "group", "groups", "x/step", "cross", "first memberships"):
-        t.add_column(col, justify="left" if col in ("dim", "op", "first memberships") else "right")
-    for r in rows[:TEST_ROWS_SHOWN]:
+    fabric = getattr(report, "fabric", None)
+    cols = ("dim", "op", "size", "group", "groups", "x/step", "cross") + (("tiers",) if fabric is not None else ()) \
+        + ("first memberships",)
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("dim", "op", "first memberships", "tiers") else "right")
+    for i, r in enumerate(rows[:TEST_ROWS_SHOWN]):
         shown = " ".join("{" + ",".join(map(str, m)) + "}" for m in r.memberships[:3])
         if len(r.memberships) > 3:
             shown += " ..."
+        tiers = (" ".join(f"{k} {n}" for k, n in fabric.row_tiers(i).items()),) if fabric is not None else ()
         t.add_row(r.dim, r.collective, fmt_bytes(r.comm_size), str(r.group_size), str(r.groups), fmt_count(r.per_step),
-                  str(r.groups_crossing_nodes), shown)
+                  str(r.groups_crossing_nodes), *tiers, shown)
     if len(rows) > TEST_ROWS_SHOWN:
         t.caption = f"... {len(rows) - TEST_ROWS_SHOWN} more rows"
     return t
+
+
+def fabric_tables(report) -> list:
+    """report --fabric: the fabric, bytes per tier and dimension, the hottest links, ECMP."""
+    ft = getattr(report, "fabric", None)
+    if ft is None:
+        return []
+    f = ft.fabric
+    job = ft.to_json()["job"]
+    head = (f"Fabric {f.describe()}\n  the job: {job['nodes']:,} nodes on slots {job['slots']}, {ft.leaves:,} "
+            f"{f.tiers[0].name} switches" + (f", {ft.pods} pod(s)" if len(f.tiers) > 1 else "")
+            + f"; {job['groups']:,} groups, {job['network_flows']:,} network flows")
+    dims = ft.groups.dims
+    t = Table(title="Bytes per tier per step, by dimension (a tier's up links; at line rate: all of them busy)",
+              title_justify="left")
+    for col in ("tier", "up links", "GB/s each", "bytes", *dims, "at line rate", "hottest link", "its time"):
+        t.add_column(col, justify="left" if col in ("tier", "hottest link") else "right")
+    seconds = ft.link_seconds()
+    for tier in ft.tiers:
+        hot = tier.hottest
+        t.add_row(tier.name, f"{tier.up_links:,}", f"{tier.gbps:g}", fmt_bytes(tier.bytes),
+                  *(fmt_bytes(tier.by_dim.get(d, 0.0)) for d in dims), fmt_seconds(tier.seconds),
+                  ft.routed.name(hot) if hot is not None else "-", fmt_seconds(seconds[hot]) if hot is not None else "-")
+    h = Table(title="Hottest links (bytes per step over the link's speed)", title_justify="left")
+    for col in ("link", "tier", "bytes", "flows", "at line rate", "by dimension", "largest groups on it"):
+        h.add_column(col, justify="left" if col in ("link", "tier", "by dimension", "largest groups on it") else "right")
+    for link in ft.hottest():
+        doc = ft.link_json(link)
+        riders = "; ".join(f"{g['dim']} {_members(g['members'], g['ranks'])} {fmt_bytes(g['bytes_per_step'])}"
+                           for g in doc["groups"]) or "-"
+        h.add_row(doc["link"], doc["tier"], fmt_bytes(doc["bytes_per_step"]), str(doc["flows"]),
+                  fmt_seconds(doc["seconds_at_line_rate"]),
+                  " ".join(f"{d} {fmt_bytes(v)}" for d, v in doc["by_dim"].items()), riders)
+    lines = []
+    for e in ft.ecmp:
+        lines.append(f"ECMP over {e.tier}: {e.flows:,} flows from {e.sets:,} sets of {e.ports} links; "
+                     f"{e.collided:,} sets put more than an even share on a link; worst: {e.worst_link} carries "
+                     f"{e.worst_flows} of {e.worst_switch}'s {e.worst_set_flows} flows (even share {e.even})")
+    return [head, t, h, *lines]
+
+
+def _members(members: list, ranks: int) -> str:
+    shown = [m for m in members if m != "..."][:4]
+    return "{" + ",".join(map(str, shown)) + (",..." if ranks > len(shown) else "") + "}" + (f" ({ranks})" if ranks > 4 else "")
+
+
+def fmt_seconds(value: float) -> str:
+    if value == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value / 1e-9:.4g} ns"
 
 
 def memory_lines(report) -> list[str]:
@@ -226,7 +283,9 @@ DIMENSION_FIT = Fit(short={"groups (cross = span nodes)": "groups", "bytes/rank 
                            "ops by size (all ranks)": "ops by size"},
                     wrap={"groups (cross = span nodes)": 12, "bytes/rank by type": 16, "ops by size (all ranks)": 14},
                     drop=("ops by size (all ranks)", "ops/rank", "wire/rank"))
-TEST_FIT = Fit(wrap={"first memberships": 20}, drop=("first memberships", "cross", "groups"))
+TEST_FIT = Fit(wrap={"first memberships": 20, "tiers": 12}, drop=("first memberships", "cross", "groups"))
+FABRIC_FIT = Fit(wrap={"largest groups on it": 24, "by dimension": 14, "hottest link": 16},
+                 drop=("largest groups on it", "hottest link", "its time", "GB/s each"))
 EXPERT_FIT = Fit(short={"imbalance (max/mean received)": "imbalance"}, drop=("x mean link",))
 
 
@@ -239,6 +298,11 @@ def render_report(report, console) -> None:
     if nodes is not None:
         print_fitted(console, nodes, Fit(), "--out DIR")
     print_fitted(console, test_table(report), TEST_FIT, "--out DIR")
+    for item in fabric_tables(report):
+        if isinstance(item, str):
+            console.print(item, markup=False)
+        else:
+            print_fitted(console, item, FABRIC_FIT, "--json")
     experts = expert_table(report)
     if experts is not None:
         print_fitted(console, experts, EXPERT_FIT, "--json")

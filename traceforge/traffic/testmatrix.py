@@ -75,17 +75,22 @@ CSV_FIELDS = ("dim", "collective", "comm_size", "group_size", "groups", "per_ste
               "groups_crossing_nodes", "nccl_test", "nccl_test_bytes", "memberships")
 
 
-def write_test_matrix(rows: list[MatrixRow], csv_path: Path, json_path: Path) -> None:
-    """CSV with memberships as 'r r r;r r r' (';' between groups), and the same rows as JSON."""
+def write_test_matrix(rows: list[MatrixRow], csv_path: Path, json_path: Path,
+                      tiers: list[dict[str, int]] | None = None) -> None:
+    """CSV with memberships as 'r r r;r r r' (';' between groups), and the same rows as JSON.
+    tiers (report --fabric): per row, how many of its groups reach each fabric tier as their
+    highest; a column 'fabric_tiers' ('tier:count tier:count') and a JSON key beside the rest."""
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for r in rows:
+        w.writerow(CSV_FIELDS + (("fabric_tiers",) if tiers is not None else ()))
+        for i, r in enumerate(rows):
             values = r.to_json()
             values["memberships"] = ";".join(" ".join(map(str, m)) for m in r.memberships)
-            w.writerow([_plain(values[k]) for k in CSV_FIELDS])
+            extra = [" ".join(f"{t}:{n}" for t, n in tiers[i].items())] if tiers is not None else []
+            w.writerow([_plain(values[k]) for k in CSV_FIELDS] + extra)
     with open(json_path, "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
-        json.dump([r.to_json() for r in rows], stream, indent=1)
+        docs = [r.to_json() if tiers is None else dict(r.to_json(), fabric_tiers=tiers[i]) for i, r in enumerate(rows)]
+        json.dump(docs, stream, indent=1)
         stream.write("\n")
 
 
