@@ -23,6 +23,10 @@ next hops, which shapes the fabric:
 Leaves take up to LEAF_DOWNLINKS endpoints, split evenly; with more than one leaf, every leaf
 links to each of as many spines as the largest leaf has endpoints, each link as fast as one
 endpoint's: a non-blocking two-tier Clos.
+
+With `generate --fabric` the topology is the fabric's instead (fabric_network): the switches
+and links of traceforge.machine.fabric.Fabric that the job's nodes use, with the fabric's link
+speeds (machine/routes.py's tier_gbps) and its tiers' latencies.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import json
 from dataclasses import dataclass
 
 from traceforge.base.errors import UserError
+from traceforge.machine import fabric as fab
 from traceforge.machine.cluster import Cluster
+from traceforge.machine.routes import tier_gbps
 
 LOGICAL_FILE = "astra_ns3_logical_topology.json"
 CONFIG_FILE = "astra_ns3_config.txt"
@@ -129,6 +135,109 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
     return fabric
 
 
+def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out_latency: float) -> Fabric:
+    """The fabric's switches and links that a world-GPU job uses, as ns-3 hosts (GPU r = host r),
+    switches and links (docs/simulators.md, "One fabric for every simulator"):
+    - an NVLink switch per NVLink domain holding 2 or more of the job's GPUs, a link per GPU at
+      nvlink_gbps;
+    - rail wiring: every GPU's link to its rail's leaf (leaf group = slot // nodes per leaf, rail
+      = GPU x NICs / GPUs), one per plane, at the NIC-to-leaf speed x NICs per GPU; tor: one
+      link per node from its NVLink switch (or its only GPU) to its rack's leaf at NICs x that
+      speed (a link per GPU would give same-node pairs a second 2-hop path through the leaf);
+    - leaf up link u to spine u of its pod (per plane; rail-only: per rail), spine up link v to
+      core (u, v) (only where the job spans 2 or more pods), at the tiers' link speeds.
+    Spines are built where the job uses 2 or more leaves of one network. One line refuses what
+    ns-3 cannot route (hosts never forward, so no PXN)."""
+    gpn = min(f.gpus_per_node, world)
+    if world % gpn:
+        raise UserError(f"world size {world} is not whole nodes of the fabric's {gpn} GPUs: choose --gpus-per-node "
+                        f"from the divisors of {world}")
+    nodes = world // gpn
+    slots = f.slots(nodes)
+    speeds = tier_gbps(f)
+    lat = [t.latency_ns if t.latency_ns is not None else scale_out_latency for t in f.tiers]
+    rails = f.nics_per_node
+    domains = {slot // f.nodes_per_domain for slot in slots}
+    if f.wiring == fab.RAIL_ONLY and len(domains) > 1 and rails > 1:
+        raise UserError(f"fabric {f.name}: rail-only wiring joins rails only through NVLink (NCCL forwards through a "
+                        "peer GPU), which ns-3 cannot route (hosts never forward): use rail-optimized wiring for ns-3, "
+                        "or the analytical backend")
+    if f.wiring == fab.TOR and f.nodes_per_domain > 1 and nodes > 1:
+        raise UserError(f"fabric {f.name}: an NVLink domain of {f.nvlink_domain} GPUs spans nodes, and with tor wiring "
+                        "its switch would link to several leaves and carry leaf-to-leaf traffic in ns-3: use rail "
+                        "wiring for ns-3, or the analytical backend")
+    net = Fabric(world, [], [])
+
+    def new_switch() -> int:
+        net.switches.append(world + len(net.switches))
+        return net.switches[-1]
+
+    node_of = [r // gpn for r in range(world)]
+    gpus_in: dict[int, list[int]] = {}
+    for r in range(world):
+        gpus_in.setdefault(slots[node_of[r]] // f.nodes_per_domain, []).append(r)
+    nvswitch: dict[int, int] = {}
+    for domain, gpus in gpus_in.items():
+        if len(gpus) > 1:
+            sw = nvswitch[domain] = new_switch()
+            net.links += [Link(g, sw, bits(f.nvlink_gbps), scale_up_latency) for g in gpus]
+    if nodes == 1:
+        return net
+    # The leaves, keyed by (network, leaf group, rail); network: the plane (rail-only: the rail).
+    leaves: dict[tuple[int, int, int], int] = {}
+
+    def leaf(key: tuple[int, int, int]) -> int:
+        if key not in leaves:
+            leaves[key] = new_switch()
+        return leaves[key]
+
+    if f.rail_wired:
+        share = speeds[1] * rails / f.gpus_per_node  # a GPU's part of its node's NICs, per plane
+        for r in range(world):
+            rail = (r % gpn) * rails // f.gpus_per_node
+            group = slots[node_of[r]] // f.nodes_per_leaf
+            for plane in range(f.planes):
+                sw = leaf((rail if f.wiring == fab.RAIL_ONLY else plane, group, rail))
+                net.links.append(Link(r, sw, bits(share), lat[0]))
+    else:
+        for j, slot in enumerate(slots):
+            end = nvswitch.get(slot // f.nodes_per_domain, j * gpn)
+            net.links.append(Link(end, leaf((0, slot // f.nodes_per_leaf, 0)), bits(speeds[1] * rails), lat[0]))
+    by_net: dict[int, list[tuple[int, int, int]]] = {}
+    for key in leaves:
+        by_net.setdefault(key[0], []).append(key)
+    if all(len(keys) < 2 for keys in by_net.values()):
+        return net
+    if len(f.tiers) < 2:
+        raise UserError(f"fabric {f.name}: the job uses {len(leaves)} {f.tiers[0].name} switches and no tier joins "
+                        f"them: add --fabric-spine")
+    up0 = f.ports[0][1]
+    groups_per_pod = f.nodes_per_pod // f.nodes_per_leaf
+    pods = {slot // f.nodes_per_pod for slot in slots}
+    spines: dict[tuple[int, int, int], int] = {}
+    for n, keys in by_net.items():
+        if len(keys) < 2:
+            continue
+        for key in keys:
+            pod = key[1] // groups_per_pod
+            for u in range(up0):
+                if (n, pod, u) not in spines:
+                    spines[n, pod, u] = new_switch()
+                net.links.append(Link(leaves[key], spines[n, pod, u], bits(speeds[2]), lat[1]))
+    if len(pods) < 2:
+        return net
+    if len(f.tiers) < 3:  # Fabric.slots keeps a two-tier job inside its one pod
+        raise AssertionError("a two-tier fabric holds one pod")
+    up1 = f.ports[1][1]
+    cores: dict[tuple[int, int, int], int] = {}
+    for (n, _pod, u), spine in spines.items():
+        for v in range(up1):
+            if (n, u, v) not in cores:
+                cores[n, u, v] = new_switch()
+            net.links.append(Link(spine, cores[n, u, v], bits(speeds[3]), lat[2]))
+    return net
+
+
 def _leaves(hosts: list[int], bps: int) -> list[list[tuple[int, int]]]:
     return _leaves_of([(h, bps) for h in hosts])
 
@@ -204,8 +313,12 @@ def check(up_topology: str, out_topology: str, scale_out_fabric: str) -> None:
                         "--astra-sim-backend ns3 choose --scale-out-fabric fat-tree or rail-optimized instead")
 
 
-def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str) -> dict[str, str]:
-    fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
+def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str,
+          described: fab.Fabric | None = None) -> dict[str, str]:
+    if described is not None:
+        fabric = fabric_network(described, world, cluster.scale_up_latency, cluster.scale_out_latency)
+    else:
+        fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
     return {
         LOGICAL_FILE: logical_text(npus_per_dim),
         CONFIG_FILE: config_text(fabric),

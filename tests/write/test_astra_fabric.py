@@ -1,0 +1,239 @@
+"""`generate --astra-sim --fabric`: the ASTRA-sim analytical and ns-3 bundles read the fabric
+description, checked against hand arithmetic on small fabrics.
+
+Analytical: one Switch dimension per level the job spans (NVLink domain, leaf group, pod, core),
+npus from the fabric's shape, bandwidth per NPU with a k:1 tier dividing the next dimension by k
+(astra-network-analytical reads `topology`, `npus_count`, `bandwidth`, `latency` as one entry
+per dimension, innermost first). ns-3: the switches and links the job uses, counted by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_runner import invoke, one_line_error
+
+from traceforge.base.errors import UserError
+from traceforge.machine.astra import NETWORK_FILE, from_astra_gbps, load_network
+from traceforge.machine.cluster import Cluster
+from traceforge.machine.fabric import Fabric, Tier
+from traceforge.write import astra_ns3
+from traceforge.write.astra import AstraOptions, network_dimensions, write_astra_bundle
+
+CLUSTER = Cluster(scale_up_latency=100.0, scale_out_latency=1000.0)
+
+
+def rail(gpn: int, leaf: Tier, spine: Tier | None = None, core: Tier | None = None, **kw) -> Fabric:
+    tiers = tuple(t for t in (leaf, spine, core) if t is not None)
+    return Fabric(gpus_per_node=gpn, nvlink_domain=gpn, nics_per_node=gpn, nvlink_gbps=450.0, nic_gbps=50.0,
+                  tiers=tiers, **kw)
+
+
+def dims(fabric: Fabric, world: int) -> list[tuple[str, int, float, float]]:
+    return [(d.role, d.npus, d.bandwidth, d.latency) for d in network_dimensions(world, CLUSTER, fabric)]
+
+
+# -- the analytical backend ------------------------------------------------------------------------
+def test_three_tier_fabric_gives_the_hand_computed_dimensions():
+    # 8 GPUs and 8 rails per node; leaves of 8 ports at 1:1: 4 down (4 nodes per leaf group), 4 up;
+    # spines of 16 ports, all down: 16 / 8 rails = 2 leaf groups per pod. 64 GPUs = 8 nodes:
+    # 8 GPUs per NVLink domain x 4 domains per leaf group x 2 leaf groups.
+    f = rail(8, Tier("leaf", 8, 50.0), Tier("spine", 16, 50.0, latency_ns=600.0))
+    assert dims(f, 64) == [("nvlink", 8, 450.0, 100.0), ("leaf", 4, 50.0, 1000.0), ("spine", 2, 50.0, 600.0)]
+
+
+def test_the_three_tier_bundle_file_reads_back_as_those_dimensions(tmp_path):
+    out = tmp_path / "job"
+    result = invoke("generate", "--tp", 2, "--pp", 2, "--dp", 4, "--world-size", 16, "-o", out, "-q", "--astra-sim",
+                    "--gpus-per-node", 2, "--nics-per-node", 2, "--fabric", "rail-optimized", "--fabric-leaf", 4,
+                    "--fabric-spine", "radix=8,latency=700")
+    assert result.exit_code == 0, result.stderr
+    # leaf 4 ports: 2 down (2 nodes per leaf group), 2 up; spine 8 down: 8 / 2 rails = 4 groups.
+    doc = yaml.safe_load((out / NETWORK_FILE).read_text())
+    assert doc["topology"] == ["Switch"] * 3 and doc["npus_count"] == [2, 2, 4]
+    assert [round(from_astra_gbps(b), 9) for b in doc["bandwidth"]] == [450.0, 50.0, 50.0]
+    assert doc["latency"] == [936.25, 1000.0, 700.0]  # --scale-up/-out-latency defaults where the fabric is silent
+    assert load_network(out).world == 16
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_k_to_1_leaf_divides_exactly_the_spine_dimension_by_k(k):
+    # Leaves of 8 down ports: radix 16 at 1:1 (8 up), radix 8 + 8 / k at k:1 (8 / k up).
+    one = rail(8, Tier("leaf", 16, 50.0), Tier("spine", 16, 50.0))
+    over = rail(8, Tier("leaf", 8 + 8 // k, 50.0, oversubscription=float(k)), Tier("spine", 16, 50.0))
+    assert over.ports[0] == (8, 8 // k)
+    a, b = dims(one, 128), dims(over, 128)
+    assert [d[1] for d in a] == [d[1] for d in b] == [8, 8, 2]
+    assert a[:2] == b[:2]  # NVLink and leaf dimensions untouched
+    assert b[2][2] == a[2][2] / k == 50.0 / k
+
+
+def test_a_four_level_fabric_drops_the_levels_the_job_does_not_span():
+    # tor, 2 GPUs and 2 NICs per node; leaf 4 ports: 2 down = one node; spine 4 ports: 2 down, 2 up
+    # (2 leaves per pod); core 2 ports: 2 pods. 4 nodes: NVLink 2, one domain per leaf (dropped),
+    # 2 leaves per pod, 2 pods.
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="tor",
+               tiers=(Tier("leaf", 4), Tier("spine", 4), Tier("core", 2)))
+    assert [(d[0], d[1]) for d in dims(f, 8)] == [("nvlink", 2), ("spine", 2), ("core", 2)]
+
+
+def test_gpus_sharing_a_nic_get_their_share_of_it():
+    f = Fabric(gpus_per_node=8, nvlink_domain=8, nics_per_node=4, nic_gbps=50.0,
+               tiers=(Tier("leaf", 16, 50.0), Tier("spine", 16, 50.0)))
+    assert dims(f, 32)[1][:3] == ("leaf", 4, 25.0)  # 4 NICs x 50 GB/s over 8 GPUs
+
+
+@pytest.mark.parametrize(("placement", "why"), [
+    ((0, 1, 2, 4, 5, 8), "puts 1 and 3"),  # 3 nodes in one leaf group, 2 and 1 in others
+    ((4, 5, 0, 1), "slot order"),          # a clean shape, but rank order is not the fabric's
+])
+def test_a_placement_that_is_not_a_product_is_refused_in_one_line_naming_ns3(placement, why):
+    # leaf groups of 4 nodes, 24 / 8 rails = 3 of them
+    f = rail(8, Tier("leaf", 8, 50.0), Tier("spine", 24, 50.0), placement=placement)
+    with pytest.raises(UserError, match=why) as err:
+        network_dimensions(8 * len(placement), CLUSTER, f)
+    assert "ns3" in str(err.value) and "\n" not in str(err.value)
+    # ns-3 builds it link by link
+    astra_ns3.fabric_network(f, 8 * len(placement), 100.0, 1000.0)
+
+
+# -- the ns-3 backend ----------------------------------------------------------------------------
+def links_between(net: astra_ns3.Fabric, a: set[int], b: set[int]) -> list[astra_ns3.Link]:
+    return [x for x in net.links if (x.a in a and x.b in b) or (x.a in b and x.b in a)]
+
+
+def test_ns3_rail_optimized_switches_and_links_by_hand():
+    # 4 GPUs, 4 rails; leaf 8 ports at 1:1: 4 nodes per leaf group, 4 up; spine 16 down: 4 groups.
+    # 8 nodes (32 GPUs): 8 NVLink switches, 2 groups x 4 rails = 8 leaves, 4 spines (a leaf's up
+    # links); links: 32 GPU-NVLink, 32 GPU-leaf (8 per rail), 8 leaves x 4 = 32 leaf-spine.
+    f = rail(4, Tier("leaf", 8, 50.0), Tier("spine", 16, 50.0))
+    net = astra_ns3.fabric_network(f, 32, 100.0, 1000.0)
+    gpus = set(range(32))
+    degree = Counter(e for x in net.links for e in (x.a, x.b))
+    nvs = {s for s in net.switches if degree[s] == 4 and all(x.bits_per_second == 3_600_000_000_000
+                                                              for x in net.links if s in (x.a, x.b))}
+    leaves = {x.b for x in net.links if x.a in gpus} - nvs
+    spines = set(net.switches) - nvs - leaves
+    assert (len(net.switches), len(nvs), len(leaves), len(spines)) == (20, 8, 8, 4)
+    assert len(net.links) == 96
+    to_leaf = links_between(net, gpus, leaves)
+    assert len(to_leaf) == 32 and len(links_between(net, leaves, spines)) == 32
+    for leaf in leaves:  # every leaf holds one rail: the same GPU position of 4 nodes
+        down = [x.a for x in to_leaf if x.b == leaf]
+        assert len(down) == 4 and len({g % 4 for g in down}) == 1
+    per_rail = Counter(x.a % 4 for x in to_leaf)
+    assert per_rail == {0: 8, 1: 8, 2: 8, 3: 8}
+    assert {x.bits_per_second for x in to_leaf} == {400_000_000_000}  # 50 GB/s
+
+
+def test_ns3_tor_switches_and_links_by_hand():
+    # 4 GPUs, 4 NICs; tor leaf 16 ports at 1:1: 8 down = 2 nodes, 8 up; spine 8 down: 8 leaves.
+    # 8 nodes: 8 NVLink switches, 4 leaves, 8 spines; links: 32 GPU-NVLink, 8 node-leaf (one per
+    # node at 4 x 50 GB/s), 4 leaves x 8 = 32 leaf-spine.
+    f = Fabric(gpus_per_node=4, nvlink_domain=4, nics_per_node=4, wiring="tor",
+               tiers=(Tier("leaf", 16, 50.0), Tier("spine", 8, 50.0)))
+    net = astra_ns3.fabric_network(f, 32, 100.0, 1000.0)
+    gpus = set(range(32))
+    nvs = {x.b for x in net.links if x.a in gpus}
+    node_up = [x for x in net.links if x.a in nvs]
+    leaves = {x.b for x in node_up}
+    spines = set(net.switches) - nvs - leaves
+    assert (len(nvs), len(leaves), len(spines), len(net.switches)) == (8, 4, 8, 20)
+    assert len(node_up) == 8 and {x.bits_per_second for x in node_up} == {1_600_000_000_000}
+    assert Counter(x.b for x in node_up) == {leaf: 2 for leaf in leaves}
+    assert len(links_between(net, leaves, spines)) == 32 and len(net.links) == 72
+
+
+def test_ns3_three_tiers_build_cores_only_across_pods():
+    # tor, 2 GPUs, 2 NICs; leaf 4 ports: 1 node, 2 up; spine 4 ports: 2 down, 2 up; core 2 ports.
+    # 4 nodes in 2 pods: 4 NVLink, 4 leaves, 2 pods x 2 spines, 2 x 2 cores (u, v);
+    # links 8 + 4 + 4 x 2 + 4 x 2 = 28. Two nodes (one pod): no core.
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="tor",
+               tiers=(Tier("leaf", 4), Tier("spine", 4), Tier("core", 2, latency_ns=2500.0)))
+    net = astra_ns3.fabric_network(f, 8, 100.0, 1000.0)
+    assert (len(net.switches), len(net.links)) == (16, 28)
+    assert sum(x.latency_ns == 2500.0 for x in net.links) == 8
+    small = astra_ns3.fabric_network(f, 4, 100.0, 1000.0)
+    assert (len(small.switches), len(small.links)) == (2 + 2 + 2, 4 + 2 + 4)
+
+
+def test_ns3_bundle_from_the_cli_writes_the_fabric_topology(tmp_path):
+    out = tmp_path / "job"
+    result = invoke("generate", "--tp", 2, "--pp", 2, "--dp", 4, "--world-size", 16, "-o", out, "-q", "--astra-sim",
+                    "--astra-sim-backend", "ns3", "--gpus-per-node", 2, "--nics-per-node", 2, "--fabric",
+                    "rail-optimized", "--fabric-leaf", 4, "--fabric-spine", 8)
+    assert result.exit_code == 0, result.stderr
+    head = (out / astra_ns3.TOPOLOGY_FILE).read_text().split("\n")[0].split()
+    # 8 NVLink switches, 4 groups x 2 rails = 8 leaves, 2 spines; 16 + 16 + 8 x 2 links
+    assert [int(x) for x in head] == [16 + 18, 18, 48]
+    assert (out / astra_ns3.LOGICAL_FILE).read_text().strip() == '{"logical-dims": ["2", "2", "4"]}'
+
+
+def test_ns3_refuses_rail_only_across_domains_in_one_line():
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="rail-only",
+               tiers=(Tier("leaf", 4), Tier("spine", 8)))
+    with pytest.raises(UserError, match="rail-only") as err:
+        astra_ns3.fabric_network(f, 8, 100.0, 1000.0)
+    assert "\n" not in str(err.value)
+
+
+# -- the command line ----------------------------------------------------------------------------
+BAD = [
+    ("--fabric-leaf", "0"),              # radix 0
+    ("--fabric-leaf", "radix=8,over=0.5"),  # oversubscription below 1
+    ("--fabric-spine", "2"),              # 16 nodes on leaves of 2 ports down and a 2-port spine
+    ("--fabric-placement", "0,0"),         # a slot twice
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), BAD)
+def test_generate_refuses_a_bad_fabric_with_reports_line_and_writes_nothing(tmp_path, make_set, flag, value):
+    _, traces, _ = make_set(tp=2, pp=2, dp=4, world_size=16)
+    fabric = ("--fabric", "rail-optimized", "--fabric-leaf", 4, flag, value)
+    report = one_line_error(invoke("report", traces, "-g", 2, "--nics-per-node", 2, *fabric, "-q", "--no-timeline"))
+    out = tmp_path / "job"
+    gen = one_line_error(invoke("generate", "--tp", 2, "--pp", 2, "--dp", 4, "--world-size", 16, "-o", out, "-q",
+                                "--astra-sim", "--gpus-per-node", 2, "--nics-per-node", 2, *fabric))
+    assert gen == report
+    assert not out.exists()
+
+
+def test_a_fabric_flag_without_fabric_or_astra_sim_is_one_line(tmp_path):
+    one_line_error(invoke("generate", "-o", tmp_path / "a", "--astra-sim", "--fabric-leaf", 8), "--fabric-leaf",
+                   "add --fabric")
+    one_line_error(invoke("generate", "-o", tmp_path / "b", "--fabric", "tor"), "--fabric", "--astra-sim")
+    one_line_error(invoke("generate", "-o", tmp_path / "c", "--astra-sim", "--fabric", "tor", "--scale-out-bw", 25),
+                   "--scale-out-bw", "--fabric")
+    one_line_error(invoke("generate", "-o", tmp_path / "d", "--astra-sim", "--astra-sim-backend", "htsim",
+                          "--fabric", "tor"), "htsim", "ns3")
+    assert not any(Path(tmp_path).iterdir())
+
+
+def test_generate_and_report_take_the_same_fabric_flags():
+    import typer.main
+
+    from traceforge.cli import app
+
+    def flags(name: str) -> dict[str, tuple]:
+        command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+        return {p.name: (tuple(p.opts), tuple(p.secondary_opts)) for p in command.params
+                if p.name and (p.name.startswith("fabric") or p.name in ("nvlink_domain", "pxn"))}
+
+    report, generate = flags("report"), flags("generate")
+    assert len(report) == 11 and report == generate
+
+
+def test_without_a_fabric_every_level_is_the_two_dimension_machine():
+    assert math.prod(d.npus for d in network_dimensions(16, Cluster(gpus_per_node=8))) == 16
+    assert [d.role for d in network_dimensions(16, Cluster(gpus_per_node=8))] == ["scale-up", "scale-out"]
+
+
+def test_write_astra_bundle_with_a_fabric_writes_its_dimensions(tmp_path, make_set):
+    _, out, doc = make_set(tp=2, pp=2, dp=4, world_size=16)
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, tiers=(Tier("leaf", 4), Tier("spine", 8)))
+    write_astra_bundle(out, doc, Cluster(gpus_per_node=2), AstraOptions(fabric=f))
+    assert [d.npus for d in load_network(out).dims] == [2, 2, 4]
