@@ -21,7 +21,7 @@ from traceforge.base.errors import UserError
 from traceforge.machine.astra import NETWORK_FILE, from_astra_gbps, load_network
 from traceforge.machine.cluster import Cluster
 from traceforge.machine.fabric import Fabric, Tier
-from traceforge.write import astra_ns3
+from traceforge.write import astra_htsim, astra_ns3
 from traceforge.write.astra import AstraOptions, network_dimensions, write_astra_bundle
 
 CLUSTER = Cluster(scale_up_latency=100.0, scale_out_latency=1000.0)
@@ -209,7 +209,7 @@ def test_a_fabric_flag_without_fabric_or_astra_sim_is_one_line(tmp_path):
     one_line_error(invoke("generate", "-o", tmp_path / "c", "--astra-sim", "--fabric", "tor", "--scale-out-bw", 25),
                    "--scale-out-bw", "--fabric")
     one_line_error(invoke("generate", "-o", tmp_path / "d", "--astra-sim", "--astra-sim-backend", "htsim",
-                          "--fabric", "tor"), "htsim", "ns3")
+                          "--fabric", "rail-optimized"), "htsim", "ns3")
     assert not any(Path(tmp_path).iterdir())
 
 
@@ -237,3 +237,80 @@ def test_write_astra_bundle_with_a_fabric_writes_its_dimensions(tmp_path, make_s
     f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, tiers=(Tier("leaf", 4), Tier("spine", 8)))
     write_astra_bundle(out, doc, Cluster(gpus_per_node=2), AstraOptions(fabric=f))
     assert [d.npus for d in load_network(out).dims] == [2, 2, 4]
+
+
+# -- the htsim backend ---------------------------------------------------------------------------
+def htsim_fat_tree(text: str) -> tuple[dict, dict[int, dict]]:
+    header: dict = {}
+    tiers: dict[int, dict] = {}
+    current = None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if not key or key.startswith("#"):
+            continue
+        if key.lower() == "tier":
+            current = tiers.setdefault(int(value), {})
+        else:
+            (header if current is None else current)[key.lower()] = int(value)
+    return header, tiers
+
+
+def htsim_switches(header: dict, tiers: dict[int, dict]) -> tuple[int, int, int]:
+    """(ToRs, aggregation switches, cores) as csg-htsim's FatTreeTopology::set_custom_params
+    computes them, with each of its exits restated as an assert."""
+    n, pod = header["nodes"], header["podsize"]
+    t0, t1 = tiers[0], tiers[1]
+    assert n % pod == 0 and pod % t0["radix_down"] == 0
+    pods = n // pod
+    k0, k1 = t0.get("oversubscribed", 1), t1.get("oversubscribed", 1)
+    assert (n * t0["downlink_speed_gbps"]) % (t1["downlink_speed_gbps"] * k0) == 0
+    tor_up = n * t0["downlink_speed_gbps"] // (t1["downlink_speed_gbps"] * k0)
+    assert t0["radix_down"] // t0["radix_up"] == k0
+    assert tor_up % (pods * t1["radix_down"]) == 0
+    agg = tor_up // (pods * t1["radix_down"])
+    assert agg * t1.get("bundle", 1) == t0["radix_up"]
+    cores = 0
+    if header["tiers"] == 3:
+        t2 = tiers[2]
+        assert (tor_up * t1["downlink_speed_gbps"]) % (t2["downlink_speed_gbps"] * k1) == 0
+        agg_up = tor_up * t1["downlink_speed_gbps"] // (t2["downlink_speed_gbps"] * k1)
+        assert agg_up % t2["radix_down"] == 0
+        cores = agg_up // t2["radix_down"]
+        assert cores % agg == 0 and cores * t2.get("bundle", 1) // agg == t1["radix_up"]
+    return pods * pod // t0["radix_down"], agg * pods, cores
+
+
+def test_htsim_tor_fabric_by_hand():
+    # tor, 2 GPUs and 2 NICs per node; leaf 8 ports: 4 down = 2 nodes (4 hosts), 4 up; spine 8.
+    # 8 nodes: 4 ToRs of 4 hosts, 4 aggregation switches (a leaf's up links), 50 GB/s = 400 Gb/s.
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="tor", tiers=(Tier("leaf", 8), Tier("spine", 8)))
+    header, tiers = htsim_fat_tree(astra_htsim.fabric_topology_text(f, 16, 1000.0))
+    assert (header["nodes"], header["tiers"], tiers[0]["radix_down"], tiers[0]["radix_up"]) == (16, 2, 4, 4)
+    assert tiers[0]["downlink_speed_gbps"] == tiers[1]["downlink_speed_gbps"] == 400
+    assert htsim_switches(header, tiers) == (4, 4, 0)
+
+
+def test_htsim_three_tiers_with_a_2_to_1_spine_by_hand():
+    # tor, 2 GPUs, 2 NICs; leaf 4 ports: 1 node, 2 up; spine 4 ports at 2:1: 2 down, 1 up; core 2.
+    # 4 nodes, 2 pods of 2 ToRs of 2 hosts; 2 spines per pod; 2 x 1 cores; the spine's 2 x 400
+    # Gb/s down over 1 x 400 up is htsim's Oversubscribed 2.
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="tor",
+               tiers=(Tier("leaf", 4), Tier("spine", 4, oversubscription=2.0, down=2), Tier("core", 2, latency_ns=2500.0)))
+    header, tiers = htsim_fat_tree(astra_htsim.fabric_topology_text(f, 8, 1000.0))
+    assert header["tiers"] == 3 and tiers[1]["oversubscribed"] == 2 and tiers[2]["downlink_latency_ns"] == 2500
+    assert htsim_switches(header, tiers) == (4, 4, 2)
+
+
+def test_htsim_refuses_rail_wiring_in_one_line_naming_the_others():
+    f = rail(4, Tier("leaf", 8, 50.0), Tier("spine", 16, 50.0))
+    with pytest.raises(UserError, match="ns3 or analytical") as err:
+        astra_htsim.fabric_topology_text(f, 32, 1000.0)
+    assert "\n" not in str(err.value)
+
+
+def test_an_htsim_bundle_with_a_fabric_writes_the_fabrics_tree(make_set):
+    _, out, doc = make_set(tp=2, pp=2, dp=4, world_size=16)
+    f = Fabric(gpus_per_node=2, nvlink_domain=2, nics_per_node=2, wiring="tor", tiers=(Tier("leaf", 8), Tier("spine", 8)))
+    write_astra_bundle(out, doc, Cluster(gpus_per_node=2), AstraOptions(astra_sim_backend="htsim", fabric=f))
+    assert (out / astra_htsim.TOPOLOGY_FILE).read_text() == astra_htsim.fabric_topology_text(f, 16, 1000.0)
+    assert [d.npus for d in load_network(out).dims] == [16]

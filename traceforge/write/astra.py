@@ -155,10 +155,9 @@ def _check_fabric(name: str, world_size: int, cluster: Cluster, options: AstraOp
     assert options.fabric is not None
     if options.scale_out_fabric != AstraOptions.scale_out_fabric:
         raise UserError("--scale-out-fabric is the ns-3 bundle's own fabric and --fabric describes it: drop one")
-    if name == "htsim":
-        raise UserError("htsim's fat tree (csg-htsim FatTreeTopology) has no NVLink domain, no rails and hosts numbered "
-                        "consecutively under its ToRs, so a fabric description cannot be written into it: use "
-                        "--astra-sim-backend ns3 or analytical with --fabric")
+    if name == "htsim":  # one logical dimension, as without a fabric (htsim has no scale-up network)
+        astra_htsim.fabric_topology_text(options.fabric, world_size, cluster.scale_out_latency)
+        return [Dimension("Switch", world_size, options.fabric.nic_gbps, float(cluster.scale_out_latency), "job")]
     if name == "ns3":
         astra_ns3.fabric_network(options.fabric, world_size, cluster.scale_up_latency, cluster.scale_out_latency)
         return _logical_dimensions(world_size, cluster, options.fabric)
@@ -330,7 +329,7 @@ def bundle_texts(manifest: dict, cluster: Cluster, options: AstraOptions = Astra
     name = backend(options)
     fabric = options.fabric
     dims = network_dimensions(world, cluster) if fabric is None else _check_fabric(name, world, cluster, options)
-    if name == "htsim":
+    if name == "htsim" and fabric is None:
         # htsim has no scale-up network (every GPU is a host of one fat tree): one logical
         # dimension of all NPUs, so collectives do not pretend to a hierarchy htsim cannot carry.
         dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
@@ -346,7 +345,9 @@ def bundle_texts(manifest: dict, cluster: Cluster, options: AstraOptions = Astra
                                      else "Switch", cluster, options.scale_out_fabric, options.fabric))
     else:  # htsim sizes its logical topology from the analytical file (npus_count only)
         texts[NETWORK_FILE] = network_yaml(dims, world)
-    if name == "htsim":
+    if name == "htsim" and fabric is not None:
+        texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.fabric_topology_text(fabric, world, cluster.scale_out_latency)
+    elif name == "htsim":
         texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.topology_text(world, cluster.gpus_per_node, cluster.scale_out_bw,
                                                                      cluster.scale_out_latency)
     assert set(texts) == set(bundle_files(options))
