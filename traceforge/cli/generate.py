@@ -35,7 +35,16 @@ from traceforge.machine.gpus import capacity_text
 from traceforge.machine.kernels.times import summary_lines
 from traceforge.memory.report import DOES_NOT_FIT, TIGHT
 from traceforge.model.params import active_params, total_params
-from traceforge.write.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
+from traceforge.write.astra import (
+    BACKEND_INFO,
+    OPTIONS_HELP,
+    AstraOptions,
+    backend,
+    check_bundle,
+    check_messages,
+    fabric_summary,
+    write_astra_bundle,
+)
 
 # -- generate -------------------------------------------------------------------------------
 
@@ -135,6 +144,8 @@ def generate(**kwargs: Any) -> None:
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
+                if astra.fabric is not None:
+                    out.print(f"  {fabric_summary(spec.world_size, cluster, astra)}", markup=False, soft_wrap=True)
             out.file.flush()
 
     progress = _progress(spec.world_size, quiet=run["quiet"])

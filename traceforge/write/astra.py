@@ -164,6 +164,22 @@ def _check_fabric(name: str, world_size: int, cluster: Cluster, options: AstraOp
     return network_dimensions(world_size, cluster, options.fabric)
 
 
+def fabric_summary(world_size: int, cluster: Cluster, options: AstraOptions) -> str:
+    """One line: how the bundle maps its fabric (what generate prints under the bundle's path)."""
+    assert options.fabric is not None
+    name = backend(options)
+    dims = _check_fabric(name, world_size, cluster, options)
+    shape = " x ".join(f"{d.npus} ({d.role})" for d in dims)
+    if name == "ns3":
+        net = astra_ns3.fabric_network(options.fabric, world_size, cluster.scale_up_latency, cluster.scale_out_latency)
+        return f"ns-3 network of fabric {options.fabric.name}: {len(net.switches)} switches, {len(net.links)} links; logical {shape}"
+    if name == "htsim":
+        head = astra_htsim.fabric_topology_text(options.fabric, world_size, cluster.scale_out_latency).split("\n")[0]
+        return f"htsim fat tree of fabric {options.fabric.name}: {head.lstrip('# ')}"
+    return (f"analytical network of fabric {options.fabric.name}: {shape} NPUs at "
+            + ", ".join(f"{d.bandwidth:g}" for d in dims) + " GB/s, " + ", ".join(f"{d.latency:g}" for d in dims) + " ns")
+
+
 def _logical_dimensions(world_size: int, cluster: Cluster, fabric: Fabric) -> list[Dimension]:
     """ns-3's logical dimensions on a fabric: the analytical backend's where the placement is a
     product of equal dimensions, else one dimension of every NPU (ns-3 routes any placement)."""
