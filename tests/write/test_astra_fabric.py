@@ -314,3 +314,23 @@ def test_an_htsim_bundle_with_a_fabric_writes_the_fabrics_tree(make_set):
     write_astra_bundle(out, doc, Cluster(gpus_per_node=2), AstraOptions(astra_sim_backend="htsim", fabric=f))
     assert (out / astra_htsim.TOPOLOGY_FILE).read_text() == astra_htsim.fabric_topology_text(f, 16, 1000.0)
     assert [d.npus for d in load_network(out).dims] == [16]
+
+
+def test_todays_rail_optimized_ns3_network_is_the_fabric_of_the_same_shape():
+    # --scale-out-fabric rail-optimized on 4 nodes of 4 GPUs: a leaf per rail with the 4 nodes'
+    # GPUs, 4 spines, every link at 50 GB/s or NVLink's 400. The fabric: 4 rails, leaves of 4 down
+    # and 4 up, one pod; the same switches and links (built in another order).
+    cluster = Cluster(gpus_per_node=4, scale_up_bw=400.0)
+    today = astra_ns3.build_fabric(16, 4, "Switch", cluster, "rail-optimized")
+    f = Fabric(gpus_per_node=4, nvlink_domain=4, nvlink_gbps=400.0, nics_per_node=4, nic_gbps=50.0,
+               tiers=(Tier("leaf", 8, 50.0), Tier("spine", 16, 50.0)))
+    described = astra_ns3.fabric_network(f, 16, cluster.scale_up_latency, cluster.scale_out_latency)
+
+    def shape(net: astra_ns3.Fabric) -> Counter:
+        # a switch by what it links to: hosts (sorted), or the count of its switch links
+        kind = {s: tuple(sorted(x.a for x in net.links if x.b == s and x.a < net.hosts)) or
+                len([x for x in net.links if s in (x.a, x.b)]) for s in net.switches}
+        return Counter((kind.get(x.a, x.a), kind.get(x.b, x.b), x.bits_per_second, x.latency_ns) for x in net.links)
+
+    assert len(today.switches) == len(described.switches) == 4 + 4 + 4
+    assert shape(today) == shape(described)

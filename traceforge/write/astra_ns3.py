@@ -26,12 +26,17 @@ endpoint's: a non-blocking two-tier Clos.
 
 With `generate --fabric` the topology is the fabric's instead (fabric_network): the switches
 and links of traceforge.machine.fabric.Fabric that the job's nodes use, with the fabric's link
-speeds (machine/routes.py's tier_gbps) and its tiers' latencies.
+speeds (machine/routes.py's tier_gbps) and its tiers' latencies. Both builders join leaves to
+spines (and spines to cores) with one Clos stage, _mesh: rail-optimized above is the fabric of
+one pod whose leaves have as many up links as down (tests/write/test_astra_fabric.py compares
+them); fat-tree is a tor fabric's capacity with one link per node where the fabric has one per
+NIC, and leaves split evenly where the fabric's radix fills them in order, so it stays as it was.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 from traceforge.base.errors import UserError
@@ -88,6 +93,18 @@ class Fabric:
     links: list[Link]
 
 
+def _switch(net: Fabric) -> int:
+    net.switches.append(net.hosts + len(net.switches))
+    return net.switches[-1]
+
+
+def _mesh(net: Fabric, lower: list[int], count: int, bps: int, latency_ns: float) -> list[int]:
+    """`count` new switches above `lower`, each lower switch linked once to each (a Clos stage)."""
+    upper = [_switch(net) for _ in range(count)]
+    net.links += [Link(a, b, bps, latency_ns) for a in lower for b in upper]
+    return upper
+
+
 def bits(gb_per_second: float) -> int:
     """GB/s (10^9 bytes) -> bits per second, as ns-3's DataRate reads an SI "bps" string."""
     return round(gb_per_second * 8e9)
@@ -99,17 +116,12 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
     nodes = world // gpn
     fabric = Fabric(world, [], [])
     up_bps, out_bps = bits(cluster.scale_up_bw), bits(cluster.scale_out_bw)
-
-    def new_switch() -> int:
-        fabric.switches.append(world + len(fabric.switches))
-        return fabric.switches[-1]
-
     node_switch: list[int | None] = [None] * nodes
     if gpn > 1:
         for node in range(nodes):
             gpus = range(node * gpn, (node + 1) * gpn)
             if up_topology == "Switch":
-                sw = node_switch[node] = new_switch()
+                sw = node_switch[node] = _switch(fabric)
                 fabric.links += [Link(g, sw, up_bps, cluster.scale_up_latency) for g in gpus]
             else:  # FullyConnected
                 fabric.links += [Link(a, b, up_bps, cluster.scale_up_latency) for a in gpus for b in gpus if a < b]
@@ -124,14 +136,12 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
         leaves = [leaf for rail in endpoints for leaf in rail]
         leaf_ids = []
         for leaf in leaves:
-            sw = new_switch()
+            sw = _switch(fabric)
             leaf_ids.append(sw)
             fabric.links += [Link(e, sw, bps, cluster.scale_out_latency) for e, bps in leaf]
         if len(leaves) > 1:
-            spines = [new_switch() for _ in range(max(len(leaf) for leaf in leaves))]
             uplink = max(bps for leaf in leaves for _, bps in leaf)
-            fabric.links += [Link(leaf, spine, uplink, cluster.scale_out_latency)
-                             for leaf in leaf_ids for spine in spines]
+            _mesh(fabric, leaf_ids, max(len(leaf) for leaf in leaves), uplink, cluster.scale_out_latency)
     return fabric
 
 
@@ -167,11 +177,6 @@ def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out
                         "its switch would link to several leaves and carry leaf-to-leaf traffic in ns-3: use rail "
                         "wiring for ns-3, or the analytical backend")
     net = Fabric(world, [], [])
-
-    def new_switch() -> int:
-        net.switches.append(world + len(net.switches))
-        return net.switches[-1]
-
     node_of = [r // gpn for r in range(world)]
     gpus_in: dict[int, list[int]] = {}
     for r in range(world):
@@ -179,7 +184,7 @@ def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out
     nvswitch: dict[int, int] = {}
     for domain, gpus in gpus_in.items():
         if len(gpus) > 1:
-            sw = nvswitch[domain] = new_switch()
+            sw = nvswitch[domain] = _switch(net)
             net.links += [Link(g, sw, bits(f.nvlink_gbps), scale_up_latency) for g in gpus]
     if nodes == 1:
         return net
@@ -188,7 +193,7 @@ def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out
 
     def leaf(key: tuple[int, int, int]) -> int:
         if key not in leaves:
-            leaves[key] = new_switch()
+            leaves[key] = _switch(net)
         return leaves[key]
 
     if f.rail_wired:
@@ -203,38 +208,23 @@ def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out
         for j, slot in enumerate(slots):
             end = nvswitch.get(slot // f.nodes_per_domain, j * gpn)
             net.links.append(Link(end, leaf((0, slot // f.nodes_per_leaf, 0)), bits(speeds[1] * rails), lat[0]))
-    by_net: dict[int, list[tuple[int, int, int]]] = {}
-    for key in leaves:
-        by_net.setdefault(key[0], []).append(key)
-    if all(len(keys) < 2 for keys in by_net.values()):
-        return net
-    if len(f.tiers) < 2:
+    per_network = Counter(n for n, _, _ in leaves)
+    if len(f.tiers) < 2 and max(per_network.values()) > 1:
         raise UserError(f"fabric {f.name}: the job uses {len(leaves)} {f.tiers[0].name} switches and no tier joins "
                         f"them: add --fabric-spine")
-    up0 = f.ports[0][1]
+    # Per network (plane or rail) with 2 or more leaves: each pod's leaves meet its spines, leaf up
+    # link u at spine u; each spine u of every pod meets cores (u, v), v < spine up links.
     groups_per_pod = f.nodes_per_pod // f.nodes_per_leaf
-    pods = {slot // f.nodes_per_pod for slot in slots}
-    spines: dict[tuple[int, int, int], int] = {}
-    for n, keys in by_net.items():
-        if len(keys) < 2:
-            continue
-        for key in keys:
-            pod = key[1] // groups_per_pod
-            for u in range(up0):
-                if (n, pod, u) not in spines:
-                    spines[n, pod, u] = new_switch()
-                net.links.append(Link(leaves[key], spines[n, pod, u], bits(speeds[2]), lat[1]))
-    if len(pods) < 2:
+    pods: dict[tuple[int, int], list[int]] = {}  # (network, pod) -> its leaves
+    for (n, group, _rail), sw in leaves.items():
+        if per_network[n] > 1:
+            pods.setdefault((n, group // groups_per_pod), []).append(sw)
+    spines = {key: _mesh(net, below, f.ports[0][1], bits(speeds[2]), lat[1]) for key, below in pods.items()}
+    if len({pod for _, pod in pods}) < 2:
         return net
-    if len(f.tiers) < 3:  # Fabric.slots keeps a two-tier job inside its one pod
-        raise AssertionError("a two-tier fabric holds one pod")
-    up1 = f.ports[1][1]
-    cores: dict[tuple[int, int, int], int] = {}
-    for (n, _pod, u), spine in spines.items():
-        for v in range(up1):
-            if (n, u, v) not in cores:
-                cores[n, u, v] = new_switch()
-            net.links.append(Link(spine, cores[n, u, v], bits(speeds[3]), lat[2]))
+    for n in sorted({n for n, _ in pods}):
+        for u in range(f.ports[0][1]):
+            _mesh(net, [up[u] for (m, _), up in spines.items() if m == n], f.ports[1][1], bits(speeds[3]), lat[2])
     return net
 
 
