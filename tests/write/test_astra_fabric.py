@@ -334,3 +334,19 @@ def test_todays_rail_optimized_ns3_network_is_the_fabric_of_the_same_shape():
 
     assert len(today.switches) == len(described.switches) == 4 + 4 + 4
     assert shape(today) == shape(described)
+
+
+def test_report_reads_a_fabric_bundles_innermost_dimension_as_the_node(tmp_path):
+    # A three-dimension bundle (NVLink 2 x leaf 4 x spine 2): report's node is the NVLink domain
+    # of 2 GPUs (it said 8 GPUs, the flag default, before); -g 2 agrees, -g 4 and a scale-out
+    # flag (no one dimension is scale-out) are refused in one line.
+    out = tmp_path / "job"
+    assert invoke("generate", "--tp", 2, "--pp", 2, "--dp", 4, "--world-size", 16, "-o", out, "-q", "--astra-sim",
+                  "--gpus-per-node", 2, "--nics-per-node", 2, "--fabric", "rail-optimized", "--fabric-leaf",
+                  "radix=6,over=2", "--fabric-spine", 8).exit_code == 0
+    assert [d.npus for d in load_network(out).dims] == [2, 4, 2]
+    for args in ((), ("-g", 2)):
+        result = invoke("report", out, "-q", "--no-timeline", *args)
+        assert result.exit_code == 0 and "on 8 node(s) of 2 GPUs" in result.stdout
+    one_line_error(invoke("report", out, "-q", "--no-timeline", "-g", 4), "--gpus-per-node", "disagrees")
+    one_line_error(invoke("report", out, "-q", "--no-timeline", "--scale-out-bw", 25), "--scale-out-bw", "--alpha-beta")

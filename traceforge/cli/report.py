@@ -66,6 +66,10 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     if given and not known:
         raise UserError(f"{path} has {len(net.dims)} dimensions, which no machine flag describes, and the estimate "
                         f"uses it: drop {', '.join(FIELD[n].flag for n in given)}, or add --alpha-beta")
+    undescribed = [FIELD[n].flag for n in given if n not in known] if len(net.dims) > 2 else []
+    if undescribed:  # a fabric's levels: the innermost is the node, no one dimension is scale-out
+        raise UserError(f"{path} has {len(net.dims)} dimensions, none of which {', '.join(undescribed)} describes, and "
+                        f"the estimate uses it: drop {', '.join(undescribed)}, or add --alpha-beta")
     for name, value in given.items():
         if name in known and not math.isclose(known[name], value, rel_tol=1e-9, abs_tol=1e-9):
             raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} "
