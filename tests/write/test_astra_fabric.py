@@ -350,3 +350,12 @@ def test_report_reads_a_fabric_bundles_innermost_dimension_as_the_node(tmp_path)
         assert result.exit_code == 0 and "on 8 node(s) of 2 GPUs" in result.stdout
     one_line_error(invoke("report", out, "-q", "--no-timeline", "-g", 4), "--gpus-per-node", "disagrees")
     one_line_error(invoke("report", out, "-q", "--no-timeline", "--scale-out-bw", 25), "--scale-out-bw", "--alpha-beta")
+
+
+@pytest.mark.parametrize(("args", "flag"), [(("--fabric-qps", 2), "--fabric-qps"), (("--no-pxn",), "--no-pxn"),
+                                            (("--nvlink-domain", 8), "--nvlink-domain")])
+def test_report_names_the_fabric_flag_given_without_fabric_as_typed(make_set, args, flag):
+    # (it said --qps-per-connection, which is no flag, and --pxn for --no-pxn)
+    _, traces, _ = make_set()
+    line = one_line_error(invoke("report", traces, "-q", "--no-timeline", *args), "add --fabric")
+    assert line.split()[2] == flag

@@ -60,13 +60,19 @@ def fabric_from_options(options: dict[str, Any], given: dict[str, Any]):
     value = options.pop("fabric", None)
     flags = {_FLAGS[name][3]: options.pop(name, None) for name in _FLAGS}
     if value is None:
-        named = [name for name in _FLAGS if flags[_FLAGS[name][3]] is not None]
-        if named:
-            flag = _FLAGS[named[0]][0][0].split("/")[0 if flags[_FLAGS[named[0]][3]] is not False else 1]
-            raise UserError(f"{flag} describes a fabric: add --fabric (a file, a named fabric or a wiring such as "
+        given_flag = next((_spelling(name, flags[key]) for name, (_, _, _, key) in _FLAGS.items()
+                           if flags[key] is not None), None)
+        if given_flag:
+            raise UserError(f"{given_flag} describes a fabric: add --fabric (a file, a named fabric or a wiring such as "
                             "rail-optimized)")
         return None
     from traceforge.machine.fabric import load_fabric, with_flags
 
     node = {k: given[k] for k in ("gpus_per_node", "nics_per_node") if k in given}
     return with_flags(load_fabric(value), **node, **flags)
+
+
+def _spelling(name: str, value: Any) -> str:
+    """The flag as the user typed it: --pxn/--no-pxn by its value."""
+    on, _, off = _FLAGS[name][0][0].partition("/")
+    return off if value is False and off else on
