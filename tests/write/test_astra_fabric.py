@@ -359,3 +359,12 @@ def test_report_names_the_fabric_flag_given_without_fabric_as_typed(make_set, ar
     _, traces, _ = make_set()
     line = one_line_error(invoke("report", traces, "-q", "--no-timeline", *args), "add --fabric")
     assert line.split()[2] == flag
+
+
+def test_failed_links_are_named_as_left_out_of_the_bundle(tmp_path):
+    fabric = tmp_path / "f.yaml"
+    fabric.write_text("gpus_per_node: 2\nnics_per_node: 2\ntiers: [{radix: 4}, {radix: 8}]\n"
+                      "failed_links: [leaf2>spine0.0]\n")
+    result = invoke("generate", "--tp", 2, "--pp", 2, "--dp", 4, "--world-size", 16, "-o", tmp_path / "job", "-q",
+                    "--astra-sim", "--fabric", fabric)
+    assert result.exit_code == 0 and "1 failed link(s) are not in the ASTRA-sim bundle" in result.stderr

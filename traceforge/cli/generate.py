@@ -114,6 +114,10 @@ def generate(**kwargs: Any) -> None:
         from traceforge.program.stage import stage_program
 
         check_messages([stage_program(spec, s) for s in range(spec.pp)], astra)
+        if astra.fabric is not None and astra.fabric.failed_links:  # after every check: a refusal stays one line
+            err.print(f"note: the fabric's {len(astra.fabric.failed_links)} failed link(s) are not in the ASTRA-sim "
+                      "bundle (its backends build every link); report --fabric routes around them", markup=False,
+                      soft_wrap=True)
     elif any(v is not None for v in (*cluster_opts.values(), *fabric_opts.values())):
         given = next(k for k, v in {**cluster_opts, **fabric_opts}.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
