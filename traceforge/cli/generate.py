@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,6 +21,8 @@ from traceforge.base.output import check_output_dir, check_prefix
 from traceforge.base.pool import resolve_jobs
 from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli.fabric import GENERATE_FABRIC_HELP, fabric_from_options, fabric_parameters
+from traceforge.cli.fabric import NAMES as FABRIC_NAMES
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
@@ -32,7 +35,16 @@ from traceforge.machine.gpus import capacity_text
 from traceforge.machine.kernels.times import summary_lines
 from traceforge.memory.report import DOES_NOT_FIT, TIGHT
 from traceforge.model.params import active_params, total_params
-from traceforge.write.astra import BACKEND_INFO, OPTIONS_HELP, AstraOptions, backend, check_bundle, check_messages, write_astra_bundle
+from traceforge.write.astra import (
+    BACKEND_INFO,
+    OPTIONS_HELP,
+    AstraOptions,
+    backend,
+    check_bundle,
+    check_messages,
+    fabric_summary,
+    write_astra_bundle,
+)
 
 # -- generate -------------------------------------------------------------------------------
 
@@ -60,6 +72,7 @@ def _astra_options() -> list[inspect.Parameter]:
         False, "--astra-sim", rich_help_panel="ASTRA-sim",
         help="Also write an ASTRA-sim bundle beside the traces: network, system and remote-memory configs and run_astra_sim.sh."))]
     params += machine_parameters("generate", panel="ASTRA-sim")  # the same table as report's machine flags
+    params += fabric_parameters(GENERATE_FABRIC_HELP)  # the same flags as report's --fabric
     kinds = {"astra_sim_trace": bool}
     for name, help_text in OPTIONS_HELP.items():
         option = typer.Option(None, "--" + name.replace("_", "-"), help=help_text, show_default=False, rich_help_panel="ASTRA-sim")
@@ -78,6 +91,7 @@ def generate(**kwargs: Any) -> None:
                 "allow_oom", "gpu_memory_gb", "overhead_gb", "allocator_reserve_pct")
     run = {k: kwargs.pop(k) for k in run_keys}
     cluster_opts = {k: kwargs.pop(k) for k in (*FIELD, *OPTIONS_HELP)}
+    fabric_opts = {k: kwargs.pop(k) for k in FABRIC_NAMES}
     config = load_config_file(run["config"]) if run["config"] else None
     spec = build_spec(run["preset"], config, kwargs)
     given_order = requested_order(run["preset"], config, {k: v for k, v in kwargs.items() if v is not None}).split("-")
@@ -95,12 +109,17 @@ def generate(**kwargs: Any) -> None:
         if run["shard"] is not None:
             raise UserError("--astra-sim cannot be combined with --shard: write the bundle with a single run, or after merging")
         cluster, astra = Cluster.from_options(**cluster_opts), AstraOptions.from_options(**cluster_opts)
+        cluster, astra = _with_fabric(cluster, astra, fabric_opts, cluster_opts)
         check_bundle(run["out_dir"], spec.world_size, cluster, astra)  # refuse before writing anything
         from traceforge.program.stage import stage_program
 
         check_messages([stage_program(spec, s) for s in range(spec.pp)], astra)
-    elif any(v is not None for v in cluster_opts.values()):
-        given = next(k for k, v in cluster_opts.items() if v is not None)
+        if astra.fabric is not None and astra.fabric.failed_links:  # after every check: a refusal stays one line
+            err.print(f"note: the fabric's {len(astra.fabric.failed_links)} failed link(s) are not in the ASTRA-sim "
+                      "bundle (its backends build every link); report --fabric routes around them", markup=False,
+                      soft_wrap=True)
+    elif any(v is not None for v in (*cluster_opts.values(), *fabric_opts.values())):
+        given = next(k for k, v in {**cluster_opts, **fabric_opts}.items() if v is not None)
         raise UserError(f"--{given.replace('_', '-')} describes the ASTRA-sim cluster: add --astra-sim, or drop it")
     jobs = resolve_jobs(run["jobs"])
     check_prefix(run["prefix"])
@@ -129,6 +148,8 @@ def generate(**kwargs: Any) -> None:
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
+                if astra.fabric is not None:
+                    out.print(f"  {fabric_summary(spec.world_size, cluster, astra)}", markup=False, soft_wrap=True)
             out.file.flush()
 
     progress = _progress(spec.world_size, quiet=run["quiet"])
@@ -153,6 +174,26 @@ def generate(**kwargs: Any) -> None:
         out.print(result.summary(), markup=False)
         if result.exit_code:
             raise typer.Exit(result.exit_code)
+
+
+# The machine flags a fabric decides: its NVLink and tiers give every link's speed and shape.
+FABRIC_DECIDES = ("scale_up_bw", "scale_out_bw", "scale_up_topology", "scale_out_topology")
+
+
+def _with_fabric(cluster: Cluster, astra: AstraOptions, fabric_opts: dict, cluster_opts: dict) -> tuple[Cluster, AstraOptions]:
+    """The bundle's machine and options with --fabric: -g and --nics-per-node are the fabric's node
+    (as in report), the latency flags time the levels whose latency the fabric does not state, and
+    a flag whose figure the fabric gives is refused rather than ignored."""
+    given = cluster.explicit(**cluster_opts)
+    fabric = fabric_from_options(dict(fabric_opts), given)
+    if fabric is None:
+        return cluster, astra
+    clash = next((name for name in FABRIC_DECIDES if name in given), None)
+    if clash:
+        raise UserError(f"{FIELD[clash].flag} and --fabric both give the network's links: drop {FIELD[clash].flag} and "
+                        "set the fabric's nvlink_gbps, nic_gbps or tiers (--fabric-leaf gbps=...)")
+    cluster = replace(cluster, gpus_per_node=fabric.gpus_per_node, nics_per_node=fabric.nics_per_node)
+    return cluster, replace(astra, fabric=fabric)
 
 
 def _feasible(spec: Any, run: dict) -> Any:

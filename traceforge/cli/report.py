@@ -17,6 +17,8 @@ from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir
 from traceforge.base.pool import resolve_jobs
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli.fabric import NAMES as FABRIC_NAMES
+from traceforge.cli.fabric import fabric_from_options, fabric_parameters
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
 from traceforge.machine.cluster import FIELD, Cluster, describe
 
@@ -64,6 +66,10 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     if given and not known:
         raise UserError(f"{path} has {len(net.dims)} dimensions, which no machine flag describes, and the estimate "
                         f"uses it: drop {', '.join(FIELD[n].flag for n in given)}, or add --alpha-beta")
+    undescribed = [FIELD[n].flag for n in given if n not in known] if len(net.dims) > 2 else []
+    if undescribed:  # a fabric's levels: the innermost is the node, no one dimension is scale-out
+        raise UserError(f"{path} has {len(net.dims)} dimensions, none of which {', '.join(undescribed)} describes, and "
+                        f"the estimate uses it: drop {', '.join(undescribed)}, or add --alpha-beta")
     for name, value in given.items():
         if name in known and not math.isclose(known[name], value, rel_tol=1e-9, abs_tol=1e-9):
             raise UserError(f"{FIELD[name].flag} {describe(name, value)} disagrees with {path} "
@@ -72,29 +78,6 @@ def machine_for(directory: Path, cluster: Cluster, given: dict[str, Any], astra_
     if "gpus_per_node" not in given and "gpus_per_node" in known:
         cluster = replace(cluster, gpus_per_node=known["gpus_per_node"])
     return cluster
-
-
-FABRIC_HELP = ("Route the step onto a fabric's links and show bytes per tier and dimension, the hottest links and ECMP "
-               "collisions: a .yaml/.toml/.json description, a named fabric (dgx-h100-superpod, meta-24k-roce, "
-               "rail-only-dgx-h100) or a wiring (rail-optimized, rail-only, tor, multi-plane: 64-port leaves and spines). "
-               "docs/fabric.md.")
-TIER_HELP = ("The {} switch tier: RADIX, or radix=64,gbps=50,over=7,down=192,latency=600 (ports, GB/s per link, "
-             "oversubscription down:up = k:1, ports down, ns).")
-
-
-def fabric_for(value: str | None, given: dict[str, Any], **flags: Any):
-    """--fabric and the fabric flags as one Fabric (None without --fabric); -g and --nics-per-node,
-    when given, are the fabric's node too."""
-    if value is None:
-        named = [k for k, v in flags.items() if v is not None]
-        if named:
-            raise UserError(f"--{('fabric-' + named[0]) if named[0] in ('leaf', 'spine', 'core', 'placement', 'wiring', 'planes', 'seed') else named[0].replace('_', '-')} "
-                            f"describes a fabric: add --fabric (a file, a named fabric or a wiring such as rail-optimized)")
-        return None
-    from traceforge.machine.fabric import load_fabric, with_flags
-
-    node = {k: given[k] for k in ("gpus_per_node", "nics_per_node") if k in given}
-    return with_flags(load_fabric(value), **node, **flags)
 
 
 def _timeline_tracks(value: str) -> int | str:
@@ -123,17 +106,6 @@ def report(
     astra_log: Path | None = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
     astra_model: bool | None = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
     estimate: str | None = typer.Option(None, "--estimate", help=ESTIMATE_HELP),
-    fabric: str | None = typer.Option(None, "--fabric", help=FABRIC_HELP, rich_help_panel="Fabric"),
-    fabric_leaf: str | None = typer.Option(None, "--fabric-leaf", help=TIER_HELP.format("first (leaf)"), rich_help_panel="Fabric"),
-    fabric_spine: str | None = typer.Option(None, "--fabric-spine", help=TIER_HELP.format("second (spine)") + " 'none': no spine.", rich_help_panel="Fabric"),
-    fabric_core: str | None = typer.Option(None, "--fabric-core", help=TIER_HELP.format("third (core)") + " 'none': no core.", rich_help_panel="Fabric"),
-    fabric_placement: str | None = typer.Option(None, "--fabric-placement", help="The fabric node slot of each of the job's nodes, in order: 'contiguous' (0, 1, ...; default) or a list such as 0-15,48-63 (a scheduler's allocation).", rich_help_panel="Fabric"),
-    nvlink_domain: int | None = typer.Option(None, "--nvlink-domain", help="GPUs per NVLink domain (8 on HGX, 72 on NVL72); a multiple of --gpus-per-node. Default: one node.", rich_help_panel="Fabric"),
-    fabric_wiring: str | None = typer.Option(None, "--fabric-wiring", help="How NICs reach the leaves: rail-optimized, rail-only, tor or multi-plane.", rich_help_panel="Fabric"),
-    fabric_planes: int | None = typer.Option(None, "--fabric-planes", help="Planes of a multi-plane fabric (default 2).", rich_help_panel="Fabric"),
-    fabric_seed: int | None = typer.Option(None, "--fabric-seed", help="Seed of the ECMP hash (default 0).", rich_help_panel="Fabric"),
-    fabric_qps: int | None = typer.Option(None, "--fabric-qps", help="Queue pairs per connection, each a flow of its own (NCCL_IB_QPS_PER_CONNECTION; default 1).", rich_help_panel="Fabric"),
-    pxn: bool | None = typer.Option(None, "--pxn/--no-pxn", help="NCCL's PXN: a transfer to another rail crosses NVLink to the sender node's GPU on that rail first (default on; rail-only wiring always does).", rich_help_panel="Fabric"),
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
@@ -145,15 +117,15 @@ def report(
     jobs = resolve_jobs(jobs)
     tracks = _timeline_tracks(track_ranks)
     notes: list[str] = []
-    machine = apply_deprecated(dict(machine), notes.append)
+    machine = dict(machine)
+    fabric_options = {k: machine.pop(k) for k in FABRIC_NAMES}
+    machine = apply_deprecated(machine, notes.append)
     cluster = Cluster.from_options(**machine)  # checks every value (bounded: no estimate is Infinity)
     given = cluster.explicit(**machine)
     if out_dir is not None:  # refuse a bad --out before the (long) read
         check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
-    fab = fabric_for(fabric, given, leaf=fabric_leaf, spine=fabric_spine, core=fabric_core, placement=fabric_placement,
-                     nvlink_domain=nvlink_domain, wiring=fabric_wiring, planes=fabric_planes, seed=fabric_seed,
-                     qps_per_connection=fabric_qps, pxn=pxn)
+    fab = fabric_from_options(fabric_options, given)
     if fab is not None and "gpus_per_node" not in given:
         cluster = replace(cluster, gpus_per_node=fab.gpus_per_node)
         given = dict(given, gpus_per_node=fab.gpus_per_node)
@@ -203,5 +175,5 @@ def report(
 
 report.__signature__ = inspect.signature(report).replace(  # type: ignore[attr-defined]
     parameters=[p for p in inspect.signature(report).parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
-    + machine_parameters("report") + deprecated_parameters())
+    + fabric_parameters() + machine_parameters("report") + deprecated_parameters())
 app.command("report")(user_errors(report))

@@ -279,7 +279,8 @@ def machine_of(net: AstraNetwork) -> dict:
     the cluster's units (bandwidth back from ASTRA-sim's 2^30 bytes/s to GB/s = 10^9 bytes/s).
 
     Two dimensions are scale-up x scale-out; one dimension carries every message, so it stands
-    for both link classes and says nothing of GPUs per node; any other shape: nothing."""
+    for both link classes and says nothing of GPUs per node; three or more (a fabric's levels,
+    write/astra_fabric.py) give the innermost as the scale-up domain and no one scale-out link."""
     names = {v: k for k, v in TOPOLOGIES.items()}
 
     def link(prefix: str, d: NetDim) -> dict:
@@ -290,4 +291,4 @@ def machine_of(net: AstraNetwork) -> dict:
         return {"gpus_per_node": up.npus, **link("scale_up", up), **link("scale_out", out)}
     if len(net.dims) == 1:
         return {**link("scale_up", net.dims[0]), **link("scale_out", net.dims[0])}
-    return {}
+    return {"gpus_per_node": net.dims[0].npus, **link("scale_up", net.dims[0])}

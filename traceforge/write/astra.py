@@ -35,8 +35,10 @@ from traceforge.machine.astra import (
     astra_gbps,
 )
 from traceforge.machine.cluster import Cluster
+from traceforge.machine.fabric import Fabric
 from traceforge.machine.gpus import GPUS
 from traceforge.write import astra_htsim, astra_ns3
+from traceforge.write.astra_fabric import job_dimensions
 
 __all__ = ["AstraOptions", "write_astra_bundle"]
 
@@ -65,6 +67,7 @@ class AstraOptions:
     astra_sim_backend: str = "analytical"
     scale_out_fabric: str = "fat-tree"  # ns-3's physical scale-out: fat-tree or rail-optimized
     astra_sim_trace: bool = False  # the system's trace-enabled: ASTRA-sim logs every node it issues
+    fabric: Fabric | None = None  # --fabric: every backend's network from this description (write/astra_fabric.py)
 
     @classmethod
     def from_options(cls, **options) -> AstraOptions:
@@ -88,7 +91,7 @@ class Dimension:
     npus: int
     bandwidth: float
     latency: float
-    role: str  # scale-up | scale-out
+    role: str  # scale-up | scale-out, or the fabric level (nvlink, leaf, spine, core)
 
 
 def _topology(name: str) -> str:
@@ -96,11 +99,15 @@ def _topology(name: str) -> str:
     return TOPOLOGIES[name]
 
 
-def network_dimensions(world_size: int, cluster: Cluster) -> list[Dimension]:
-    """[scale-up, scale-out], or the single dimension that has more than one NPU.
+def network_dimensions(world_size: int, cluster: Cluster, fabric: Fabric | None = None) -> list[Dimension]:
+    """[scale-up, scale-out], or the single dimension that has more than one NPU; with a fabric,
+    one Switch dimension per level the job spans (write/astra_fabric.py).
 
     ASTRA-sim wants every dimension to hold more than one NPU and their product to be the
     world size. The cluster's values were checked when it was made (traceforge.machine.cluster)."""
+    if fabric is not None:
+        return [Dimension("Switch", d.npus, d.level.gbps, float(d.level.latency_ns), d.level.name)
+                for d in job_dimensions(fabric, world_size, cluster.scale_up_latency, cluster.scale_out_latency)]
     gpn = cluster.gpus_per_node
     up_topo, out_topo = _topology(cluster.scale_up_topology), _topology(cluster.scale_out_topology)
     if world_size < 2:
@@ -133,6 +140,8 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster, options: Astr
             f"contains it, and every collective would fail to find its group; choose another -o/--out"
         )
     name = backend(options)
+    if options.fabric is not None:
+        return _check_fabric(name, world_size, cluster, options)
     dims = network_dimensions(world_size, cluster)
     if name == "ns3":
         astra_ns3.check(_topology(cluster.scale_up_topology), _topology(cluster.scale_out_topology),
@@ -140,6 +149,46 @@ def check_bundle(out_dir: Path, world_size: int, cluster: Cluster, options: Astr
     elif options.scale_out_fabric != AstraOptions.scale_out_fabric:
         raise UserError("--scale-out-fabric shapes the ns-3 backend's network: add --astra-sim-backend ns3, or drop it")
     return dims
+
+
+def _check_fabric(name: str, world_size: int, cluster: Cluster, options: AstraOptions) -> list[Dimension]:
+    assert options.fabric is not None
+    if options.scale_out_fabric != AstraOptions.scale_out_fabric:
+        raise UserError("--scale-out-fabric is the ns-3 bundle's own fabric and --fabric describes it: drop one")
+    if name == "htsim":  # one logical dimension, as without a fabric (htsim has no scale-up network)
+        astra_htsim.fabric_topology_text(options.fabric, world_size, cluster.scale_out_latency)
+        return [Dimension("Switch", world_size, options.fabric.nic_gbps, float(cluster.scale_out_latency), "job")]
+    if name == "ns3":
+        astra_ns3.fabric_network(options.fabric, world_size, cluster.scale_up_latency, cluster.scale_out_latency)
+        return _logical_dimensions(world_size, cluster, options.fabric)
+    return network_dimensions(world_size, cluster, options.fabric)
+
+
+def fabric_summary(world_size: int, cluster: Cluster, options: AstraOptions) -> str:
+    """One line: how the bundle maps its fabric (what generate prints under the bundle's path)."""
+    assert options.fabric is not None
+    name = backend(options)
+    dims = _check_fabric(name, world_size, cluster, options)
+    shape = " x ".join(f"{d.npus} ({d.role})" for d in dims)
+    if name == "ns3":
+        net = astra_ns3.fabric_network(options.fabric, world_size, cluster.scale_up_latency, cluster.scale_out_latency)
+        return f"ns-3 network of fabric {options.fabric.name}: {len(net.switches)} switches, {len(net.links)} links; logical {shape}"
+    if name == "htsim":
+        head = astra_htsim.fabric_topology_text(options.fabric, world_size, cluster.scale_out_latency).split("\n")[0]
+        return f"htsim fat tree of fabric {options.fabric.name}: {head.lstrip('# ')}"
+    return (f"analytical network of fabric {options.fabric.name}: {shape} NPUs at "
+            + ", ".join(f"{d.bandwidth:g}" for d in dims) + " GB/s, " + ", ".join(f"{d.latency:g}" for d in dims) + " ns")
+
+
+def _logical_dimensions(world_size: int, cluster: Cluster, fabric: Fabric) -> list[Dimension]:
+    """ns-3's logical dimensions on a fabric: the analytical backend's where the placement is a
+    product of equal dimensions, else one dimension of every NPU (ns-3 routes any placement)."""
+    try:
+        return network_dimensions(world_size, cluster, fabric)
+    except UserError:
+        if world_size < 2:
+            raise
+        return [Dimension("Switch", world_size, fabric.nic_gbps, float(cluster.scale_out_latency), "job")]
 
 
 PREFERRED_DATASET_SPLITS = 4  # system json: chunks per collective (ASTRA-sim divides by it)
@@ -294,8 +343,9 @@ def bundle_texts(manifest: dict, cluster: Cluster, options: AstraOptions = Astra
     if ASTRA_NO_FILE in comm_groups:
         raise UserError(f"the comm-group file name {comm_groups!r} contains {ASTRA_NO_FILE!r}, which ASTRA-sim reads as 'no file'")
     name = backend(options)
-    dims = network_dimensions(world, cluster)
-    if name == "htsim":
+    fabric = options.fabric
+    dims = network_dimensions(world, cluster) if fabric is None else _check_fabric(name, world, cluster, options)
+    if name == "htsim" and fabric is None:
         # htsim has no scale-up network (every GPU is a host of one fat tree): one logical
         # dimension of all NPUs, so collectives do not pretend to a hierarchy htsim cannot carry.
         dims = [Dimension("Switch", world, float(cluster.scale_out_bw), float(cluster.scale_out_latency),
@@ -308,10 +358,12 @@ def bundle_texts(manifest: dict, cluster: Cluster, options: AstraOptions = Astra
     }
     if name == "ns3":
         texts.update(astra_ns3.texts(world, [d.npus for d in dims], dims[0].topology if dims[0].role == "scale-up"
-                                     else "Switch", cluster, options.scale_out_fabric))
+                                     else "Switch", cluster, options.scale_out_fabric, options.fabric))
     else:  # htsim sizes its logical topology from the analytical file (npus_count only)
         texts[NETWORK_FILE] = network_yaml(dims, world)
-    if name == "htsim":
+    if name == "htsim" and fabric is not None:
+        texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.fabric_topology_text(fabric, world, cluster.scale_out_latency)
+    elif name == "htsim":
         texts[astra_htsim.TOPOLOGY_FILE] = astra_htsim.topology_text(world, cluster.gpus_per_node, cluster.scale_out_bw,
                                                                      cluster.scale_out_latency)
     assert set(texts) == set(bundle_files(options))

@@ -23,15 +23,26 @@ next hops, which shapes the fabric:
 Leaves take up to LEAF_DOWNLINKS endpoints, split evenly; with more than one leaf, every leaf
 links to each of as many spines as the largest leaf has endpoints, each link as fast as one
 endpoint's: a non-blocking two-tier Clos.
+
+With `generate --fabric` the topology is the fabric's instead (fabric_network): the switches
+and links of traceforge.machine.fabric.Fabric that the job's nodes use, with the fabric's link
+speeds (machine/routes.py's tier_gbps) and its tiers' latencies. Both builders join leaves to
+spines (and spines to cores) with one Clos stage, _mesh: rail-optimized above is the fabric of
+one pod whose leaves have as many up links as down (tests/write/test_astra_fabric.py compares
+them); fat-tree is a tor fabric's capacity with one link per node where the fabric has one per
+NIC, and leaves split evenly where the fabric's radix fills them in order, so it stays as it was.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 from traceforge.base.errors import UserError
+from traceforge.machine import fabric as fab
 from traceforge.machine.cluster import Cluster
+from traceforge.machine.routes import tier_gbps
 
 LOGICAL_FILE = "astra_ns3_logical_topology.json"
 CONFIG_FILE = "astra_ns3_config.txt"
@@ -82,6 +93,18 @@ class Fabric:
     links: list[Link]
 
 
+def _switch(net: Fabric) -> int:
+    net.switches.append(net.hosts + len(net.switches))
+    return net.switches[-1]
+
+
+def _mesh(net: Fabric, lower: list[int], count: int, bps: int, latency_ns: float) -> list[int]:
+    """`count` new switches above `lower`, each lower switch linked once to each (a Clos stage)."""
+    upper = [_switch(net) for _ in range(count)]
+    net.links += [Link(a, b, bps, latency_ns) for a in lower for b in upper]
+    return upper
+
+
 def bits(gb_per_second: float) -> int:
     """GB/s (10^9 bytes) -> bits per second, as ns-3's DataRate reads an SI "bps" string."""
     return round(gb_per_second * 8e9)
@@ -93,17 +116,12 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
     nodes = world // gpn
     fabric = Fabric(world, [], [])
     up_bps, out_bps = bits(cluster.scale_up_bw), bits(cluster.scale_out_bw)
-
-    def new_switch() -> int:
-        fabric.switches.append(world + len(fabric.switches))
-        return fabric.switches[-1]
-
     node_switch: list[int | None] = [None] * nodes
     if gpn > 1:
         for node in range(nodes):
             gpus = range(node * gpn, (node + 1) * gpn)
             if up_topology == "Switch":
-                sw = node_switch[node] = new_switch()
+                sw = node_switch[node] = _switch(fabric)
                 fabric.links += [Link(g, sw, up_bps, cluster.scale_up_latency) for g in gpus]
             else:  # FullyConnected
                 fabric.links += [Link(a, b, up_bps, cluster.scale_up_latency) for a in gpus for b in gpus if a < b]
@@ -118,15 +136,96 @@ def build_fabric(world: int, gpus_per_node: int, up_topology: str, cluster: Clus
         leaves = [leaf for rail in endpoints for leaf in rail]
         leaf_ids = []
         for leaf in leaves:
-            sw = new_switch()
+            sw = _switch(fabric)
             leaf_ids.append(sw)
             fabric.links += [Link(e, sw, bps, cluster.scale_out_latency) for e, bps in leaf]
         if len(leaves) > 1:
-            spines = [new_switch() for _ in range(max(len(leaf) for leaf in leaves))]
             uplink = max(bps for leaf in leaves for _, bps in leaf)
-            fabric.links += [Link(leaf, spine, uplink, cluster.scale_out_latency)
-                             for leaf in leaf_ids for spine in spines]
+            _mesh(fabric, leaf_ids, max(len(leaf) for leaf in leaves), uplink, cluster.scale_out_latency)
     return fabric
+
+
+def fabric_network(f: fab.Fabric, world: int, scale_up_latency: float, scale_out_latency: float) -> Fabric:
+    """The fabric's switches and links that a world-GPU job uses, as ns-3 hosts (GPU r = host r),
+    switches and links (docs/simulators.md, "One fabric for every simulator"):
+    - an NVLink switch per NVLink domain holding 2 or more of the job's GPUs, a link per GPU at
+      nvlink_gbps;
+    - rail wiring: every GPU's link to its rail's leaf (leaf group = slot // nodes per leaf, rail
+      = GPU x NICs / GPUs), one per plane, at the NIC-to-leaf speed x NICs per GPU; tor: one
+      link per node from its NVLink switch (or its only GPU) to its rack's leaf at NICs x that
+      speed (a link per GPU would give same-node pairs a second 2-hop path through the leaf);
+    - leaf up link u to spine u of its pod (per plane; rail-only: per rail), spine up link v to
+      core (u, v) (only where the job spans 2 or more pods), at the tiers' link speeds.
+    Spines are built where the job uses 2 or more leaves of one network. One line refuses what
+    ns-3 cannot route (hosts never forward, so no PXN)."""
+    gpn = min(f.gpus_per_node, world)
+    if world % gpn:
+        raise UserError(f"world size {world} is not whole nodes of the fabric's {gpn} GPUs: choose --gpus-per-node "
+                        f"from the divisors of {world}")
+    nodes = world // gpn
+    slots = f.slots(nodes)
+    speeds = tier_gbps(f)
+    lat = [t.latency_ns if t.latency_ns is not None else scale_out_latency for t in f.tiers]
+    rails = f.nics_per_node
+    domains = {slot // f.nodes_per_domain for slot in slots}
+    if f.wiring == fab.RAIL_ONLY and len(domains) > 1 and rails > 1:
+        raise UserError(f"fabric {f.name}: rail-only wiring joins rails only through NVLink (NCCL forwards through a "
+                        "peer GPU), which ns-3 cannot route (hosts never forward): use rail-optimized wiring for ns-3, "
+                        "or the analytical backend")
+    if f.wiring == fab.TOR and f.nodes_per_domain > 1 and nodes > 1:
+        raise UserError(f"fabric {f.name}: an NVLink domain of {f.nvlink_domain} GPUs spans nodes, and with tor wiring "
+                        "its switch would link to several leaves and carry leaf-to-leaf traffic in ns-3: use rail "
+                        "wiring for ns-3, or the analytical backend")
+    net = Fabric(world, [], [])
+    node_of = [r // gpn for r in range(world)]
+    gpus_in: dict[int, list[int]] = {}
+    for r in range(world):
+        gpus_in.setdefault(slots[node_of[r]] // f.nodes_per_domain, []).append(r)
+    nvswitch: dict[int, int] = {}
+    for domain, gpus in gpus_in.items():
+        if len(gpus) > 1:
+            sw = nvswitch[domain] = _switch(net)
+            net.links += [Link(g, sw, bits(f.nvlink_gbps), scale_up_latency) for g in gpus]
+    if nodes == 1:
+        return net
+    # The leaves, keyed by (network, leaf group, rail); network: the plane (rail-only: the rail).
+    leaves: dict[tuple[int, int, int], int] = {}
+
+    def leaf(key: tuple[int, int, int]) -> int:
+        if key not in leaves:
+            leaves[key] = _switch(net)
+        return leaves[key]
+
+    if f.rail_wired:
+        share = speeds[1] * rails / f.gpus_per_node  # a GPU's part of its node's NICs, per plane
+        for r in range(world):
+            rail = (r % gpn) * rails // f.gpus_per_node
+            group = slots[node_of[r]] // f.nodes_per_leaf
+            for plane in range(f.planes):
+                sw = leaf((rail if f.wiring == fab.RAIL_ONLY else plane, group, rail))
+                net.links.append(Link(r, sw, bits(share), lat[0]))
+    else:
+        for j, slot in enumerate(slots):
+            end = nvswitch.get(slot // f.nodes_per_domain, j * gpn)
+            net.links.append(Link(end, leaf((0, slot // f.nodes_per_leaf, 0)), bits(speeds[1] * rails), lat[0]))
+    per_network = Counter(n for n, _, _ in leaves)
+    if len(f.tiers) < 2 and max(per_network.values()) > 1:
+        raise UserError(f"fabric {f.name}: the job uses {len(leaves)} {f.tiers[0].name} switches and no tier joins "
+                        f"them: add --fabric-spine")
+    # Per network (plane or rail) with 2 or more leaves: each pod's leaves meet its spines, leaf up
+    # link u at spine u; each spine u of every pod meets cores (u, v), v < spine up links.
+    groups_per_pod = f.nodes_per_pod // f.nodes_per_leaf
+    pods: dict[tuple[int, int], list[int]] = {}  # (network, pod) -> its leaves
+    for (n, group, _rail), sw in leaves.items():
+        if per_network[n] > 1:
+            pods.setdefault((n, group // groups_per_pod), []).append(sw)
+    spines = {key: _mesh(net, below, f.ports[0][1], bits(speeds[2]), lat[1]) for key, below in pods.items()}
+    if len({pod for _, pod in pods}) < 2:
+        return net
+    for n in sorted({n for n, _ in pods}):
+        for u in range(f.ports[0][1]):
+            _mesh(net, [up[u] for (m, _), up in spines.items() if m == n], f.ports[1][1], bits(speeds[3]), lat[2])
+    return net
 
 
 def _leaves(hosts: list[int], bps: int) -> list[list[tuple[int, int]]]:
@@ -204,8 +303,12 @@ def check(up_topology: str, out_topology: str, scale_out_fabric: str) -> None:
                         "--astra-sim-backend ns3 choose --scale-out-fabric fat-tree or rail-optimized instead")
 
 
-def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str) -> dict[str, str]:
-    fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
+def texts(world: int, npus_per_dim: list[int], up_topology: str, cluster: Cluster, scale_out_fabric: str,
+          described: fab.Fabric | None = None) -> dict[str, str]:
+    if described is not None:
+        fabric = fabric_network(described, world, cluster.scale_up_latency, cluster.scale_out_latency)
+    else:
+        fabric = build_fabric(world, cluster.gpus_per_node, up_topology, cluster, scale_out_fabric)
     return {
         LOGICAL_FILE: logical_text(npus_per_dim),
         CONFIG_FILE: config_text(fabric),
