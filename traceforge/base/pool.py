@@ -13,8 +13,8 @@ has its own pipe and takes one item at a time: no lock is shared between process
 worker that dies at any instant (a signal, the OOM killer) cannot hang the others or the
 parent, as a dead worker holding multiprocessing.Pool's queue lock hangs Pool.terminate().
 
-Where ``fan_out`` runs is one setting, ``workers_for(ray, jobs)``, that a command enters around its
-work: this machine's processes, or Ray. Either way the items are drawn from the caller's iterator
+Where ``fan_out`` runs is one setting, ``ray_pool.workers_for(ray, jobs)``, that a command enters
+around its work: this machine's processes, or Ray. Either way the items are drawn from the caller's iterator
 at the same moments, by the results consumed (``ahead``), never by which worker is free first, so
 a caller whose next item depends on the results so far (plan's branch and bound) gets the same
 answer on any backend and under any load.
@@ -87,20 +87,6 @@ def workers_share_files() -> bool:
     """Whether fan_out's workers see this machine's files: a task that writes a file must send
     the bytes back instead when they do not (Ray's workers may be on other machines)."""
     return _backend is None or _backend.shares_files
-
-
-@contextlib.contextmanager
-def workers_for(ray: str | None, jobs: int | None, flag: str = "--jobs") -> Iterator[int]:
-    """A command's worker count, with its fan-outs on Ray while the block lasts when ``ray`` names
-    where (``--ray local|auto|ADDRESS``: base/ray_pool.py); without it this machine's processes,
-    ``resolve_jobs(jobs)`` of them."""
-    if ray is None:
-        yield resolve_jobs(jobs, flag)
-        return
-    from traceforge.base.ray_pool import connected
-
-    with connected(ray, jobs, flag) as count:
-        yield count
 
 
 def cores() -> int:
@@ -192,7 +178,7 @@ def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
     once in each worker first, ``shared`` is installed for them (see Shared). A worker's exception
     is raised here; a worker that dies is an error naming its exit; stopping the iteration early,
     or any exception in the caller, kills every worker's process group at once. With one job, in
-    this process. Inside ``running_on`` (``workers_for``), on that backend instead, same order."""
+    this process. Inside ``running_on`` (ray_pool.workers_for), on that backend instead, same order."""
     if _backend is not None:
         return _backend.fan_out(func, items, jobs, initializer, shared)
     if shared is not None:

@@ -1,6 +1,6 @@
 """`--ray local|auto|ADDRESS`: fan_out's work as Ray tasks, on this machine or on a cluster.
 
-pool.workers_for enters ``connected`` when a command is given --ray; every pool.fan_out in the
+``workers_for`` enters ``connected`` when a command is given --ray; every pool.fan_out in the
 block then runs here, with the same interface and the same order as the forked pool:
 
 - Items are drawn from the caller's iterator by the results consumed (pool.ahead), never by
@@ -37,6 +37,7 @@ import socket
 import sys
 import tempfile
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -162,6 +163,7 @@ def connected(where: str, jobs: int | None, flag: str = "--jobs") -> Iterator[in
     backend: RayWorkers | None = None
     try:
         with _ray_output_to(log):
+            warnings.filterwarnings("ignore", module=r"ray\.")  # its tips (FutureWarning on Ray 2.50) are not our answer
             if address == "local":
                 ray.init(address="local", num_cpus=resolve_jobs(jobs, flag), include_dashboard=False, **quiet)
             else:
@@ -214,6 +216,18 @@ def _found_by_auto() -> tuple[str, int] | None:
         return None
     match = _ADDRESS.match(str(found or ""))
     return (match[2].strip("[]"), int(match[3])) if match else None
+
+
+@contextlib.contextmanager
+def workers_for(ray: str | None, jobs: int | None, flag: str = "--jobs") -> Iterator[int]:
+    """A command's worker count, with its fan-outs on Ray while the block lasts when ``ray`` names
+    where (``--ray local|auto|ADDRESS``: base/ray_pool.py); without it this machine's processes,
+    ``resolve_jobs(jobs)`` of them."""
+    if ray is None:
+        yield resolve_jobs(jobs, flag)
+        return
+    with connected(ray, jobs, flag) as count:
+        yield count
 
 
 def _cpus(ray: Any) -> int:

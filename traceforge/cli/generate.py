@@ -17,7 +17,8 @@ from rich.table import Table
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir, check_prefix
-from traceforge.base.pool import resolve_jobs, workers_for
+from traceforge.base.pool import resolve_jobs
+from traceforge.base.ray_pool import workers_for
 from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import machine_parameters

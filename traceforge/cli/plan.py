@@ -20,7 +20,8 @@ from rich.table import Table
 from traceforge.base.errors import UserError
 from traceforge.base.limits import MAX_WORLD_SIZE
 from traceforge.base.output import check_output_dir
-from traceforge.base.pool import resolve_jobs, workers_for
+from traceforge.base.pool import resolve_jobs
+from traceforge.base.ray_pool import workers_for
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 from traceforge.base.tables import Fit, print_fitted
