@@ -40,14 +40,17 @@ PLAN = ["plan", "-p", "demo", "--gpus", "8", "--budget", "0", "-j", "2", "-q"]  
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
+    temp = tempfile.mkdtemp(prefix="tfray", dir="/tmp")  # its sessions' logs, removed after (short: Ray's socket paths)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_MODE", "disabled")
         patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+                 _temp_dir=temp)
         try:
             yield ray
         finally:
             ray.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _masked(text: str) -> str:
