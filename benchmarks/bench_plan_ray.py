@@ -1,11 +1,14 @@
 """`plan --ray`: the same exact search on the local pool with 1 worker and on a local Ray with 1 and
-2 workers, in one run, with the ratios measured in it and what Ray moves per task.
+2 workers (and the pool with 2, for reference), in one run, with the ratios measured in it and what
+Ray moves per task.
 
     python benchmarks/bench_plan_ray.py [--preset llama3-8b] [--gpus 64] [--json FILE]
 
-Each search is exact (no budget), so all three give the same answer (checked: every ranked
-candidate, its step and the counts). Ray is started once (its start is timed apart); its workers
-are warmed by a small search first, as the workers of a long plan are. The transfer table comes
+Each search is exact (no budget), so all give the same answer (checked: every ranked candidate,
+its step and the counts). Ray is started once (its start is timed apart); this process and Ray's
+workers are warmed by a small search first. The load average is printed before and after: on a
+shared machine more processes get more of it (a Ray worker beside its driver is two), so compare
+ratios taken at a low load. The transfer table comes
 from a separate, untimed pass on the local pool that pickles every task's item and answer: per
 task Ray sends the functions by name, the state's reference and the item (the pickled sizes
 below, plus Ray's own framing), and the state (plan's _Job, without its spec builder) once per
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import statistics
 import sys
@@ -80,9 +84,13 @@ def main() -> None:
     query = Query(preset=args.preset, config=None, config_path=None, spec_flags={}, budget_s=None)
     warm = Query(preset="demo", config=None, config_path=None, spec_flags={}, budget_s=None)
 
-    print(f"plan -p {args.preset} --gpus {args.gpus} --budget 0, {pool.cores()} cores", flush=True)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"plan -p {args.preset} --gpus {args.gpus} --budget 0, {pool.cores()} cores, load average {load}", flush=True)
+    timed(warm, 8, 1)
     pool1, local = timed(query, args.gpus, 1)
     print(f"  local pool, 1 worker   {pool1:8.2f} s", flush=True)
+    pool2, local2 = timed(query, args.gpus, 2)
+    print(f"  local pool, 2 workers  {pool2:8.2f} s", flush=True)
     started = time.perf_counter()
     with ray_pool.workers_for("local", 2) as cpus:
         ray_start = time.perf_counter() - started
@@ -92,11 +100,12 @@ def main() -> None:
         print(f"  Ray, 1 worker          {ray1:8.2f} s", flush=True)
         ray2, two = timed(query, args.gpus, 2)
         print(f"  Ray, 2 workers         {ray2:8.2f} s", flush=True)
-    same = answer(local) == answer(one) == answer(two)
+    same = answer(local) == answer(one) and answer(local2) == answer(two)
     print(f"  same answer: {'yes' if same else 'NO'} ({len(local.candidates)} ranked, {local.replayed:,} replayed, "
           f"{local.considered:,} considered)")
     print(f"  ratios: Ray 1 worker / pool 1 worker {ray1 / pool1:.2f}; Ray 2 workers / pool 1 worker {ray2 / pool1:.2f}; "
-          f"Ray 2 workers / Ray 1 worker {ray2 / ray1:.2f}")
+          f"Ray 2 workers / Ray 1 worker {ray2 / ray1:.2f}; Ray 2 workers / pool 2 workers {ray2 / pool2:.2f}; "
+          f"load average after {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     moved = transfers(query, args.gpus)
     print(f"  per task ({moved['tasks']:,} tasks): item {moved['item_bytes_median']:,} B median, "
           f"{moved['item_bytes_max']:,} max; answer {moved['answer_bytes_median']:,} B median, "
@@ -104,8 +113,8 @@ def main() -> None:
           f"state {moved['state_bytes']:,} B once per search")
     if args.json:
         args.json.write_text(json.dumps({"preset": args.preset, "gpus": args.gpus, "cores": pool.cores(),
-                                         "pool_1": pool1, "ray_start": ray_start, "ray_1": ray1, "ray_2": ray2,
-                                         "same_answer": same, **moved}, indent=1) + "\n")
+                                         "load_before": load, "pool_1": pool1, "pool_2": pool2, "ray_start": ray_start,
+                                         "ray_1": ray1, "ray_2": ray2, "same_answer": same, **moved}, indent=1) + "\n")
     if not same:
         sys.exit(1)
 
