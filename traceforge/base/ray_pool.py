@@ -16,9 +16,10 @@ block then runs here, with the same interface and the same order as the forked p
 - Workers may be on other machines (``shares_files`` is False): a caller that writes files
   (write/writer.py) has its tasks send the bytes back and writes them here.
 - Failures are one line: Ray not installed (exit 2), an address that does not answer, a cluster
-  that refuses us or never finishes connecting, a head that stops answering mid-run (probed every
-  POLL_S while waiting), a worker that dies, a node running another traceforge. Ctrl-C cancels
-  the running tasks and leaves as without Ray (cli.user_errors: exit 130, nothing written).
+  that refuses us or never finishes connecting, a head that stops answering mid-run (a thread
+  probes it every POLL_S and interrupts the main thread, wherever Ray holds it: ``Watch``), a
+  worker that dies, a node running another traceforge. Ctrl-C cancels the running tasks and
+  leaves as without Ray (cli.user_errors: exit 130, nothing written).
 - Ray's own messages (its C++ core writes to file descriptor 2) go to a log file instead of the
   terminal while we hold a Ray we started or joined; a failure names the file, which is kept.
 
@@ -28,6 +29,7 @@ traceforge installed (``pip install 'traceforge[ray]'``, same version; a task ch
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import logging
@@ -37,6 +39,7 @@ import socket
 import sys
 import tempfile
 import threading
+import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -51,8 +54,9 @@ WHERE = ("give local (start Ray on this machine), auto (the cluster this machine
          "ray://HOST:10001 (a cluster's Ray Client port) or HOST:6379 (its head, from one of its nodes)")
 PROBE_S = 5.0  # an address that does not accept a connection in this long is unreachable
 CONNECT_S = 60.0  # ray.init that has not connected by then never will (a token the cluster refuses, a Ray that never answers)
-POLL_S = 2.0  # while waiting for results, the head is probed this often
+POLL_S = 2.0  # the head is probed this often while we hold Ray
 LOST_AFTER = 3  # consecutive probes the head refuses: the cluster is gone
+STUCK_S = 15.0  # after the interrupt, seconds the main thread has to leave Ray's call before we leave without it
 _ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$", re.ASCII)
 
 
@@ -89,10 +93,14 @@ def _reachable(where: str, host: str, port: int, note: str = "") -> None:
 @contextlib.contextmanager
 def _ray_output_to(log: Any) -> Iterator[None]:
     """File descriptor 2 (where Ray's C++ core writes) into ``log``; Python's sys.stderr keeps the
-    terminal (a copy of the old descriptor) unless a caller already replaced it (a test's capture)."""
+    terminal (a copy of the old descriptor) unless a caller already replaced it (a test's capture).
+    An exception that ends one of Ray's threads (the Ray Client's, when its head dies) is written
+    to the log too."""
     sys.stderr.flush()
     saved = os.dup(2)
     console = sys.stderr
+    hook = threading.excepthook
+    threading.excepthook = lambda args: traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=log)
     os.dup2(log.fileno(), 2)
     if getattr(console, "fileno", None) is not None:
         with contextlib.suppress(OSError, ValueError):
@@ -109,16 +117,17 @@ def _ray_output_to(log: Any) -> Iterator[None]:
             sys.stderr = console
         os.dup2(saved, 2)
         os.close(saved)
+        threading.excepthook = hook
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float, message: str) -> Iterator[None]:
-    """Leave with ``message`` (one line, exit 2) if the block has not ended in ``seconds``: a Ray
+def _deadline(seconds: float, message: Callable[[], str]) -> Iterator[None]:
+    """Leave with ``message()`` (one line, exit 2) if the block has not ended in ``seconds``: a Ray
     call blocked in C++ cannot be interrupted, and nothing has been written yet."""
 
     def give_up() -> None:
         with contextlib.suppress(OSError, ValueError):
-            os.write(_terminal_fd(), f"traceforge: error: {message}\n".encode())  # the CLI's own form (cli.fail)
+            os.write(_terminal_fd(), f"traceforge: error: {message()}\n".encode())  # the CLI's own form (cli.fail)
         os._exit(2)
 
     timer = threading.Timer(seconds, give_up)
@@ -167,22 +176,38 @@ def connected(where: str, jobs: int | None, flag: str = "--jobs") -> Iterator[in
             if address == "local":
                 ray.init(address="local", num_cpus=resolve_jobs(jobs, flag), include_dashboard=False, **quiet)
             else:
-                said = (f"--ray {where}: Ray did not finish connecting in {CONNECT_S:.0f} s (Ray's messages: {log.name}): if "
-                        "the cluster uses token authentication, set RAY_AUTH_MODE=token and its token (docs/scale.md); "
-                        "check that it runs this Ray version")
+                log_name = f"Ray's messages: {log.name}"
+
+                def said() -> str:
+                    if probe is not None:
+                        try:
+                            _reachable(where, *probe)
+                        except UserError:
+                            return f"--ray {where}: the head at {probe[0]}:{probe[1]} stopped answering while Ray connected ({log_name})"
+                    return (f"--ray {where}: Ray did not finish connecting in {CONNECT_S:.0f} s ({log_name}): if the cluster uses "
+                            "token authentication, set RAY_AUTH_MODE=token and its token (docs/scale.md); check that it runs "
+                            "this Ray version")
+
                 try:
                     with _deadline(CONNECT_S, said):
                         ray.init(address=address, **quiet)
                 except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
-                    first = " ".join(str(exc).split())[:300] or type(exc).__name__
+                    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]  # a server's traceback: its last line
+                    first = (lines[-1] if lines else type(exc).__name__)[:300]
                     backend = RayWorkers(ray, where, None, log.name)
                     backend.lost = True  # nothing to shut down; the log says why
                     raise UserError(f"--ray {where}: cannot connect: {first} (Ray's messages: {log.name})") from None
+            for name in ("ray.util.client", "ray.util.client.logsclient", "ray.util.client.dataclient"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)  # the Ray Client's notes on a lost head: our line says it
             backend = RayWorkers(ray, where, _health_address(ray, address, probe), log.name)
             try:
                 count = jobs if jobs is not None and address != "local" else _cpus(ray)
-                with running_on(backend):
+                with running_on(backend), Watch(backend):
                     yield count
+            except KeyboardInterrupt:
+                if backend.lost:  # Watch's interrupt, not Ctrl-C
+                    raise UserError(backend.head_lost()) from None
+                raise
             finally:
                 if backend.lost:  # its shutdown would wait on the head that is gone; so would Ray's own at exit
                     atexit.unregister(ray.shutdown)
@@ -243,6 +268,48 @@ def _health_address(ray: Any, address: str, probe: tuple[str, int] | None) -> tu
         return host.strip("[]"), int(port)
     except Exception:  # a Ray whose context does not say: no probe, Ray's own errors stand
         return probe
+
+
+class Watch:
+    """A thread that probes the head every POLL_S while we hold Ray. After LOST_AFTER refusals in a
+    row it marks the backend lost and interrupts the main thread (a KeyboardInterrupt, which
+    ``connected`` turns into the one line: Ray checks signals in its waits, and the Ray Client's
+    gRPC calls poll); if the main thread is still inside Ray's call STUCK_S later (a reconnect
+    that never ends), it writes the line itself and leaves with exit 2, as a kill would: an
+    output folder in progress is then left hidden, removed by the next run on it."""
+
+    def __init__(self, backend: RayWorkers):
+        self.backend = backend
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="traceforge-ray-watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        if self.backend.health is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        misses = 0
+        while not self.stop.wait(POLL_S):
+            try:
+                with socket.create_connection(self.backend.health, timeout=POLL_S):  # type: ignore[arg-type]
+                    misses = 0
+            except OSError:
+                misses += 1
+            if misses >= LOST_AFTER:
+                break
+        else:
+            return
+        self.backend.lost = True
+        _thread.interrupt_main()
+        if self.stop.wait(STUCK_S):
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.write(_terminal_fd(), f"traceforge: error: {self.backend.head_lost()}\n".encode())
+        os._exit(2)
 
 
 # -- in the worker ---------------------------------------------------------------------------
@@ -326,21 +393,14 @@ class RayWorkers:
                         self.ray.cancel(ref, force=True)
 
     def _wait(self, refs: list[Any]) -> list[Any]:
-        misses = 0
-        while True:
+        while True:  # in short waits: a signal (Ctrl-C, Watch's interrupt) is taken between them
             ready, _ = self.ray.wait(refs, num_returns=1, timeout=POLL_S)
             if ready:
                 return ready
-            if self.health is None:
-                continue
-            try:
-                with socket.create_connection(self.health, timeout=POLL_S):
-                    misses = 0
-            except OSError:
-                misses += 1
-                if misses >= LOST_AFTER:
-                    self.lost = True
-                    raise UserError(self._lost(f"its head at {self.health[0]}:{self.health[1]} stopped answering")) from None
+
+    def head_lost(self) -> str:
+        assert self.health is not None
+        return self._lost(f"its head at {self.health[0]}:{self.health[1]} stopped answering")
 
     def _lost(self, what: str) -> str:
         log = f"; Ray's messages: {self.log}" if self.log else ""
