@@ -263,6 +263,9 @@ def test_a_head_that_dies_mid_run_is_one_line(tmp_path):
         assert proc.returncode == 2 and stdout == "", (proc.returncode, stderr)
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "failed mid-run" in lines[0] and "nothing was written" in lines[0], stderr
+        log = Path(lines[0].rsplit("Ray's messages: ", 1)[1])  # kept for the reader of the line; not for us
+        assert log.is_file()
+        log.unlink()
     finally:
         _kill_session(head.pid)
         head.wait()
