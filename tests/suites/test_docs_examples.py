@@ -13,7 +13,7 @@ The rule for what is run and what is only parsed (one rule, no per-example excep
 - it is also *run* in process (tests/cli_runner.py) and must exit 0, unless it
   - writes more than RUN_MAX_RANKS ranks (`generate -p llama3-405b`: parsed and validated only),
   - needs what traceforge does not ship (`simulate`'s simulator, `calibrate`'s PyTorch and GPU,
-    anything with `--astra-sim-bin`),
+    anything with `--astra-sim-bin`, or with `--ray`: a Ray cluster),
   - names a placeholder (an upper-case word such as DIR, `$VAR` not in ENV_VALUES, /path/to,
     or an absolute path, which is outside the temporary folder), or
   - names a path an earlier parsed-only example would have written;
@@ -60,12 +60,13 @@ ENV_VALUES = {"SLURM_ARRAY_TASK_ID": "0"}
 EXAMPLES = ROOT / "examples"
 # Programs the docs show that traceforge does not ship; they are not run.
 EXTERNAL = {".", "pip", "python3", "ruff", "mypy", "lint-imports", "cd", "mkdir", "txt2bin", "LogGOPSim", "./bin/SimAI_analytical",
-            "git", "export", "torchrun"}  # the last three: installing and running PARAM (docs/replay.md)
+            "git", "export", "torchrun",  # these three: installing and running PARAM (docs/replay.md)
+            "ray"}  # starting a Ray cluster (docs/scale.md)
 PYTHON_EXTERNAL_MODULES = {"pytest", "grpc_tools.protoc", "venv"}
-# Commands that need what traceforge does not ship (a simulator binary; PyTorch and a GPU):
-# parsed, never run.
+# Commands that need what traceforge does not ship (a simulator binary; PyTorch and a GPU; a Ray
+# cluster): parsed, never run.
 NEEDS_BINARY = {"simulate", "calibrate"}
-BINARY_FLAGS = {"--astra-sim-bin"}
+BINARY_FLAGS = {"--astra-sim-bin", "--ray"}
 
 load_commands()
 CLI = typer.main.get_command(app)

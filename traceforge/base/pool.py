@@ -6,10 +6,18 @@ terminal's signal to our group never reaches a child half-way, and nothing a chi
 outlives us. Workers also die with their parent (Linux: PR_SET_PDEATHSIG), even on kill -9.
 
 Workers are forked (they inherit the caller's module state: planned programs, open sets), so
-callers put what the workers need in a module global before calling ``fan_out``. Each worker
+callers put what the workers need in a module global before calling ``fan_out``, or name it as
+``Shared`` state (an install function and its value): installed here before the fork, and on
+Ray (``plan --ray``, base/ray_pool.py) sent once and installed once per worker process. Each worker
 has its own pipe and takes one item at a time: no lock is shared between processes, so a
 worker that dies at any instant (a signal, the OOM killer) cannot hang the others or the
 parent, as a dead worker holding multiprocessing.Pool's queue lock hangs Pool.terminate().
+
+Where ``fan_out`` runs is one setting, ``ray_pool.workers_for(ray, jobs)``, that a command enters
+around its work: this machine's processes, or Ray. Either way the items are drawn from the caller's iterator
+at the same moments, by the results consumed (``ahead``), never by which worker is free first, so
+a caller whose next item depends on the results so far (plan's branch and bound) gets the same
+answer on any backend and under any load.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ import ctypes
 import multiprocessing
 import os
 import signal
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from traceforge.base.errors import UserError
 
@@ -29,7 +39,54 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _PR_SET_PDEATHSIG = 1
-AHEAD = 4  # items dispatched per worker beyond the next result due: bounds the results held for order
+AHEAD = 4  # items drawn per worker beyond the next result due: bounds the results held for order
+
+
+def ahead(jobs: int) -> int:
+    """Items drawn from the caller's iterator beyond the results it has consumed: item i is drawn
+    once result i - ahead(jobs) has been taken, whichever worker ends first. One worker draws one
+    at a time, as a loop in this process does (so Ray's one worker does what one process does)."""
+    return 1 if jobs <= 1 else AHEAD * jobs
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Read-only state every task of a fan-out needs: ``install(value)`` makes it current in a
+    process (sets the caller's module global). Forked workers inherit it, installed here first;
+    Ray sends ``value`` once (ray.put) and installs it once per worker process. ``install`` must be
+    a module-level function and ``value`` picklable (what it pickles to is what Ray moves)."""
+
+    install: Callable[[Any], None]
+    value: Any
+
+
+class Backend(Protocol):
+    """Somewhere other than this machine's forked processes to run a fan-out (base/ray_pool.py)."""
+
+    shares_files: bool  # whether its workers see this machine's files (a path written there is here)
+
+    def fan_out(self, func: Callable[[Any], Any], items: Iterable[Any], jobs: int,
+                initializer: Callable[[], None] | None, shared: Shared | None) -> Iterator[Any]: ...
+
+
+_backend: Backend | None = None  # None: this machine's forked processes
+
+
+@contextlib.contextmanager
+def running_on(backend: Backend) -> Iterator[None]:
+    """Every fan_out in the block runs on ``backend``."""
+    global _backend
+    saved, _backend = _backend, backend
+    try:
+        yield
+    finally:
+        _backend = saved
+
+
+def workers_share_files() -> bool:
+    """Whether fan_out's workers see this machine's files: a task that writes a file must send
+    the bytes back instead when they do not (Ray's workers may be on other machines)."""
+    return _backend is None or _backend.shares_files
 
 
 def cores() -> int:
@@ -116,11 +173,25 @@ def _worker(conn: Connection, func: Callable, initializer: Callable[[], None] | 
 
 
 def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
-            initializer: Callable[[], None] | None = None) -> Iterator[R]:
+            initializer: Callable[[], None] | None = None, shared: Shared | None = None) -> Iterator[R]:
     """func over items in ``jobs`` forked processes, results in item order; ``initializer`` runs
-    once in each worker first. A worker's exception is raised here; a worker that dies is an
-    error naming its exit; stopping the iteration early, or any exception in the caller, kills
-    every worker's process group at once."""
+    once in each worker first, ``shared`` is installed for them (see Shared). A worker's exception
+    is raised here; a worker that dies is an error naming its exit; stopping the iteration early,
+    or any exception in the caller, kills every worker's process group at once. With one job, in
+    this process. Inside ``running_on`` (ray_pool.workers_for), on that backend instead, same order."""
+    if _backend is not None:
+        return _backend.fan_out(func, items, jobs, initializer, shared)
+    if shared is not None:
+        shared.install(shared.value)
+    if jobs <= 1:
+        if initializer is not None:
+            initializer()
+        return map(func, items)
+    return _forked(func, items, jobs, initializer)
+
+
+def _forked(func: Callable[[T], R], items: Iterable[T], jobs: int,
+            initializer: Callable[[], None] | None) -> Iterator[R]:
     ctx = multiprocessing.get_context("fork")
     workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
     try:
@@ -147,23 +218,29 @@ def fan_out(func: Callable[[T], R], items: Iterable[T], jobs: int,
 
 def _dispatch(items: Iterable[T], workers: list) -> Iterator:
     source = iter(items)
+    window = ahead(len(workers))
     idle = [conn for _, conn in workers]
     proc_of = {id(conn): proc for proc, conn in workers}
     busy: dict[int, tuple[Connection, int]] = {}  # id(conn) -> (conn, item index)
+    drawn: deque[tuple[int, object]] = deque()  # (index, item) drawn, waiting for an idle worker
     done: dict[int, object] = {}
-    sent = due = 0
+    count = due = 0
     exhausted = False
     while True:
-        while idle and not exhausted and sent < due + AHEAD * len(workers):
+        # Drawn by the results yielded alone (ahead): the caller's iterator sees the same state
+        # whichever worker ends first.
+        while not exhausted and count < due + window:
             try:
-                item = next(source)
+                drawn.append((count, next(source)))
             except StopIteration:
                 exhausted = True
                 break
+            count += 1
+        while idle and drawn:
             conn = idle.pop()
+            index, item = drawn.popleft()
             conn.send(item)
-            busy[id(conn)] = (conn, sent)
-            sent += 1
+            busy[id(conn)] = (conn, index)
         if due in done:
             yield done.pop(due)
             due += 1

@@ -19,6 +19,7 @@ from rich.table import Table
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir, check_prefix
 from traceforge.base.pool import resolve_jobs
+from traceforge.base.ray_pool import workers_for
 from traceforge.base.tables import Fit, print_fitted
 from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.fabric import GENERATE_FABRIC_HELP, fabric_from_options, fabric_parameters
@@ -58,7 +59,8 @@ def _run_options() -> list[inspect.Parameter]:
         opt("out_dir", Path, typer.Option(Path("traces"), "--out", "-o", help="Output directory; must be empty or new unless --force.")),
         opt("prefix", str, typer.Option("workload", "--prefix", help="Trace file prefix: files are <prefix>.<rank>.et.")),
         opt("force", bool, typer.Option(False, "--force", help="Replace a non-empty output directory.")),
-        opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes writing ranks (default: all cores).")),
+        opt("jobs", Optional[int], typer.Option(None, "--jobs", "-j", help="Worker processes writing ranks (default: all cores; with --ray on a cluster, its CPUs).")),
+        opt("ray", Optional[str], typer.Option(None, "--ray", metavar="local|auto|ADDRESS", help="Encode the ranks as Ray tasks (pip install 'traceforge[ray]'); the files are written here, byte for byte as without: local starts Ray here with the cores --jobs allows; auto joins the cluster this machine is a node of; ray://HOST:10001 or HOST:6379 names a cluster's head (docs/scale.md).")),
         opt("shard", Optional[str], typer.Option(None, "--shard", help="Write only shard K/N of the ranks (K from 0) plus a shard manifest; join with 'traceforge merge'.")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar or summary.")),
         opt("check", bool, typer.Option(False, "--check", help="Run 'traceforge check' on the written set; exit 1 on findings.")),
@@ -87,7 +89,7 @@ def generate(**kwargs: Any) -> None:
     from traceforge.write.shard import shard_ranks, write_shard
     from traceforge.write.writer import write_trace_set
 
-    run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "shard", "quiet", "check", "report", "astra_sim",
+    run_keys = ("preset", "config", "out_dir", "prefix", "force", "jobs", "ray", "shard", "quiet", "check", "report", "astra_sim",
                 "allow_oom", "gpu_memory_gb", "overhead_gb", "allocator_reserve_pct")
     run = {k: kwargs.pop(k) for k in run_keys}
     cluster_opts = {k: kwargs.pop(k) for k in (*FIELD, *OPTIONS_HELP)}
@@ -127,14 +129,13 @@ def generate(**kwargs: Any) -> None:
     if run["shard"] is None:
         check_output_dir(run["out_dir"], run["force"], inputs)  # refuse before planning anything
     started = time.perf_counter()
-    common = dict(prefix=run["prefix"], force=run["force"], jobs=jobs)
     if run["shard"] is not None:
         if run["check"] or run["report"]:
             raise UserError("--check and --report need the whole set: run them after 'traceforge merge'")
         k, n = parse_shard(run["shard"])
         ranks = shard_ranks(spec.world_size, k, n)
-        with _progress(len(ranks), quiet=run["quiet"]) as on_chunk:
-            write_shard(spec, run["out_dir"], k, n, on_chunk=on_chunk, **common)
+        with workers_for(run["ray"], run["jobs"]) as writers, _progress(len(ranks), quiet=run["quiet"]) as on_chunk:
+            write_shard(spec, run["out_dir"], k, n, on_chunk=on_chunk, prefix=run["prefix"], force=run["force"], jobs=writers)
         if not run["quiet"]:
             out.print(f"wrote shard {k}/{n}: ranks {ranks.start}..{ranks.stop - 1} of {spec.world_size} to {run['out_dir']}/; "
                       f"run 'traceforge merge {run['out_dir']}' once every shard is done")
@@ -153,8 +154,9 @@ def generate(**kwargs: Any) -> None:
             out.file.flush()
 
     progress = _progress(spec.world_size, quiet=run["quiet"])
-    with progress as on_chunk:
-        write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
+    with workers_for(run["ray"], run["jobs"]) as writers, progress as on_chunk:  # --ray: only the writing (check reads here)
+        write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, prefix=run["prefix"],
+                        force=run["force"], jobs=writers)
     if run["report"]:
         # Here, not at the top: importing report's module registers its command, and --help lists
         # the commands in the order they register (generate's before report's).

@@ -21,6 +21,7 @@ from traceforge.base.errors import UserError
 from traceforge.base.limits import MAX_WORLD_SIZE
 from traceforge.base.output import check_output_dir
 from traceforge.base.pool import resolve_jobs
+from traceforge.base.ray_pool import workers_for
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 from traceforge.base.tables import Fit, print_fitted
@@ -66,7 +67,8 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
         opt("budget", float | None, typer.Option(None, "--budget", metavar="SECONDS", help="Seconds the search may run (validating, sizing and replaying) before it stops replaying and says how far from exact its ranking may be (default 55, so that a plan ends within a minute; none with --all; 0: no limit, the top K exact).")),
-        opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores).")),
+        opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores; with --ray on a cluster, its CPUs).")),
+        opt("ray", str | None, typer.Option(None, "--ray", metavar="local|auto|ADDRESS", help="Run the search's work as Ray tasks (pip install 'traceforge[ray]'), same answer: local starts Ray here with the cores --jobs allows; auto joins the cluster this machine is a node of; ray://HOST:10001 or HOST:6379 names a cluster's head (docs/scale.md).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
     ]
 
@@ -130,10 +132,12 @@ def plan(**kwargs: Any) -> None:
     opts = {k: kwargs.pop(k) for k in [p.name for p in _plan_options()]}
     machine = {k: kwargs.pop(k) for k in FIELD}
     spec_flags = {k: v for k, v in kwargs.items() if v is not None}
-    jobs = resolve_jobs(opts["jobs"])
+    resolve_jobs(opts["jobs"])  # a bad --jobs is refused first; workers_for below gives the count
     if opts["shard"] is None:  # a shard's answer is its file; every other run's is stdout
         answer_to_stdout("the plan")
     if opts["merge"] is not None:
+        if opts["ray"] is not None:
+            raise UserError("--merge only reads the shard files: drop --ray (give it to each --shard run)")
         title, gpus, counts, ranked = planner_run.merged(opts["merge"])
         _print_plan(title, gpus, ranked, counts, opts["as_json"])
         return
@@ -208,27 +212,28 @@ def plan(**kwargs: Any) -> None:
         allocator_reserve_pct=opts["allocator_reserve_pct"],
         tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
         budget_s=opts["budget"] or None)
-    if swept:
-        name = swept[0]
-        _print_sweep(*planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["out_dir"],
-                                        opts["force"]), opts["as_json"])
-        return
-    gpus = lists["gpus"][0]
-    if opts["shard"] is not None:
-        target, considered = planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
-        if not opts["quiet"]:
-            out.print(f"wrote {target}: {considered:,} layouts considered; run 'traceforge plan --merge {opts['out_dir']}' "
-                      "once every shard is done", markup=False)
-        return
-    ranked, counts, written = planner_run.plan(query, gpus, jobs, opts["quiet"], opts["write_top"], opts["out_dir"],
-                                               opts["force"], opts["astra_sim"])
-    _print_plan(planner_run.title(query, gpus), gpus, ranked, counts, opts["as_json"], planner_run.assumed(query))
-    if written and not (opts["as_json"] and opts["quiet"]):  # the table's own line; with --json a note on stderr
-        sets = min(opts["write_top"], len(ranked))  # write_top puts the sets first, then the files
-        fewer = f", all {sets} that fit," if sets < opts["write_top"] else ""
-        (err if opts["as_json"] else out).print(
-            f"wrote {opts['out_dir']}: {sets} trace set(s){fewer} each with its spec.json"
-            f"{' and ASTRA-sim bundle' if opts['astra_sim'] else ''}; {', '.join(written[sets:])}", markup=False, soft_wrap=True)
+    with workers_for(opts["ray"], opts["jobs"]) as jobs:  # on Ray with --ray: connected after every refusal above
+        if swept:
+            name = swept[0]
+            _print_sweep(*planner_run.sweep(query, name, lists[name], lists["gpus"][0], jobs, opts["quiet"], opts["out_dir"],
+                                            opts["force"]), opts["as_json"])
+            return
+        gpus = lists["gpus"][0]
+        if opts["shard"] is not None:
+            target, considered = planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
+            if not opts["quiet"]:
+                out.print(f"wrote {target}: {considered:,} layouts considered; run 'traceforge plan --merge {opts['out_dir']}' "
+                          "once every shard is done", markup=False)
+            return
+        ranked, counts, written = planner_run.plan(query, gpus, jobs, opts["quiet"], opts["write_top"], opts["out_dir"],
+                                                   opts["force"], opts["astra_sim"])
+        _print_plan(planner_run.title(query, gpus), gpus, ranked, counts, opts["as_json"], planner_run.assumed(query))
+        if written and not (opts["as_json"] and opts["quiet"]):  # the table's own line; with --json a note on stderr
+            sets = min(opts["write_top"], len(ranked))  # write_top puts the sets first, then the files
+            fewer = f", all {sets} that fit," if sets < opts["write_top"] else ""
+            (err if opts["as_json"] else out).print(
+                f"wrote {opts['out_dir']}: {sets} trace set(s){fewer} each with its spec.json"
+                f"{' and ASTRA-sim bundle' if opts['astra_sim'] else ''}; {', '.join(written[sets:])}", markup=False, soft_wrap=True)
 
 
 def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool,

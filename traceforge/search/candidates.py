@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from traceforge.base.errors import SpecError, UserError
-from traceforge.base.pool import fan_out
+from traceforge.base.pool import Shared, fan_out
 from traceforge.config import LayerRun, Spec, spec_builder
 from traceforge.machine.cluster import Cluster
 from traceforge.memory.report import DOES_NOT_FIT, Band
@@ -116,7 +116,7 @@ def sort_key(values: Mapping[str, Any]) -> tuple:
 
 @dataclass
 class _Job:
-    builder: Callable[..., Spec]
+    base: Base
     model: Model
     fixed: Mapping[str, Any]
     link: Cluster
@@ -124,8 +124,29 @@ class _Job:
     overhead_bytes: int | None = None
     reserve: float | None = None
 
+    def __post_init__(self) -> None:
+        self.builder = self.base.builder()
+
+    def __getstate__(self) -> dict[str, Any]:  # to a Ray worker: the builder (and its memos) is rebuilt there
+        return {k: v for k, v in self.__dict__.items() if k != "builder"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
 
 _job: _Job | None = None
+
+
+def _use_job(job: _Job) -> None:
+    """Make ``job`` the workers' (pool.Shared: forked workers inherit it, a Ray worker installs it once)."""
+    global _job
+    _job = job
+
+
+def _shared() -> Shared:
+    assert _job is not None
+    return Shared(_use_job, _job)
 
 
 def _check(values: dict[str, Any], reads: set[str] | None) -> Spec | None:
@@ -256,8 +277,8 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: Cluster, gp
     layouts could still have ranked and the lowest step they could reach."""
     global _job
     started = time.perf_counter()
-    builder = base.builder()
-    _job = _Job(builder, model, fixed, link, gpu_memory, overhead_bytes, reserve)
+    _job = _Job(base, model, fixed, link, gpu_memory, overhead_bytes, reserve)
+    builder = _job.builder
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
     progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
@@ -278,7 +299,7 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: Cluster, gp
                     return
                 yield record, [tops[i] for i in group]
 
-        found = fan_out(_group_floors, tasks(), jobs) if jobs > 1 else map(_group_floors, tasks())
+        found = fan_out(_group_floors, tasks(), jobs, shared=_shared())
         for group, answers in zip(groups, found, strict=False):
             for i, (floor, exact) in zip(group, answers, strict=True):
                 floors[i], recorded[i] = max(floor, floors[i] or 0.0), exact
@@ -344,10 +365,11 @@ SKIPPED = "skipped"  # a task a worker took too late to end before the deadline
 
 def _task(task: tuple[str, Any, float | None]) -> tuple[Any, float]:
     """A worker's task: validate, size and bound one layout's candidates, or replay one; unless
-    it starts after `start_by` (perf_counter seconds, one clock for every process): tasks are
-    handed out ahead of the answers, so one may be taken after the deadline it was sent for."""
+    it starts after `start_by` (time.time() seconds: one clock for every process and, within
+    NTP's milliseconds, every machine of a Ray cluster): tasks are handed out ahead of the
+    answers, so one may be taken after the deadline it was sent for."""
     kind, item, start_by = task
-    if start_by is not None and time.perf_counter() > start_by:
+    if start_by is not None and time.time() > start_by:
         return SKIPPED, 0.0
     if kind == "layout":
         started = time.perf_counter()
@@ -445,7 +467,8 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float | 
                 if time.perf_counter() > start_by:
                     leave(kind, item)
                     continue
-            task = ("layout" if kind == 0 else "replay", item, start_by)
+            task = ("layout" if kind == 0 else "replay", item,
+                    None if start_by is None else time.time() + start_by - time.perf_counter())  # (see _task)
             sent.append(task)
             yield task
 
@@ -460,7 +483,7 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float | 
 
     while True:
         tasks = in_bound_order()
-        results = fan_out(_task, tasks, jobs) if jobs > 1 else map(_task, tasks)
+        results = fan_out(_task, tasks, jobs, shared=_shared())
         for answer, seconds in results:
             name, item, _ = sent.popleft()
             if isinstance(answer, str) and answer == SKIPPED:  # (a copy, from a worker process)

@@ -1,7 +1,9 @@
 """Write a trace set: one <prefix>.<rank>.et per rank, comm_group.json and manifest.json.
 
 Ranks are written in parallel by plain processes (--jobs), each in stage-sorted chunks so a
-worker reuses its stage templates; memory holds one rank's file at a time per worker.
+worker reuses its stage templates; memory holds one rank's file at a time per worker. Workers
+that do not see this machine's files (Ray's, --ray) encode a chunk and send its bytes back,
+written here in the same order.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from traceforge import __version__
 from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE, atomic_output_dir
-from traceforge.base.pool import fan_out
+from traceforge.base.pool import Shared, fan_out, workers_share_files
 from traceforge.config import Spec
 from traceforge.model.compute import kernel_time_report
 from traceforge.model.params import padded_vocab, total_params
@@ -97,18 +99,39 @@ class RankWriter:
 
     def write(self, rank: int) -> RankRecord:
         data, nodes = self.encode(rank)
+        return self.store(rank, data, nodes)
+
+    def store(self, rank: int, data: bytes | memoryview, nodes: int) -> RankRecord:
+        """Write one rank's encoded file."""
         with open(self.directory / trace_file_name(self.prefix, rank), "wb") as f:
             f.write(data)
         return RankRecord(rank, nodes, len(data), hashlib.sha256(data).hexdigest())
 
+    def __getstate__(self) -> dict:  # to a Ray worker: the spec; the layout and encoders are rebuilt there
+        return {"spec": self.spec, "directory": self.directory, "prefix": self.prefix}
 
-# Worker-process state, inherited through fork.
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["spec"], Layout.from_spec(state["spec"]), state["directory"], state["prefix"])  # type: ignore[misc]
+
+
+# Worker-process state (pool.Shared: inherited through fork, or installed once per Ray worker).
 _worker: RankWriter | None = None
+
+
+def _use_writer(writer: RankWriter) -> None:
+    global _worker
+    _worker = writer
 
 
 def _write_chunk(ranks: list[int]) -> list[RankRecord]:
     assert _worker is not None
     return [_worker.write(r) for r in ranks]
+
+
+def _encode_chunk(ranks: list[int]) -> list[tuple[int, bytes, int]]:
+    """(rank, file bytes, nodes) per rank: for workers that cannot write here."""
+    assert _worker is not None
+    return [(r, bytes(data), nodes) for r in ranks for data, nodes in [_worker.encode(r)]]
 
 
 def _chunks(layout: Layout, ranks: range, jobs: int) -> list[list[int]]:
@@ -132,16 +155,20 @@ def write_ranks(
         if on_chunk:
             on_chunk(done)
 
-    if jobs <= 1 or len(chunks) <= 1:
+    here = workers_share_files()
+    if here and (jobs <= 1 or len(chunks) <= 1):
         for chunk in chunks:
             collect([writer.write(r) for r in chunk])
         return table
     # Workers build the stage encoders they need themselves: chunks are in stage order, so the
     # work of encoding stages spreads over the workers instead of running here serially.
-    _worker = writer
     try:
-        for done in fan_out(_write_chunk, chunks, jobs):
-            collect(done)
+        if here:
+            for done in fan_out(_write_chunk, chunks, jobs, shared=Shared(_use_writer, writer)):
+                collect(done)
+        else:
+            for encoded in fan_out(_encode_chunk, chunks, jobs, shared=Shared(_use_writer, writer)):
+                collect([writer.store(rank, data, nodes) for rank, data, nodes in encoded])
     finally:
         _worker = None
     return table
