@@ -133,6 +133,8 @@ def report(
     fabric_planes: int | None = typer.Option(None, "--fabric-planes", help="Planes of a multi-plane fabric (default 2).", rich_help_panel="Fabric"),
     fabric_seed: int | None = typer.Option(None, "--fabric-seed", help="Seed of the ECMP hash (default 0).", rich_help_panel="Fabric"),
     fabric_qps: int | None = typer.Option(None, "--fabric-qps", help="Queue pairs per connection, each a flow of its own (NCCL_IB_QPS_PER_CONNECTION; default 1).", rich_help_panel="Fabric"),
+    fail: str | None = typer.Option(None, "--fail", help="Fail links or switches, comma-separated names as report --fabric prints them: a link (leaf3>spine0.5, both directions), a switch (leaf3, spine0.5, core0.1.2: all its links) or a NIC port (node0.nic3); flows reroute over the survivors and the hardware estimate shows the step with and without.", rich_help_panel="Fabric"),
+    degrade: list[str] | None = typer.Option(None, "--degrade", help="NAME=FRACTION: run a link (both directions) or a switch's links at that fraction of their speed, above 0 and at most 1; repeatable.", rich_help_panel="Fabric"),
     pxn: bool | None = typer.Option(None, "--pxn/--no-pxn", help="NCCL's PXN: a transfer to another rail crosses NVLink to the sender node's GPU on that rail first (default on; rail-only wiring always does).", rich_help_panel="Fabric"),
     **machine: Any,
 ) -> None:
@@ -153,7 +155,7 @@ def report(
 
     fab = fabric_for(fabric, given, leaf=fabric_leaf, spine=fabric_spine, core=fabric_core, placement=fabric_placement,
                      nvlink_domain=nvlink_domain, wiring=fabric_wiring, planes=fabric_planes, seed=fabric_seed,
-                     qps_per_connection=fabric_qps, pxn=pxn)
+                     qps_per_connection=fabric_qps, pxn=pxn, fail=fail, degrade=degrade or None)
     if fab is not None and "gpus_per_node" not in given:
         cluster = replace(cluster, gpus_per_node=fab.gpus_per_node)
         given = dict(given, gpus_per_node=fab.gpus_per_node)

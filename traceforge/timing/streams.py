@@ -111,6 +111,8 @@ class StreamReplay(_Replay):
         self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
         self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
         self.nccl_send_times: dict[tuple[int, bool], tuple[float, float]] = {}  # the same per (send size, inter)
+        self.slow: dict[tuple[int, int, bool], float] = {}  # (class, role, send) -> the fabric's factor
+        self.class_ranks: list[list[int]] | None = None
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -146,7 +148,27 @@ class StreamReplay(_Replay):
             timing = self.nccl_times.get(key)
             if timing is None:
                 timing = self.nccl_times[key] = self.link.nccl_collective(*key)
-        self._begin(c, i, t0, wire, inter, own, bound, timing)
+        slow = self._slowdown(c, cp.roles[i], False) if inter else 1.0
+        self._begin(c, i, t0, wire, inter, own, bound, timing, slow)
+
+    def _slowdown(self, c: int, role: int, send: bool) -> float:
+        """The fabric's factor on the network part of class c's transfers in a group (or peer)
+        role: the worst over the class's members' groups (Cluster.network_slowdown)."""
+        if self.link.sharing is None:
+            return 1.0
+        key = (c, role, send)
+        found = self.slow.get(key)
+        if found is None:
+            if self.class_ranks is None:
+                self.class_ranks = [[] for _ in self.classes]
+                for rank, k in enumerate(self.color):
+                    self.class_ranks[k].append(rank)
+            ps, ranks = self.ps, self.class_ranks[c]
+            ids = {ps.group_roles[r][role] for r in ranks} if not send else set()
+            groups = ([(None, (r, ps.peer_roles[r][role])) for r in ranks] if send
+                      else [(ps.group_dims.get(g), ps.groups[g]) for g in sorted(ids)])
+            found = self.slow[key] = self.link.network_slowdown(groups)
+        return found
 
     def send_transfer(self, c: int, i: int, t: float) -> None:
         cp = self.classes[c]
@@ -165,22 +187,26 @@ class StreamReplay(_Replay):
             timing = self.nccl_send_times.get((size, inter))
             if timing is None:
                 timing = self.nccl_send_times[(size, inter)] = self.link.nccl_send(size, inter)
-        self._begin(c, i, t, float(size), inter, own, own, timing)
+        slow = self._slowdown(c, cp.roles[i], True) if inter else 1.0
+        self._begin(c, i, t, float(size), inter, own, own, timing, slow)
 
     def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
-               bound: tuple[int, ...], timing: tuple[float, float] | None = None) -> None:
+               bound: tuple[int, ...], timing: tuple[float, float] | None = None, slow: float = 1.0) -> None:
         """Start a transfer of `wire` bytes on its tier. timing: NCCL's (latency, bandwidth part)
         in us when its model times the transfer: the bytes then flow at wire / that part,
-        shared as any other; else the tier's alpha-beta latency and bandwidth."""
+        shared as any other; else the tier's alpha-beta latency and bandwidth. slow: the
+        fabric's factor on that bandwidth part (1 without a fabric)."""
         link = self.link
         if timing is not None:
             latency, part = timing
+            part *= slow
             if wire <= 0 or part <= 0:
                 self.done_at(c, i, t + latency + max(part, 0.0))
                 return
             bandwidth = wire / part
         else:
             latency, bandwidth = link.tier(inter)
+            bandwidth /= slow
             if wire <= 0:
                 self.done_at(c, i, t + latency)
                 return
