@@ -18,7 +18,9 @@ flight per rank. This one follows what the GPU does (docs/estimate-modes.md has 
   that share a (rank, tier, direction) with it, the most crowded one it touches: a collective
   sends and receives on every member, a send out of the sender and into the receiver. Rates are
   recomputed whenever a transfer starts or ends its bytes (a fluid, processor-sharing model).
-  Concurrent transfers on different tiers do not slow each other.
+  Concurrent transfers on different tiers do not slow each other. On a fabric (report
+  --fabric: Cluster.sharing), a scale-out transfer's rate is further divided by its group's
+  factor, the worst among its class's members' groups (machine/routes.slowdowns; docs/fabric.md).
 
 The DAG is untouched: what --overlap-grad-reduce, --overlap-param-gather and --overlap-p2p-comm
 change is already in the trace's dependencies (program/data.py, program/ops.py); this model only lets
