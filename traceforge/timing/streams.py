@@ -114,6 +114,7 @@ class StreamReplay(_Replay):
         self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
         self.nccl_send_times: dict[tuple[int, bool], tuple[float, float]] = {}  # the same per (send size, inter)
         self.slow: dict[tuple[int, int, bool], float] = {}  # (class, role, send) -> the fabric's factor
+        self.shared = link.sharing is not None  # on a fabric (report --fabric): transfers take its factors
         self.class_ranks: list[list[int]] | None = None
 
     # -- streams ------------------------------------------------------------------------
@@ -150,14 +151,12 @@ class StreamReplay(_Replay):
             timing = self.nccl_times.get(key)
             if timing is None:
                 timing = self.nccl_times[key] = self.link.nccl_collective(*key)
-        slow = self._slowdown(c, cp.roles[i], False) if inter else 1.0
+        slow = self._slowdown(c, cp.roles[i], False) if inter and self.shared else 1.0
         self._begin(c, i, t0, wire, inter, own, bound, timing, slow)
 
     def _slowdown(self, c: int, role: int, send: bool) -> float:
         """The fabric's factor on the network part of class c's transfers in a group (or peer)
         role: the worst over the class's members' groups (Cluster.network_slowdown)."""
-        if self.link.sharing is None:
-            return 1.0
         key = (c, role, send)
         found = self.slow.get(key)
         if found is None:
@@ -189,7 +188,7 @@ class StreamReplay(_Replay):
             timing = self.nccl_send_times.get((size, inter))
             if timing is None:
                 timing = self.nccl_send_times[(size, inter)] = self.link.nccl_send(size, inter)
-        slow = self._slowdown(c, cp.roles[i], True) if inter else 1.0
+        slow = self._slowdown(c, cp.roles[i], True) if inter and self.shared else 1.0
         self._begin(c, i, t, float(size), inter, own, own, timing, slow)
 
     def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
