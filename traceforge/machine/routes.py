@@ -224,7 +224,7 @@ class Router:
         share = hop[:, None] * (run_len - 1) / run_len
         self.t.add_nvl(m[inside], m[rows, nxt][inside], share[inside],
                        np.broadcast_to(dim[:, None], m.shape)[inside], np.broadcast_to(group[:, None], m.shape)[inside])
-        # Network hops: at each run's end, 2R channels, R = min(members per domain, NICs).
+        # Network hops: at each run's end, NCCL's ring channels (2R, R = min(members per domain, NICs)).
         per_domain = n // bounds
         machine = NcclMachine(gpus_per_node=self.f.nvlink_domain, nics_per_node=self.f.nics_per_node)
         sizes, which = np.unique(per_domain, return_inverse=True)
