@@ -53,15 +53,17 @@ def fabric_parameters(fabric_help: str = FABRIC_HELP) -> list[inspect.Parameter]
     return params
 
 
-def fabric_from_options(options: dict[str, Any], given: dict[str, Any]):
+def fabric_from_options(options: dict[str, Any], given: dict[str, Any], **extra: Any):
     """--fabric and the fabric flags (popped from options) as one Fabric, None without --fabric;
     -g and --nics-per-node, when given (`given`: the machine flags the user gave), are the
-    fabric's node too. A fabric flag without --fabric is refused in one line."""
+    fabric's node too. `extra`: a command's own fabric flags by their with_flags key (report's
+    fail, degrade). A fabric flag without --fabric is refused in one line."""
     value = options.pop("fabric", None)
     flags = {_FLAGS[name][3]: options.pop(name, None) for name in _FLAGS}
     if value is None:
         given_flag = next((_spelling(name, flags[key]) for name, (_, _, _, key) in _FLAGS.items()
                            if flags[key] is not None), None)
+        given_flag = given_flag or next((f"--{key}" for key, v in extra.items() if v is not None), None)
         if given_flag:
             raise UserError(f"{given_flag} describes a fabric: add --fabric (a file, a named fabric or a wiring such as "
                             "rail-optimized)")
@@ -69,7 +71,7 @@ def fabric_from_options(options: dict[str, Any], given: dict[str, Any]):
     from traceforge.machine.fabric import load_fabric, with_flags
 
     node = {k: given[k] for k in ("gpus_per_node", "nics_per_node") if k in given}
-    return with_flags(load_fabric(value), **node, **flags)
+    return with_flags(load_fabric(value), **node, **flags, **extra)
 
 
 def _spelling(name: str, value: Any) -> str:

@@ -106,6 +106,8 @@ def report(
     astra_log: Path | None = typer.Option(None, "--astra-log", help="The log (file or --logging-folder) of an ASTRA-sim run of this set made by hand."),
     astra_model: bool | None = typer.Option(None, "--astra-model/--alpha-beta", help=ASTRA_MODEL_HELP),
     estimate: str | None = typer.Option(None, "--estimate", help=ESTIMATE_HELP),
+    fail: str | None = typer.Option(None, "--fail", help="Fail links or switches, comma-separated names as report --fabric prints them: a link (leaf3>spine0.5, both directions), a switch (leaf3, spine0.5, core0.1.2: all its links) or a NIC port (node0.nic3); flows reroute over the survivors and the hardware estimate shows the step with and without.", rich_help_panel="Fabric"),
+    degrade: list[str] | None = typer.Option(None, "--degrade", help="NAME=FRACTION: run a link (both directions) or a switch's links at that fraction of their speed, above 0 and at most 1; repeatable.", rich_help_panel="Fabric"),
     **machine: Any,
 ) -> None:
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
@@ -125,7 +127,7 @@ def report(
     if out_dir is not None:  # refuse a bad --out before the (long) read
         check_output_dir(out_dir, force, [directory] + ([compare] if compare else []))
 
-    fab = fabric_from_options(fabric_options, given)
+    fab = fabric_from_options(fabric_options, given, fail=fail, degrade=degrade or None)
     if fab is not None and "gpus_per_node" not in given:
         cluster = replace(cluster, gpus_per_node=fab.gpus_per_node)
         given = dict(given, gpus_per_node=fab.gpus_per_node)

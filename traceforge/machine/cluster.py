@@ -21,6 +21,7 @@ Defaults (docs/simulation.md, "The machine"): an HGX-H100-like node after ASTRA-
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -156,6 +157,10 @@ class Cluster:
     scale_out_topology: str = "switch"
     nics_per_node: int = 8
     gpu: str | None = None  # NCCL's tables for this GPU time the hardware mode; None: the set's, ALPHA_BETA: none
+    # The fabric's sharing (machine/routes.slowdowns): per group, (its dimension, its sorted members)
+    # -> how much longer the fabric makes its network part, and (None, members) -> the worst over
+    # the dimensions naming those members; None: the flat tiers alone (report --fabric sets it).
+    sharing: Mapping[tuple[str | None, tuple[int, ...]], float] | None = field(default=None, repr=False, compare=False)
     # The latencies in the replay's us and the bandwidths in its bytes per us, derived once from
     # the flags' ns and GB/s above: the one conversion.
     scale_up_latency_us: float = field(init=False, repr=False, compare=False)
@@ -203,6 +208,20 @@ class Cluster:
                                    nics_per_node=self.nics_per_node,
                                    nic_bw=self.scale_out_bw * self.gpus_per_node / self.nics_per_node,
                                    shared_nics=True)
+
+    def network_slowdown(self, groups: Iterable[tuple[str | None, Iterable[int]]]) -> float:
+        """The factor on the network part of a transfer that the members of one rank class make
+        on these groups, each (dimension or None, members): a collective's communicators or a
+        send's pairs. The worst of the fabric's, 1 without one: a class's representative stands
+        for all its members, so it waits as long as the slowest of their groups."""
+        sharing = self.sharing
+        if sharing is None:
+            return 1.0
+        worst = 1.0
+        for dim, members in groups:
+            key = tuple(sorted(members))
+            worst = max(worst, sharing.get((dim, key), sharing.get((None, key), 1.0)))
+        return worst
 
     def nccl_collective(self, ctype: int, size: int, n: int, nodes: int) -> tuple[float, float]:
         """(latency, bandwidth part) in us of one collective of comm_size `size` on n members

@@ -99,7 +99,8 @@ class Fabric:
     p2p_channels: int = 2  # channels of a send or an AllToAll pair across the network
     seed: int = 0  # the ECMP hash's (machine/routes.py)
     placement: tuple[int, ...] | None = None  # slot of each job node; None: contiguous
-    failed_links: tuple[str, ...] = ()
+    failed_links: tuple[str, ...] = ()  # link names (that direction) or switch / NIC port names (all their links)
+    degraded_links: tuple[tuple[str, float], ...] = ()  # (link or switch name, fraction of its speed left)
     source: str = ""  # where the figures come from
     # Derived on construction.
     ports: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
@@ -145,6 +146,10 @@ class Fabric:
         if len(self.tiers) > 1 and self.rail_wired and self.wiring != RAIL_ONLY and ports[1][0] < self.rails:
             raise UserError(f"fabric {self.name}: a {self.tiers[1].name} of {ports[1][0]} ports down cannot reach the "
                             f"{self.rails} leaves (one per rail) of a leaf group")
+        for name, fraction in self.degraded_links:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                raise UserError(f"fabric {self.name}: degrade {name}={fraction!r}: the fraction of its speed left must be "
+                                f"above 0 and at most 1 (0.5: half speed; fail a link with --fail instead of 0)")
         if self.placement is not None:
             slots = self.placement
             bad = [s for s in slots if isinstance(s, bool) or not isinstance(s, int) or s < 0]
@@ -234,6 +239,7 @@ class Fabric:
         doc["tiers"] = [t.to_json() for t in self.tiers]
         doc["placement"] = CONTIGUOUS if self.placement is None else list(self.placement)
         doc["failed_links"] = list(self.failed_links)
+        doc["degraded_links"] = [{"name": n, "fraction": x} for n, x in self.degraded_links]
         doc["ports"] = [{"tier": t.name, "down": d, "up": u} for t, (d, u) in zip(self.tiers, self.ports, strict=True)]
         doc["capacity_nodes"] = self.capacity_nodes
         return doc
@@ -309,8 +315,8 @@ NAMED: dict[str, Fabric] = {
 
 # -- reading a description --------------------------------------------------------------------
 FABRIC_KEYS = ("name", "gpus_per_node", "nvlink_domain", "nvlink_gbps", "nics_per_node", "nic_gbps", "tiers", "wiring",
-               "planes", "pxn", "qps_per_connection", "p2p_channels", "seed", "placement", "failed_links", "source",
-               "preset")
+               "planes", "pxn", "qps_per_connection", "p2p_channels", "seed", "placement", "failed_links", "degraded_links",
+               "source", "preset")
 TIER_KEYS = ("name", "radix", "gbps", "oversubscription", "down", "latency_ns")
 
 
@@ -408,9 +414,48 @@ def fabric_from_mapping(doc: Any, where: str) -> Fabric:
         if not isinstance(links, (list, tuple)) or not all(isinstance(x, str) for x in links):
             raise UserError(f"{where}: failed_links must be a list of link names (e.g. leaf0>spine0.3)")
         values["failed_links"] = tuple(links)
+    if "degraded_links" in values:
+        values["degraded_links"] = _degraded(values["degraded_links"], where)
     if "name" not in values and base.name == "custom" and where.startswith("fabric file"):
         values["name"] = Path(where.split()[-1]).stem
     return _replace(base, values)
+
+
+def _degraded(doc: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """degraded_links: a mapping {name: fraction} or a list of 'NAME=FRACTION'."""
+    if isinstance(doc, dict):
+        items = list(doc.items())
+    elif isinstance(doc, (list, tuple)) and all(isinstance(x, str) for x in doc):
+        items = [parse_degrade(x) for x in doc]
+    else:
+        raise UserError(f"{where}: degraded_links must map link or switch names to the fraction of speed left "
+                        f"(leaf0>spine0.3: 0.5)")
+    for name, _ in items:
+        if not isinstance(name, str):
+            raise UserError(f"{where}: degraded_links names must be link or switch names, got {name!r}")
+    return tuple((name, value) for name, value in items)
+
+
+def parse_degrade(text: str) -> tuple[str, float]:
+    """--degrade's 'NAME=FRACTION'."""
+    name, eq, value = text.strip().rpartition("=")
+    if not eq or not name.strip():
+        raise UserError(f"--degrade {text!r}: give NAME=FRACTION, e.g. leaf0>spine0.3=0.5 (the fraction of its speed left)")
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise UserError(f"--degrade {text!r}: the fraction {value!r} is not a number; give e.g. 0.5") from None
+    if not 0 < fraction <= 1:
+        raise UserError(f"--degrade {text!r}: the fraction of its speed left must be above 0 and at most 1 "
+                        f"(0.5: half speed; fail a link with --fail instead of 0)")
+    return name.strip(), fraction
+
+
+def cable(name: str) -> tuple[str, ...]:
+    """A name from --fail or --degrade: a link 'a>b' is a cable, both directions; a switch or NIC
+    port stays as it is (all its links)."""
+    a, sep, b = name.strip().partition(">")
+    return (f"{a}>{b}", f"{b}>{a}") if sep else (name.strip(),)
 
 
 def _replace(base: Fabric, values: dict[str, Any]) -> Fabric:
@@ -467,6 +512,13 @@ def with_flags(fabric: Fabric, **flags: Any) -> Fabric:
     values["tiers"] = tuple(tiers)
     if flags.get("placement") is not None:
         values["placement"] = parse_slots(flags["placement"])
+    if flags.get("fail"):
+        names = [x for x in flags["fail"].split(",") if x.strip()]
+        values["failed_links"] = tuple(dict.fromkeys(fabric.failed_links + tuple(y for x in names for y in cable(x))))
+    if flags.get("degrade"):
+        degraded = [(y, fraction) for text in flags["degrade"] for name, fraction in [parse_degrade(text)]
+                    for y in cable(name)]
+        values["degraded_links"] = fabric.degraded_links + tuple(degraded)
     for key in ("gpus_per_node", "nvlink_domain", "nvlink_gbps", "nics_per_node", "nic_gbps", "wiring", "planes", "seed",
                 "qps_per_connection", "pxn"):
         if flags.get(key) is not None:

@@ -372,3 +372,9 @@ def busbw(m: NcclMachine, coll: str, nbytes: int, ranks: int, nodes: int, algori
     """nccl-tests' busbw (GB/s) of the collective at NCCL's choice: nbytes / time x bus factor."""
     choice = best(m, coll, nbytes, ranks, nodes, algorithm, protocol)
     return nbytes / (1000 * choice.time_us) * bus_factor(coll, ranks)
+
+
+def ring_channels(m: NcclMachine, nodes: int, per_node: int) -> int:
+    """The channels of the ring graph of a group with `per_node` members on each of `nodes` nodes
+    (what _ring_graph opens; machine/routes.py routes that many rings across the network)."""
+    return _ring_graph(m, nodes, per_node)[1]

@@ -40,6 +40,7 @@ import numpy as np
 
 from traceforge.base.errors import UserError
 from traceforge.machine.fabric import RAIL_ONLY, Fabric
+from traceforge.machine.nccl import NcclMachine, ring_channels
 
 # Directional link kinds and the tier each belongs to (0 NVLink, 1 NIC <-> first tier, 2 first <->
 # second, 3 second <-> third).
@@ -152,15 +153,17 @@ class Transfers:
     nvl_bytes: list = field(default_factory=list)
     nvl_dim: list = field(default_factory=list)
     nvl_group: list = field(default_factory=list)
+    nvl_forward: list = field(default_factory=list)  # bytes PXN or rail-only wiring forwards to another rail
     net: dict[str, list] = field(default_factory=lambda: {k: [] for k in
                                                             ("src_node", "src_nic", "dst_node", "dst_nic", "conn",
                                                              "bytes", "dim", "group", "src_rank", "dst_rank")})
 
-    def add_nvl(self, src, dst, nbytes, dim, group) -> None:
+    def add_nvl(self, src, dst, nbytes, dim, group, forward: bool = False) -> None:
         src, dst, nbytes, dim, group = (np.ravel(x) for x in np.broadcast_arrays(src, dst, nbytes, dim, group))
         keep = src != dst
         if not keep.any():
             return
+        self.nvl_forward.append(np.full(int(keep.sum()), forward))
         self.nvl_src.append(src[keep].astype(np.int64))
         self.nvl_dst.append(dst[keep].astype(np.int64))
         self.nvl_bytes.append(nbytes[keep].astype(float))
@@ -221,10 +224,11 @@ class Router:
         share = hop[:, None] * (run_len - 1) / run_len
         self.t.add_nvl(m[inside], m[rows, nxt][inside], share[inside],
                        np.broadcast_to(dim[:, None], m.shape)[inside], np.broadcast_to(group[:, None], m.shape)[inside])
-        # Network hops: at each run's end, 2R channels, R = min(members per domain, NICs).
+        # Network hops: at each run's end, NCCL's ring channels (2R, R = min(members per domain, NICs)).
         per_domain = n // bounds
-        rails_used = np.minimum(per_domain, self.f.nics_per_node)
-        channels = 2 * rails_used
+        machine = NcclMachine(gpus_per_node=self.f.nvlink_domain, nics_per_node=self.f.nics_per_node)
+        sizes, which = np.unique(per_domain, return_inverse=True)
+        channels = np.array([ring_channels(machine, 2, int(k)) for k in sizes.tolist()], dtype=np.int64)[which.ravel()]
         gi, ii = np.nonzero(cross)
         dst_start = (ii + 1) % n
         qps = self.f.qps_per_connection
@@ -255,7 +259,7 @@ class Router:
         a, b = p.rank_nic[src], p.rank_nic[dst]
         forward = (a != b) & (self.f.pxn or self.f.wiring == RAIL_ONLY)
         proxy = p.proxy(src, b)
-        self.t.add_nvl(src[forward], proxy[forward], nbytes[forward], dim[forward], group[forward])
+        self.t.add_nvl(src[forward], proxy[forward], nbytes[forward], dim[forward], group[forward], forward=True)
         sender = np.where(forward, proxy, src)
         out_nic = np.where(forward, b, a)
         channels, qps = self.f.p2p_channels, self.f.qps_per_connection
@@ -299,6 +303,10 @@ class Routed:
     flow_src: np.ndarray  # the ranks at the two ends of each network flow
     flow_dst: np.ndarray
     group_tier: np.ndarray  # per group: the highest tier a transfer of it reaches (-1: none)
+    nvl_link: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # NVLink segments' link ids (up, down)
+    nvl_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    nvl_forward: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # forwarded to another rail (PXN)
+    scale: np.ndarray | None = None  # per link, the fraction of its speed left (degraded links); None: all 1
 
     def route(self, i: int) -> list[int]:
         """Flow i's path as link ids."""
@@ -318,7 +326,8 @@ class Routed:
     def gbps(self) -> np.ndarray:
         """Each link's GB/s per direction (tier_gbps)."""
         speeds = tier_gbps(self.placed.fabric)
-        return np.asarray(speeds + [speeds[-1]] * (4 - len(speeds)))[self.tiers]
+        out = np.asarray(speeds + [speeds[-1]] * (4 - len(speeds)))[self.tiers]
+        return out if self.scale is None else out * self.scale
 
 
 def tier_gbps(f: Fabric) -> list[float]:
@@ -355,8 +364,14 @@ def route(p: Placed, t: Transfers, dims: int, groups: int) -> Routed:
     nvl_groups = _cat(t.nvl_group, np.int64)
     if len(nvl_groups):
         np.maximum.at(group_tier, nvl_groups, 0)
+    scale = None
+    if p.fabric.degraded_links:
+        scale = np.ones(len(links))
+        for names, fraction in p.fabric.degraded_links:
+            scale[_matching(p, links, (names,))] *= fraction
     return Routed(p, links, load, flows, by_dim, ids, net["bytes"], net["dim"], net["group"], net["src_rank"],
-                  net["dst_rank"], group_tier)
+                  net["dst_rank"], group_tier, nvl_ids, np.tile(nvl_groups, 2),
+                  np.tile(_cat(t.nvl_forward, bool), 2), scale)
 
 
 def _route_flows(p: Placed, net: dict[str, np.ndarray]) -> np.ndarray:
@@ -422,8 +437,8 @@ def _fill(p: Placed, net, hops: np.ndarray, rows: np.ndarray, plane, u, v) -> No
 def _reroute(p: Placed, net, hops: np.ndarray, h: np.ndarray) -> None:
     """Flows over a failed link take the hash rule over the live choices; none left: one line."""
     f = p.fabric
-    failed = np.array(sorted({parse_link(p, name) for name in f.failed_links}), dtype=np.int64)
-    hit = np.nonzero(np.isin(hops, failed).any(axis=1))[0]
+    dead = _Dead(p, f.failed_links)
+    hit = np.nonzero(dead(hops).any(axis=1))[0]
     up1 = f.ports[0][1] if len(f.tiers) > 1 else 1
     up2 = f.ports[1][1] if len(f.tiers) > 2 else 1
     choices = np.array([(a, b, c) for a in range(f.planes) for b in range(up1) for c in range(up2)], dtype=np.int64)
@@ -431,7 +446,7 @@ def _reroute(p: Placed, net, hops: np.ndarray, h: np.ndarray) -> None:
         trial = np.full((len(choices), MAX_HOPS), NO_LINK, dtype=np.int64)
         sub = {k: np.repeat(v[row:row + 1], len(choices)) for k, v in net.items()}
         _fill(p, sub, trial, np.arange(len(choices)), choices[:, 0], choices[:, 1], choices[:, 2])
-        live = ~np.isin(trial, failed).any(axis=1)
+        live = ~dead(trial).any(axis=1)
         paths = np.unique(trial[live], axis=0)  # distinct live paths, in key order
         if not len(paths):
             src, dst = int(net["src_node"][row]), int(net["dst_node"][row])
@@ -439,6 +454,121 @@ def _reroute(p: Placed, net, hops: np.ndarray, h: np.ndarray) -> None:
                             f"{int(p.slots[src])}) NIC {int(net['src_nic'][row])} cannot reach job node {dst} (slot "
                             f"{int(p.slots[dst])}) NIC {int(net['dst_nic'][row])}: the failure disconnects the job")
         hops[row] = paths[int(mix_int(int(h[row]) + 3) % len(paths))]
+
+
+class _Dead:
+    """Which link keys a list of failed names kills (a link name: that link; a switch or NIC port
+    name: every link with it at one end), memoised per key."""
+
+    def __init__(self, p: Placed, names) -> None:
+        self.p = p
+        self.links, self.ends = _parse_names(p, names)
+        self.memo: dict[int, bool] = {}
+
+    def __call__(self, keys: np.ndarray) -> np.ndarray:
+        out = np.isin(keys, np.array(sorted(self.links), dtype=np.int64))
+        if self.ends:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            flags = np.array([self._ends_dead(int(k)) for k in uniq.tolist()], dtype=bool)
+            out |= flags[inverse.reshape(keys.shape)]
+        return out
+
+    def _ends_dead(self, key: int) -> bool:
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = key != NO_LINK and bool(set(switch_names(self.p, key)) & self.ends)
+        return found
+
+
+def _parse_names(p: Placed, names) -> tuple[set[int], set[str]]:
+    """(link keys, switch or NIC port names) of failed or degraded names; one line for a name
+    that is neither a link nor a switch of this fabric under the job."""
+    links: set[int] = set()
+    ends: set[str] = set()
+    for name in names:
+        text = name.strip()
+        if ">" in text:
+            links.add(parse_link(p, text))
+        elif _switch_exists(p, text):
+            ends.add(text)
+        else:
+            raise UserError(f"fabric {p.fabric.name}: {name!r} is not a link name or a switch of this fabric under the job's "
+                            f"{len(p.slots)} nodes; name a link as report --fabric prints it (e.g. leaf3>spine0.5) or "
+                            f"a switch (leaf3, spine0.5, core0.1.2) or a NIC port (node0.nic3)")
+    return links, ends
+
+
+def _switch_exists(p: Placed, name: str) -> bool:
+    """A switch (leafL, spineD.U, coreC.U.V) or a job node's NIC port (nodeJ.nicN[.pP]) of the
+    fabric, by the numbers switch_names writes."""
+    f = p.fabric
+    up1 = f.ports[0][1] if len(f.tiers) > 1 else 0
+    up2 = f.ports[1][1] if len(f.tiers) > 2 else 0
+    per_rail = f.rails if f.wiring == RAIL_ONLY else 1
+    m = re.fullmatch(r"node(\d+)\.nic(\d+)(?:\.p(\d+))?", name)
+    if m:
+        plane = m.group(3)
+        return (int(m.group(1)) < len(p.slots) and int(m.group(2)) < f.nics_per_node
+                and (plane is not None) == (f.planes > 1) and int(plane or 0) < f.planes)
+    m = re.fullmatch(r"leaf(\d+)", name)
+    if m:
+        return int(m.group(1)) < p.groups_total * (f.rails if f.rail_wired else 1) * f.planes
+    m = re.fullmatch(r"spine(\d+)\.(\d+)", name)
+    if m:
+        return len(f.tiers) > 1 and int(m.group(1)) < f.planes * f.pods * per_rail and int(m.group(2)) < up1
+    m = re.fullmatch(r"core(\d+)\.(\d+)\.(\d+)", name)
+    if m:
+        return (len(f.tiers) > 2 and int(m.group(1)) < f.planes * per_rail and int(m.group(2)) < up1
+                and int(m.group(3)) < up2)
+    return False
+
+
+def _matching(p: Placed, keys: np.ndarray, names) -> np.ndarray:
+    """Which of `keys` the names (links, switches, NIC ports) cover."""
+    return _Dead(p, names)(keys)
+
+
+# -- what sharing a link costs ------------------------------------------------------------------
+def slowdowns(routed: Routed, groups: int) -> np.ndarray:
+    """Per group, how much longer the fabric makes the network part of its transfers than its
+    NICs alone would (>= 1; 1 for a group with no network flow). docs/fabric.md, "Time on the
+    fabric".
+
+    Concurrency: every group of one dimension moves its bytes at once (all DP groups sync
+    together, all PP sends, all EP AllToAlls), so a link's busy time for dimension d is the
+    dimension's bytes on it over its speed (Routed.by_dim / gbps). A group's network part runs
+    at its bottleneck: the busiest link on its flows' routes, against the busiest of its NIC
+    ports (the flat estimate already charges a node's NICs: machine/nccl.py's shared NICs).
+    Bytes forwarded over NVLink to another rail's GPU first (PXN, rail-only wiring) cross it
+    before the network, in series (the hierarchical AllToAll of Wang et al., arXiv 2307.12169):
+    their NVLink busy time adds to the bottleneck's."""
+    factor = np.ones(groups)
+    hops = routed.hops
+    if not len(hops) or not groups:
+        return factor
+    speeds = routed.gbps()
+    busy = routed.by_dim / speeds[:, None]  # links x dims
+    valid = hops != NO_LINK
+    rows, cols = np.nonzero(valid)
+    ids = hops[rows, cols]
+    group, dim = routed.flow_group[rows], routed.flow_dim[rows]
+    value = busy[ids, dim]
+    worst = np.zeros(groups)
+    np.maximum.at(worst, group, value)
+    kinds = routed.kinds[ids]
+    edge = (kinds == NIC_UP) | (kinds == NIC_DOWN)
+    nic = np.zeros(groups)
+    np.maximum.at(nic, group[edge], value[edge])
+    forward = np.zeros(groups)
+    fwd = routed.nvl_forward
+    if fwd.any():
+        fwd_links, fwd_groups = routed.nvl_link[fwd], routed.nvl_group[fwd]
+        gdim = np.zeros(groups, np.int64)
+        gdim[routed.flow_group] = routed.flow_dim
+        np.maximum.at(forward, fwd_groups, busy[fwd_links, gdim[fwd_groups]])
+    on = nic > 0
+    factor[on] = np.maximum(1.0, (worst[on] + forward[on]) / nic[on])
+    return factor
 
 
 # -- link names ---------------------------------------------------------------------------------

@@ -370,10 +370,15 @@ def build_report(
     edges = traffic_edges(ts)
     tests = collective_test_matrix(ts, gpus_per_node)
     seconds["traffic"] = time.perf_counter() - t0
-    routed = None
+    routed = healthy = None
     if fabric is not None:
         t0 = time.perf_counter()
         routed = fabric_traffic(tests, ps.world, fabric)
+        if mode == HARDWARE:  # the estimate charges the fabric's sharing (docs/fabric.md, "Time on the fabric")
+            link = replace(link, sharing=routed.sharing())
+            if fabric.failed_links or fabric.degraded_links:  # and the same fabric whole, to show what they cost
+                whole = replace(fabric, failed_links=(), degraded_links=())
+                healthy = replace(link, sharing=fabric_traffic(tests, ps.world, whole).sharing())
         seconds["fabric"] = time.perf_counter() - t0
     report = Report(ts, gpus_per_node, dims, edges, tests, link, track_ranks=track_ranks, estimate_mode=mode,
                     notes=list(ts.notes), seconds=seconds, fabric=routed)
@@ -403,6 +408,9 @@ def build_report(
             report.notes.append(f"timeline skipped: {exc}")
         else:
             report.estimate = step_estimate(report.replay, ps.steps)
+            if healthy is not None and report.fabric is not None:
+                whole_replay = replay(ps, healthy, network=net, mode=mode)
+                report.fabric.healthy_step_us = step_estimate(whole_replay, ps.steps).critical.total
             if report.replay.stalled:
                 report.notes.append(f"replay stalled: {len(report.replay.stalled)} nodes never ran (a collective or "
                                     f"recv without its partner); run 'traceforge check'")

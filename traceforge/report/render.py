@@ -144,7 +144,24 @@ def fabric_tables(report) -> list:
         lines.append(f"ECMP over {e.tier}: {e.flows:,} flows from {e.sets:,} sets of {e.ports} links; "
                      f"{e.collided:,} sets put more than an even share on a link; worst: {e.worst_link} carries "
                      f"{e.worst_flows} of {e.worst_switch}'s {e.worst_set_flows} flows (even share {e.even})")
+    slowed = ft.slowdown_by_dim()
+    if getattr(report, "estimate_mode", "") == "hardware" and getattr(report, "estimate", None) is not None:
+        lines.append("Time on the fabric (the hardware estimate's network part x the worst factor of each group's "
+                     "class; docs/fabric.md): " + ", ".join(
+                         f"{d} x{v['worst']:.3g} ({v['slowed']} of {v['groups']} groups slowed)" for d, v in slowed.items()))
+        if ft.healthy_step_us is not None:
+            step = report.estimate.critical.total
+            whole = ft.healthy_step_us
+            lines.append(f"With {', '.join(n for n in _failures(f))}: step {step / 1e3:,.3f} ms against "
+                         f"{whole / 1e3:,.3f} ms on the whole fabric ({100 * (step - whole) / whole:+.2f}%)")
+    elif slowed:
+        lines.append("Time on the fabric: the --estimate hardware replay charges each group's link sharing; this "
+                     "estimate does not")
     return [head, t, h, *lines]
+
+
+def _failures(f) -> list[str]:
+    return ([f"{n} failed" for n in f.failed_links] + [f"{n} at {x:g} of its speed" for n, x in f.degraded_links])
 
 
 def _members(members: list, ranks: int) -> str:

@@ -18,7 +18,9 @@ flight per rank. This one follows what the GPU does (docs/estimate-modes.md has 
   that share a (rank, tier, direction) with it, the most crowded one it touches: a collective
   sends and receives on every member, a send out of the sender and into the receiver. Rates are
   recomputed whenever a transfer starts or ends its bytes (a fluid, processor-sharing model).
-  Concurrent transfers on different tiers do not slow each other.
+  Concurrent transfers on different tiers do not slow each other. On a fabric (report
+  --fabric: Cluster.sharing), a scale-out transfer's rate is further divided by its group's
+  factor, the worst among its class's members' groups (machine/routes.slowdowns; docs/fabric.md).
 
 The DAG is untouched: what --overlap-grad-reduce, --overlap-param-gather and --overlap-p2p-comm
 change is already in the trace's dependencies (program/data.py, program/ops.py); this model only lets
@@ -111,6 +113,9 @@ class StreamReplay(_Replay):
         self.send_route: dict[tuple[int, int], tuple[bool, tuple[int, ...]]] = {}  # (class, peer role) -> (inter, own)
         self.nccl_times: dict[tuple[int, int, int, int], tuple[float, float]] = {}  # NCCL's (latency, bytes) part
         self.nccl_send_times: dict[tuple[int, bool], tuple[float, float]] = {}  # the same per (send size, inter)
+        self.slow: dict[tuple[int, int, bool], float] = {}  # (class, role, send) -> the fabric's factor
+        self.shared = link.sharing is not None  # on a fabric (report --fabric): transfers take its factors
+        self.class_ranks: list[list[int]] | None = None
 
     # -- streams ------------------------------------------------------------------------
     def acquire_comm(self, c: int, i: int, t: float) -> None:
@@ -146,7 +151,25 @@ class StreamReplay(_Replay):
             timing = self.nccl_times.get(key)
             if timing is None:
                 timing = self.nccl_times[key] = self.link.nccl_collective(*key)
-        self._begin(c, i, t0, wire, inter, own, bound, timing)
+        slow = self._slowdown(c, cp.roles[i], False) if inter and self.shared else 1.0
+        self._begin(c, i, t0, wire, inter, own, bound, timing, slow)
+
+    def _slowdown(self, c: int, role: int, send: bool) -> float:
+        """The fabric's factor on the network part of class c's transfers in a group (or peer)
+        role: the worst over the class's members' groups (Cluster.network_slowdown)."""
+        key = (c, role, send)
+        found = self.slow.get(key)
+        if found is None:
+            if self.class_ranks is None:
+                self.class_ranks = [[] for _ in self.classes]
+                for rank, k in enumerate(self.color):
+                    self.class_ranks[k].append(rank)
+            ps, ranks = self.ps, self.class_ranks[c]
+            ids = {ps.group_roles[r][role] for r in ranks} if not send else set()
+            groups = ([(None, (r, ps.peer_roles[r][role])) for r in ranks] if send
+                      else [(ps.group_dims.get(g), ps.groups[g]) for g in sorted(ids)])
+            found = self.slow[key] = self.link.network_slowdown(groups)
+        return found
 
     def send_transfer(self, c: int, i: int, t: float) -> None:
         cp = self.classes[c]
@@ -165,22 +188,26 @@ class StreamReplay(_Replay):
             timing = self.nccl_send_times.get((size, inter))
             if timing is None:
                 timing = self.nccl_send_times[(size, inter)] = self.link.nccl_send(size, inter)
-        self._begin(c, i, t, float(size), inter, own, own, timing)
+        slow = self._slowdown(c, cp.roles[i], True) if inter and self.shared else 1.0
+        self._begin(c, i, t, float(size), inter, own, own, timing, slow)
 
     def _begin(self, c: int, i: int, t: float, wire: float, inter: bool, own: tuple[int, ...],
-               bound: tuple[int, ...], timing: tuple[float, float] | None = None) -> None:
+               bound: tuple[int, ...], timing: tuple[float, float] | None = None, slow: float = 1.0) -> None:
         """Start a transfer of `wire` bytes on its tier. timing: NCCL's (latency, bandwidth part)
         in us when its model times the transfer: the bytes then flow at wire / that part,
-        shared as any other; else the tier's alpha-beta latency and bandwidth."""
+        shared as any other; else the tier's alpha-beta latency and bandwidth. slow: the
+        fabric's factor on that bandwidth part (1 without a fabric)."""
         link = self.link
         if timing is not None:
             latency, part = timing
+            part *= slow
             if wire <= 0 or part <= 0:
                 self.done_at(c, i, t + latency + max(part, 0.0))
                 return
             bandwidth = wire / part
         else:
             latency, bandwidth = link.tier(inter)
+            bandwidth /= slow
             if wire <= 0:
                 self.done_at(c, i, t + latency)
                 return

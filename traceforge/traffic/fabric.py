@@ -16,6 +16,7 @@ import csv
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from traceforge.machine.routes import (
     Routed,
     Router,
     key_parts,
+    slowdowns,
     tier_gbps,
 )
 from traceforge.traffic.dimensions import dim_sort_key
@@ -43,6 +45,10 @@ ROUTING = ("rings per NCCL channel (2 x min(members per NVLink domain, NICs) cha
            "AllToAll and sends point-to-point over p2p_channels with PXN to the receiver's rail, flows = channels x "
            "QPs, ECMP by SplitMix64 of (seed, source NIC, destination NIC, connection); no congestion control, no "
            "time: bytes per step (docs/fabric.md)")
+SLOWDOWN_RULE = ("every group of one dimension moves its bytes at once; a group's network part takes its busiest "
+                 "route link's time (the dimension's bytes on it / its speed) plus any NVLink forwarding, over its "
+                 "busiest NIC port's, at least 1; the hardware estimate multiplies its network part by that factor "
+                 "(docs/fabric.md, 'Time on the fabric')")
 
 
 @dataclass
@@ -143,6 +149,7 @@ class FabricTraffic:
     ecmp: list[EcmpSet]
     leaves: int
     pods: int
+    healthy_step_us: float | None = None  # the hardware estimate's step on the fabric without its failures
 
     @property
     def placed(self) -> Placed:
@@ -186,6 +193,35 @@ class FabricTraffic:
         counts = Counter(int(self.routed.group_tier[g]) for g in self.groups.row_groups[row])
         return {(names[t] if t >= 0 else "none"): n for t, n in sorted(counts.items())}
 
+    @cached_property
+    def slowdown(self) -> np.ndarray:
+        """Per group, the fabric's factor on its network part (machine/routes.slowdowns)."""
+        return slowdowns(self.routed, len(self.groups.members))
+
+    def sharing(self) -> dict[tuple[str | None, tuple[int, ...]], float]:
+        """What the hardware estimate reads (Cluster.sharing): per group, (its dimension, its
+        sorted members) -> its factor, and (None, members) -> the worst over the dimensions that
+        name those members (a send knows its pair, not its dimension)."""
+        out: dict[tuple[str | None, tuple[int, ...]], float] = {}
+        dims = self.groups.dims
+        for members, d, factor in zip(self.groups.members, self.groups.dim, self.slowdown.tolist(), strict=True):
+            key = tuple(sorted(members))
+            out[(dims[d], key)] = factor
+            out[(None, key)] = max(out.get((None, key), 1.0), factor)
+        return out
+
+    def slowdown_by_dim(self) -> dict[str, dict]:
+        """Per dimension: its groups, how many the fabric slows, the worst and the mean factor."""
+        out = {}
+        factor = self.slowdown
+        dims = np.asarray(self.groups.dim, np.int64)
+        for d, name in enumerate(self.groups.dims):
+            mine = factor[dims == d]
+            if len(mine):
+                out[name] = {"groups": len(mine), "slowed": int((mine > 1 + 1e-9).sum()), "worst": float(mine.max()),
+                             "mean": float(mine.mean())}
+        return out
+
     def to_json(self) -> dict:
         f = self.fabric
         slots = self.placed.slots
@@ -203,6 +239,8 @@ class FabricTraffic:
             "by_dim": {d: {t.name: t.by_dim.get(d, 0.0) for t in self.tiers} for d in self.groups.dims},
             "hottest_links": [self.link_json(i) for i in self.hottest()],
             "ecmp": [e.to_json() for e in self.ecmp],
+            "slowdown": {"rule": SLOWDOWN_RULE, "by_dim": self.slowdown_by_dim(),
+                         "step_us_without_failures": self.healthy_step_us},
         }
 
     def write(self, directory: Path) -> None:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
+
+from traceforge.ir.enums import COLL, SEND
+from traceforge.ir.programset import ProgramSet
 from traceforge.machine.cluster import crosses_nodes
 from traceforge.machine.collectives import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
-from traceforge.read.traceset import TraceSet
+from traceforge.read.traceset import P2P_DIM, TraceSet
 from traceforge.traffic.dimensions import dim_sort_key
 
 
@@ -51,10 +55,40 @@ def collective_test_matrix(ts: TraceSet, gpus_per_node: int) -> list[MatrixRow]:
             else:
                 continue
             counts[key] = max(counts[key], count)
+    return _rows(counts, ts.program_set, gpus_per_node)
+
+
+def program_test_matrix(ps: ProgramSet, gpus_per_node: int) -> list[MatrixRow]:
+    """collective_test_matrix of the set generate writes for a spec, from its in-memory ProgramSet
+    (program/programset.program_set): the same rows without writing or reading a trace (how the
+    fabric's time is estimated at sizes whose sets are too large to write; scripts/fabric_step.py)."""
+    counts: dict[tuple, int] = defaultdict(int)
+    per_program: dict[bytes, Counter] = {}
+    for rank in range(ps.world):
+        shape = ps.shapes[rank]
+        found = per_program.get(shape)
+        if found is None:
+            p = ps.programs[shape]
+            keep = np.flatnonzero((p.types == COLL) | (p.types == SEND)).tolist()
+            dims = [p.dims[i] if p.dims else "" for i in keep]
+            found = per_program[shape] = Counter(zip(dims, p.types[keep].tolist(), p.ctypes[keep].tolist(),
+                                                     p.sizes[keep].tolist(), p.roles[keep].tolist(), strict=True))
+        groups, peers = ps.group_roles[rank], ps.peer_roles[rank]
+        for (dim, kind, ctype, size, role), count in found.items():
+            if kind == COLL:
+                group = groups[role]
+                key = (dim or ps.group_dims.get(group, "unknown"), ctype, size, group)
+            else:
+                key = (dim or P2P_DIM, -1, size, (rank, peers[role]))
+            counts[key] = max(counts[key], count)
+    return _rows(counts, ps, gpus_per_node)
+
+
+def _rows(counts: dict[tuple, int], ps: ProgramSet, gpus_per_node: int) -> list[MatrixRow]:
     rows: dict[tuple, list] = defaultdict(list)
     for (dim, ctype, size, group), count in counts.items():
-        members = list(ts.program_set.groups[group]) if ctype >= 0 else list(group)
-        rows[(dim, ctype, size, len(members), count / ts.program_set.steps)].append(members)
+        members = list(ps.groups[group]) if ctype >= 0 else list(group)
+        rows[(dim, ctype, size, len(members), count / ps.steps)].append(members)
     out = []
     for (dim, ctype, size, n, per_step), memberships in rows.items():
         memberships.sort()
