@@ -6,7 +6,8 @@ and splits the critical rank's step.
     python benchmarks/bench_replay.py [--only NAME] [--against REV]
 
 Cases: the best-bounded 405B layout at 16,384 H100 (t4 c8 p32 d16, interleaved-zb v2, 128
-micro-batches: 2.1 M replayed nodes) and three smaller ones. Per case: seconds to build, to
+micro-batches: 2.1 M replayed nodes), three smaller ones and a 64-GPU llama3-70b with
+--tp-comm-overlap and --cp 2 (32 micro-batches: 321 k replayed nodes). Per case: seconds to build, to
 replay, and for the whole estimate (build, replay and the split), nodes built (ops of every
 distinct program), nodes replayed (every rank class's), microseconds per replayed node, the
 step and the child's peak memory (RSS). Each case runs in a fresh child process; the load
@@ -41,6 +42,11 @@ CASES: list[tuple[str, str, dict]] = [
     ("70b t8 c2 p4 d4 dualpipev full", "llama3-70b",
      dict(cp=2, dp=2, schedule="dualpipev", virtual_stages=2, recompute="full", order="megatron",
           global_batch=64)),
+    # TransformerEngine's TP overlap: every gathered GEMM is tp - 1 ring Send/Recv pairs and tp
+    # chunks, 4.4x the nodes of the same layout without it (the replay's cost per node is the same)
+    ("70b t8 c2 p4 d1 tp-overlap mb32", "llama3-70b",
+     dict(tp=8, cp=2, pp=4, dp=1, sequence_parallel=True, tp_comm_overlap=True, order="megatron",
+          num_microbatches=32)),
     ("mixtral t2 p4 e4 zb-h1 zero2", "mixtral-8x7b",
      dict(tp=2, dp=4, ep=4, sequence_parallel=True, schedule="zb-h1", dp_mode="zero2",
           overlap_grad_reduce=True, order="megatron", global_batch=64)),

@@ -153,6 +153,24 @@ def test_report_output_is_the_same_scanned_in_one_process_or_many(pipeline, tmp_
     assert one == many
 
 
+def test_a_worker_gets_the_ranks_of_one_file_length_together(pipeline):
+    """A template matches only a file of its own length: the parallel scan's chunks hold ranks of
+    one length, in rank order, so a worker decodes each length's first file once, not once per
+    chunk of consecutive ranks (a stage's ranks were cut into chunks of 32 // (4 jobs))."""
+    from traceforge.read.traceset import _chunks
+
+    files = sorted(_files(pipeline).items())
+    lengths = {path.stat().st_size for _, path in files}
+    assert 1 < len(lengths) < len(files)
+    for jobs in (1, 2, 4, 32):
+        chunks = _chunks(files, jobs)
+        assert sorted(item for chunk in chunks for item in chunk) == files  # every rank once
+        for chunk in chunks:
+            assert chunk == sorted(chunk) and len({path.stat().st_size for _, path in chunk}) == 1
+        if jobs <= len(lengths):  # no worker left idle by keeping a length whole
+            assert len(chunks) == len(lengths)
+
+
 def _hand_written(path, text_group: str) -> None:
     """A rank file with two collectives on one group: the first names it by an int64 pg_name (no
     value the template can move), the second by the usual string; then a Send to rank 1."""
