@@ -244,13 +244,56 @@ def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
 
 @pytest.mark.slow
 def test_stdout_full_or_closed(tmp_path):
+    """The summary is printed once the set is in place: a stdout that cannot take it (a full
+    disk) is one line saying the set is whole, never a set removed; a closed stdout writes it."""
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "out"], cwd=tmp_path, env=ENV,
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists() and _hidden(tmp_path) == []  # a failed run writes nothing
+    assert done.stderr.count("\n") == 1 and "out/ is complete" in done.stderr, done.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file() and _hidden(tmp_path) == []
     done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "out2"], cwd=tmp_path, env=ENV,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
                           preexec_fn=lambda: os.close(1))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert (tmp_path / "out2" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_never_removes_the_set(tmp_path):
+    """`generate | head -1`: the reader's choice to stop is no failure; the set written before the
+    summary stays whole (it was removed, exit 1, nothing said)."""
+    root = Path(__file__).resolve().parents[2]
+    script = (f"{sys.executable} -m traceforge generate -c {root / 'examples' / 'gqa.yaml'} -o ht | head -1; "
+              'echo "status=${PIPESTATUS[0]}" >&2')
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("wrote 8 ranks to ht/"), done.stdout
+    assert done.stderr.strip() == "status=0", done.stderr
+    assert (tmp_path / "ht" / "manifest.json").is_file() and _hidden(tmp_path) == []
+    # The pipe closed before the first line (deterministic, whatever the timing): still whole.
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "ht2"], cwd=tmp_path, env=ENV,
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (tmp_path / "ht2" / "manifest.json").is_file() and _hidden(tmp_path) == []
+
+
+def test_a_pipe_closed_before_the_set_is_whole_is_said(tmp_path, monkeypatch):
+    """Whatever closes stdout before the set is in place removes it, and stderr says so: never a
+    silent exit with no set."""
+    import traceforge.write.writer as writer
+
+    real = writer.finish_trace_set
+
+    def closed(*args, **kwargs):
+        real(*args, **kwargs)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(writer, "finish_trace_set", closed)
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(invoke("generate", *SMALL, "-o", "gone"), "stdout closed", "gone/", "nothing was written",
+                          code=1)
+    assert line.startswith("traceforge: error:")
+    assert not (tmp_path / "gone").exists() and _hidden(tmp_path) == []

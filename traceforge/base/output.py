@@ -47,6 +47,28 @@ _SHARD_FILE = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 _SIMULATOR_LOG = re.compile(r"^(stdout\.txt|(log|err)(\.[0-9]+)?\.log|astra_system\.trace\.json|htsim\.dat)$", re.ASCII)
 
 
+# The output folders this process moved into place, and those it removed unfinished, as the user
+# named them: what a late signal or a closed stdout has the command line say (cli/__init__.py).
+_COMMITTED: list[str] = []
+_ROLLED_BACK: list[str] = []
+
+
+def forget_outputs() -> None:
+    """A command starts with no record (the tests run many in one process)."""
+    _COMMITTED.clear()
+    _ROLLED_BACK.clear()
+
+
+def committed() -> list[str]:
+    """The output folders this process has written whole, in order."""
+    return list(_COMMITTED)
+
+
+def rolled_back() -> list[str]:
+    """The output folders this process removed before they were complete, in order."""
+    return list(_ROLLED_BACK)
+
+
 def _within(path: Path, ancestor: Path) -> bool:
     return path == ancestor or ancestor in path.parents
 
@@ -232,7 +254,9 @@ def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_
     try:
         yield tmp
         _commit(tmp, target, force, out, trash)
+        _COMMITTED.append(str(out))
     except BaseException as exc:
+        _ROLLED_BACK.append(str(out))
         shutil.rmtree(tmp, ignore_errors=True)
         if trash.exists() and not target.exists():
             trash.rename(target)  # a failed --force run keeps the old OUT

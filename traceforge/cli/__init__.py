@@ -11,6 +11,8 @@ imports: lint-imports and tests/suites/test_no_import_cycles.py count them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import signal
@@ -23,6 +25,7 @@ from rich.console import Console
 from typer.core import TyperArgument, TyperGroup
 
 from traceforge import __version__
+from traceforge.base import output
 from traceforge.base.errors import UserError
 
 
@@ -64,9 +67,21 @@ STDOUT_CLOSED = sys.stdout is None  # `>&-`: a command whose answer is stdout ha
 if sys.stdout is None or sys.stderr is None:  # started with a stream closed (`>&-`): discard that output
     sys.stdout = sys.stdout or open(os.devnull, "w")  # noqa: SIM115
     sys.stderr = sys.stderr or open(os.devnull, "w")  # noqa: SIM115
+
+
+class _Stdout(Console):
+    """rich's console for the answer, whose closed pipe is a BrokenPipeError like any other write's:
+    rich's own answer (SystemExit(1), said nowhere) would skip user_errors, and the all-or-nothing
+    output folder would take a closed `| head` for a failure and remove a set already written."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 err = Console(stderr=True, highlight=False)
 # Wide enough for tables when piped (rich assumes 80 columns off a terminal).
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = _Stdout(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class Terminated(KeyboardInterrupt):
@@ -109,18 +124,28 @@ def user_errors(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        output.forget_outputs()
         try:
             return func(*args, **kwargs)
         except UserError as exc:
             fail(str(exc), exc.exit_code)
         except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            lost = output.rolled_back()
+            if lost:  # the pipe closed before an output folder was in place: it was not written
+                fail(f"stdout closed before {lost[-1]}/ was complete; nothing was written there", 1)
             raise typer.Exit(0) from None
         except OSError as exc:  # the file system said no: a path the user gave, or a full disk
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
         except KeyboardInterrupt as exc:
-            say("traceforge: interrupted; nothing was written")
+            done = output.committed()
+            if done:  # the output was whole before the signal came: say so (docs/output-contract.md)
+                say(f"traceforge: interrupted after {', '.join(f'{d}/' for d in done)} was written whole; "
+                    "what the command had left to do was not done")
+            else:
+                say("traceforge: interrupted; nothing was written")
             raise typer.Exit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
 
     return wrapper

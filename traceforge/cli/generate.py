@@ -6,9 +6,11 @@ validation never drift apart.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -123,17 +125,18 @@ def generate(**kwargs: Any) -> None:
     def finish(directory: Path, header: dict) -> None:
         if cluster:
             write_astra_bundle(directory, header, cluster, astra)
-        if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
-            progress.stop()  # the bar goes first: the summary must not start on its line
+
+    with _progress(spec.world_size, quiet=run["quiet"]) as on_chunk:
+        header = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
+    if not run["quiet"]:
+        # After the set is in place, so "wrote ... to OUT/" is true when it is read: a reader that
+        # stops early (`| head -1`) leaves the set whole, and a stdout that fails says so.
+        with _summary_of_written(run["out_dir"]):
             _summary(header, run["out_dir"], time.perf_counter() - started, inserted, provenance, memory)
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
                 out.print(f"  ASTRA-sim: {run['out_dir']}/run_astra_sim.sh [path to {binary}]", markup=False)
             out.file.flush()
-
-    progress = _progress(spec.world_size, quiet=run["quiet"])
-    with progress as on_chunk:
-        write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, **common)
     if run["report"]:
         # Here, not at the top: importing report's module registers its command, and --help lists
         # the commands in the order they register (generate's before report's).
@@ -153,6 +156,19 @@ def generate(**kwargs: Any) -> None:
         out.print(result.summary(), markup=False)
         if result.exit_code:
             raise typer.Exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def _summary_of_written(out_dir: Path) -> Iterator[None]:
+    """A summary that stdout cannot take (a full disk) is an error that says the set is whole; a
+    closed pipe is the reader's choice and no error (cli.user_errors)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise UserError(f"the set in {out_dir}/ is complete, but its summary could not be printed: "
+                        f"{exc.strerror or exc}") from None
 
 
 def _feasible(spec: Any, run: dict) -> Any:
