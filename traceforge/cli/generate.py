@@ -25,7 +25,7 @@ from traceforge.cli import answer_to_stdout, app, err, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
-from traceforge.config import build_spec, load_config_file, preset_values, requested_order
+from traceforge.config import arch_values, build_spec, load_config_file, preset_values, requested_order, spec_label
 from traceforge.config.presets import PRESETS
 from traceforge.machine.cluster import FIELD, Cluster
 
@@ -88,9 +88,10 @@ def generate(**kwargs: Any) -> None:
     # Name what the preset decided when the user also gave values: a spec given by flags must not
     # silently inherit a preset's model sizes.
     preset_fields = preset_values(spec, explicit) if explicit else {}
-    changed = _changed_from_preset(spec, explicit) if explicit else {}
+    arch_fields = arch_values(spec, explicit)  # the architecture's defaults, not the preset's
+    changed = {k: v for k, v in (_changed_from_preset(spec, explicit) if explicit else {}).items() if k not in arch_fields}
     preset_fields = {k: v for k, v in preset_fields.items() if k not in changed and k != "order"}
-    provenance = (preset_fields, changed, _world_note(spec, explicit) if explicit else "")
+    provenance = (preset_fields, changed, _world_note(spec, explicit) if explicit else "", arch_fields)
     memory = _feasible(spec, run)  # refuse before planning or writing anything
     cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
@@ -259,13 +260,13 @@ def _world_note(spec: Any, explicit: dict) -> str:
 
 
 def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
-             provenance: tuple[dict, dict, str] | None = None, memory: Any = None) -> None:
-    preset_fields, changed, world_note = provenance or ({}, {}, "")
+             provenance: tuple[dict, dict, str, dict] | None = None, memory: Any = None) -> None:
+    preset_fields, changed, world_note, arch_fields = provenance or ({}, {}, "", {})
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
     sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
     out.print(
-        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: {sizes}, "
+        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec_label(spec)}: {sizes}, "
         f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     if world_note:  # right under the count it explains
@@ -278,6 +279,9 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
                   f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB", markup=False, soft_wrap=True)
     if preset_fields:
         out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
+                  markup=False, soft_wrap=True)
+    if arch_fields:
+        out.print(f"  from arch {spec['arch']}: " + ", ".join(f"{k}={v}" for k, v in arch_fields.items()),
                   markup=False, soft_wrap=True)
     if changed:
         out.print(f"  preset {spec['preset']}'s values the flags changed: "

@@ -20,6 +20,7 @@ import numpy as np
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import atomic_output_dir
+from traceforge.config import spec_defaults
 from traceforge.ir.enums import COMP
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.machine.cluster import Cluster, node_of
@@ -126,6 +127,9 @@ class Report:
             out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule",
                                                      "virtual_stages", "dp_mode", "sequence_parallel")}
             out["order"] = m.get("order")
+            defaults = spec_defaults(spec)
+            if defaults:  # the defaults that are not the preset's, and where they came from
+                out["spec"]["defaults"] = defaults
         return out
 
     def _timeline_meta(self, ranks: list[int]) -> dict:

@@ -17,7 +17,7 @@ import numpy as np
 from traceforge import __version__
 from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE, atomic_output_dir
 from traceforge.base.pool import fan_out
-from traceforge.config import Spec
+from traceforge.config import Spec, spec_defaults
 from traceforge.model.compute import kernel_time_report
 from traceforge.model.params import padded_vocab, total_params
 from traceforge.parallel.layout import Layout
@@ -170,6 +170,9 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
         "tool": "traceforge",
         "version": __version__,
         "spec": spec.to_dict(),
+        # Each default that is not the preset's value, and where it came from (an architecture's):
+        # written only where there is one, so the preset's name tells the rest.
+        **({"defaults": defaults} if (defaults := spec_defaults(spec.to_dict())) else {}),
         "world_size": layout.world_size,
         "order": layout.order,
         "prefix": prefix,
