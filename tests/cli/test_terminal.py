@@ -194,3 +194,17 @@ def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_budget():
     assert _eta(10.0, 0.25, stops_in_s=15.0) == ", at most 5 s left (--budget)"
     assert _eta(10.0, 0.25, stops_in_s=100.0) == ", about 30 s left"
     assert _eta(0.5, 0.25) == "" and _eta(10.0, 0.0) == ""  # no rate yet to go by
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_export_counts_its_ranks_and_quiet_says_nothing(demo_set, tmp_path, columns):
+    """export (goal on llama3-70b takes minutes) says how far it is, as generate does, and -q
+    silences the counter and the summary."""
+    shown, written, code = run_in_terminal(["export", str(demo_set), "-f", "goal", "-o", "g"], columns, tmp_path)
+    assert code == 0, shown
+    assert any(line.startswith("export goal: ranks 8/8 (100%)") for line in shown), shown
+    assert shown[-1] == "wrote g/workload.goal", shown
+    shown, written, code = run_in_terminal(["export", str(demo_set), "-f", "json", "-o", "j", "-q"], columns, tmp_path)
+    assert code == 0 and shown == [], shown
+    assert (tmp_path / "j" / "workload.0.json").is_file()
