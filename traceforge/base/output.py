@@ -130,7 +130,7 @@ _RANK_FILE = re.compile(r"^(?P<prefix>.+)\.[0-9]+\.et$", re.ASCII)
 
 def _prefixes(directory: Path, names: Iterable[str]) -> set[str]:
     """The trace-file prefixes that manifests of ours in a folder name."""
-    found = set()
+    found: set[str] = set()
     for name in names:
         if name == MANIFEST_FILE or _SHARD_FILE.match(name):
             try:

@@ -10,7 +10,7 @@ from traceforge.base import progress
 from traceforge.base.errors import UserError
 from traceforge.base.pool import resolve_jobs
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 
 # Narrow windows: the message wraps; the node's id and name go before it does.
 CHECK_FIT = Fit(wrap={"message": 40, "name": 20, "kind": 16}, drop=("node", "name"))
@@ -69,7 +69,7 @@ def check(
         if result.findings:
             print_fitted(out, result.table(max_rows=max_rows), CHECK_FIT)
         for note in result.notes:
-            out.print(f"note: {note}", markup=False, soft_wrap=True)
+            lines(out, f"note: {note}")
         out.print(result.summary(), markup=False)
     raise typer.Exit(result.exit_code)
 

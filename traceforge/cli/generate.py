@@ -21,7 +21,7 @@ from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir, check_prefix
 from traceforge.base.pool import resolve_jobs
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
@@ -183,9 +183,9 @@ def _feasible(spec: Any, run: dict) -> Any:
     report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"], run["allocator_reserve_pct"])
     check_fits(spec, report, run["allow_oom"])
     if report.verdict == DOES_NOT_FIT:
-        err.print(f"note: writing anyway (--allow-oom): {refusal(spec, report)}", markup=False, soft_wrap=True)
+        lines(err, f"note: writing anyway (--allow-oom): {refusal(spec, report)}")
     elif report.verdict == TIGHT:
-        err.print(f"warning: {tight_note(report)}", markup=False, soft_wrap=True)
+        lines(err, f"warning: {tight_note(report)}")
     return report
 
 
@@ -270,25 +270,23 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
         f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     if world_note:  # right under the count it explains
-        out.print(f"  {world_note}", markup=False, soft_wrap=True)
+        lines(out, f"  {world_note}")
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
     if memory is not None:
         worst, by_stage = memory.worst, " ".join(f"{s.peak / 1e9:.1f}" for s in memory.stages)
-        out.print(f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
-                  f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB", markup=False, soft_wrap=True)
+        lines(out, f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
+                  f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB")
     if preset_fields:
-        out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
-                  markup=False, soft_wrap=True)
+        lines(out, f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()))
     if arch_fields:
-        out.print(f"  from arch {spec['arch']}: " + ", ".join(f"{k}={v}" for k, v in arch_fields.items()),
-                  markup=False, soft_wrap=True)
+        lines(out, f"  from arch {spec['arch']}: " + ", ".join(f"{k}={v}" for k, v in arch_fields.items()))
     if changed:
-        out.print(f"  preset {spec['preset']}'s values the flags changed: "
-                  + ", ".join(f"{k}={new} (preset: {old})" for k, (old, new) in changed.items()), markup=False, soft_wrap=True)
+        lines(out, f"  preset {spec['preset']}'s values the flags changed: "
+                  + ", ".join(f"{k}={new} (preset: {old})" for k, (old, new) in changed.items()))
     if doc.get("kernel_times"):
         for line in summary_lines(doc["kernel_times"]):
-            out.print(line, markup=False, soft_wrap=True)
+            lines(out, line)
 
 
 def _inserted_note(inserted: list[str] | None) -> str:

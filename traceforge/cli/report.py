@@ -16,7 +16,7 @@ from traceforge.base import progress
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir
 from traceforge.base.pool import resolve_jobs
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
 from traceforge.machine.cluster import FIELD, Cluster, describe
 
@@ -139,7 +139,7 @@ def report(
         main = build(directory)
         other = build(compare) if compare is not None else None
     for note in notes:  # after the checks above, so a refusal stays one line
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
+        lines(err, f"note: {note}")
     if sim is not None:
         main.attach_simulation(sim)
     notes = main.write(out_dir, force=force, inputs=[compare] if compare else []) if out_dir is not None else []
@@ -152,12 +152,11 @@ def report(
     else:
         main.render(out)
     if out_dir is not None:
-        err.print(f"wrote report artifacts to {out_dir}/", markup=False, soft_wrap=True)
+        lines(err, f"wrote report artifacts to {out_dir}/")
     elif not as_json and not quiet:
-        err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR",
-                  markup=False, soft_wrap=True)
+        lines(err, "write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR")
     for note in notes:
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
+        lines(err, f"note: {note}")
 
 
 report.__signature__ = inspect.signature(report).replace(  # type: ignore[attr-defined]

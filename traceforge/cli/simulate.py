@@ -9,7 +9,7 @@ import typer
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir, check_output_file, is_simulator_log
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import app, err, lines, out, user_errors
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -118,25 +118,17 @@ def simulate(
         ]
     sim.write(target, (directory,))
     step = sim.step_time_ns
-    out.print(
-        f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
-        f"wrote {target}",
-        markup=False,
-        soft_wrap=True,
-    )
+    lines(out, f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
+          f"wrote {target}")
     if missing:
         for s in sim.stalled[:MAX_STALLED_SHOWN]:
-            out.print(f"  rank {s['rank']} never finished: {s['waits']}", markup=False, soft_wrap=True)
+            lines(out, f"  rank {s['rank']} never finished: {s['waits']}")
         if len(missing) > MAX_STALLED_SHOWN:
             out.print(f"  ... {len(missing) - MAX_STALLED_SHOWN} more in {target}", markup=False)
-        err.print(
-            f"traceforge: {len(missing)} of {world} ranks never finished (ASTRA-sim exits 0 regardless); "
-            f"run 'traceforge check {directory} --model astra-sim' for every finding",
-            markup=False,
-            soft_wrap=True,
-        )
+        lines(err, f"traceforge: {len(missing)} of {world} ranks never finished (ASTRA-sim exits 0 regardless); "
+              f"run 'traceforge check {directory} --model astra-sim' for every finding")
         raise typer.Exit(1)
-    out.print(f"read it back: traceforge report {directory} --simulation {target}", markup=False, soft_wrap=True)
+    lines(out, f"read it back: traceforge report {directory} --simulation {target}")
 
 
 def _last_line(path: Path) -> str:

@@ -288,13 +288,13 @@ def export_param(directory: Path, out: Path, *, prefix: str | None = None,
                         "(traceforge generate writes it beside the traces)")
     plan = plan_groups(files, groups)
     written, ops, waits = [], 0, 0
-    with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp:
-        with Progress("export param: ranks", len(files), min_items=2) as counter:
-            for rank, path in sorted(files.items()):
-                name = param_file_name(rank)
-                with open(tmp / name, "w", encoding="ascii") as f:
-                    o, w = write_rank(path, rank, plan, f)
-                ops, waits = ops + o, waits + w
-                written.append(Path(out) / name)
-                counter.advance()
+    with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp, \
+            Progress("export param: ranks", len(files), min_items=2) as counter:
+        for rank, path in sorted(files.items()):
+            name = param_file_name(rank)
+            with open(tmp / name, "w", encoding="ascii") as f:
+                o, w = write_rank(path, rank, plan, f)
+            ops, waits = ops + o, waits + w
+            written.append(Path(out) / name)
+            counter.advance()
     return written, {"ranks": len(files), "ops": ops, "waits": waits, "groups": len(plan.groups)}

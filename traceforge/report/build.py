@@ -124,12 +124,13 @@ class Report:
         m = ts.manifest or {}
         spec = m.get("spec") if isinstance(m.get("spec"), dict) else None
         if spec:
-            out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule",
-                                                     "virtual_stages", "dp_mode", "sequence_parallel")}
-            out["order"] = m.get("order")
+            shown: dict[str, object] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches",
+                                                                 "schedule", "virtual_stages", "dp_mode", "sequence_parallel")}
             defaults = spec_defaults(spec)
             if defaults:  # the defaults that are not the preset's, and where they came from
-                out["spec"]["defaults"] = defaults
+                shown["defaults"] = defaults
+            out["spec"] = shown
+            out["order"] = m.get("order")
         return out
 
     def _timeline_meta(self, ranks: list[int]) -> dict:

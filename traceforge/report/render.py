@@ -95,13 +95,26 @@ def node_table(report) -> Table | None:
     return t
 
 
+def members_text(ranks) -> str:
+    """A group's ranks as a table shows them, short enough never to be split across lines: up to
+    four whole, a longer even run by its ends and step ({24,…,31}, {0,4,…,28}), anything else by
+    its first four and an ellipsis (test_matrix.csv/json hold every member)."""
+    ranks = [int(r) for r in ranks]
+    if len(ranks) <= 4:
+        return "{" + ",".join(map(str, ranks)) + "}"
+    step = ranks[1] - ranks[0]
+    if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
+        return f"{{{ranks[0]},…,{ranks[-1]}}}" if step == 1 else f"{{{ranks[0]},{ranks[1]},…,{ranks[-1]}}}"
+    return "{" + ",".join(map(str, ranks[:4])) + ",…}"
+
+
 def test_table(report) -> Table:
     rows = report.tests
     t = Table(title=f"Collective test matrix ({len(rows)} rows; full memberships in test_matrix.csv/json)", title_justify="left")
     for col in ("dim", "op", "size", "group", "groups", "x/step", "cross", "first memberships"):
         t.add_column(col, justify="left" if col in ("dim", "op", "first memberships") else "right")
     for r in rows[:TEST_ROWS_SHOWN]:
-        shown = " ".join("{" + ",".join(map(str, m)) + "}" for m in r.memberships[:3])
+        shown = " ".join(members_text(m) for m in r.memberships[:3])
         if len(r.memberships) > 3:
             shown += " ..."
         t.add_row(r.dim, r.collective, fmt_bytes(r.comm_size), str(r.group_size), str(r.groups), fmt_count(r.per_step),
