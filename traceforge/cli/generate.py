@@ -25,7 +25,7 @@ from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
-from traceforge.config import arch_values, build_spec, load_config_file, preset_values, requested_order, spec_label
+from traceforge.config import arch_values, build_spec, load_config_file, preset_values, requested_order, sizes_text, spec_label
 from traceforge.config.presets import PRESETS
 from traceforge.machine.cluster import FIELD, Cluster
 
@@ -264,7 +264,7 @@ def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | Non
     preset_fields, changed, world_note, arch_fields = provenance or ({}, {}, "", {})
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
-    sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
+    sizes = sizes_text(spec)
     out.print(
         f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec_label(spec)}: {sizes}, "
         f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"

@@ -46,6 +46,7 @@ from traceforge.config.parallelism import (
     complete_order,
     normalize_order,
     requested_order,
+    sizes_text,
 )
 from traceforge.config.schedules import V_SHAPED
 from traceforge.config.views import (
@@ -69,6 +70,6 @@ __all__ = [
     "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MEGATRON_ORDER",
     "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "Spec", "SpecError", "V_SHAPED",
     "arch_values", "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
-    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder", "spec_defaults", "spec_fields",
+    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "sizes_text", "spec_builder", "spec_defaults", "spec_fields",
     "spec_label",
 ]

@@ -122,6 +122,13 @@ def tp_choices(r: Raw, v: dict, cp: int, pp: int, world: int | None) -> str:
     return "choose tp from {" + ", ".join(map(str, ok)) + "}"
 
 
+def sizes_text(spec: Mapping[str, Any]) -> str:
+    """A spec's parallel sizes as every summary gives them: tp, cp, ep, pp, dp, cp and ep only when
+    above 1 (`tp=8 ep=64 pp=16 dp=128`). Generate's summary and report's header read this."""
+    return " ".join(f"{d}={spec.get(d)}" for d in ("tp", "cp", "ep", "pp", "dp")
+                    if d in ("tp", "pp", "dp") or (isinstance(spec.get(d), int) and spec[d] > 1))
+
+
 def complete_order(order: str, cp: int, ep: int) -> str:
     """Insert a missing cp (right after tp) or ep (right before dp) of size > 1 where Megatron's
     default order tp-cp-ep-dp-pp has them; a missing dimension of size 1 needs no place."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.config import spec_label
+from traceforge.config import sizes_text, spec_label
 from traceforge.machine.gpus import capacity_text
 from traceforge.simulate.view import _span
 from traceforge.traffic.dimensions import DimTraffic
@@ -53,12 +53,18 @@ def _label(report, s: dict) -> str:
     return spec_label(spec) if isinstance(spec, dict) else str(s["preset"])
 
 
+def _layout_sizes(report, s: dict) -> str:
+    """The parallel sizes as generate's summary gives them (config.sizes_text: ep and cp too)."""
+    spec = (getattr(report.traces, "manifest", None) or {}).get("spec")
+    return sizes_text(spec if isinstance(spec, dict) else s)
+
+
 def _header(report) -> str:
     src = report.source()
     text = f"{src['directory']} ({src['prefix']}.<rank>.et, {report.world} ranks, {src['steps']} step(s)"
     if "spec" in src:
         s = src["spec"]
-        text += f"; {_label(report, s)}: tp={s['tp']} pp={s['pp']} dp={s['dp']}, order {src.get('order')}"
+        text += f"; {_label(report, s)}: {_layout_sizes(report, s)}, order {src.get('order')}"
         if s.get("pp", 1) > 1 and s.get("schedule"):
             v = s.get("virtual_stages") or 1
             text += f", schedule {s['schedule']}" + (f" v={v}" if v > 1 else "")

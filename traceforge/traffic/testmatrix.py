@@ -2,8 +2,10 @@
 
 One row per distinct (dimension, collective, comm_size, group size, times per step): how many
 groups run it concurrently and their full memberships. Send/recv pairs are rows too (group
-size 2, membership [src, dst]). Counts come from every member (they post the same sequence;
-'traceforge check' verifies that), taking the largest.
+size 2): one membership per pair of ranks, as the traffic table counts pairs
+(traffic.dimensions.p2p_pair), [low, high] for a pair that sends both ways and [src, dst] for one
+that sends one way; times per step are each direction's. Counts come from every member (they
+post the same sequence; 'traceforge check' verifies that), taking the largest.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from traceforge.machine.cluster import crosses_nodes
 from traceforge.machine.collectives import NCCL_TESTS, SEND_NAME, coll_name, nccl_test_size, wire_bytes
 from traceforge.read.traceset import TraceSet
-from traceforge.traffic.dimensions import dim_sort_key
+from traceforge.traffic.dimensions import dim_sort_key, p2p_pair
 
 
 @dataclass
@@ -42,18 +44,24 @@ class MatrixRow:
 def collective_test_matrix(ts: TraceSet, gpus_per_node: int) -> list[MatrixRow]:
     # (dim, ctype or -1 for p2p, size, group key) -> largest per-member count
     counts: dict[tuple, int] = defaultdict(int)
+    directions: dict[tuple, set[tuple[int, int]]] = defaultdict(set)
     for scan in ts.scans:
         for (dim, kind, ctype, size, target), count in scan.traffic.items():
             if kind == "coll":
                 key = (ts.coll_dim(dim, target), ctype, size, target)
             elif kind == "send":
-                key = (ts.p2p_dim(dim), -1, size, (scan.rank, target))
+                key = (ts.p2p_dim(dim), -1, size, p2p_pair(scan.rank, target))
+                directions[key].add((scan.rank, target))
             else:
                 continue
             counts[key] = max(counts[key], count)
     rows: dict[tuple, list] = defaultdict(list)
     for (dim, ctype, size, group), count in counts.items():
-        members = list(ts.program_set.groups[group]) if ctype >= 0 else list(group)
+        if ctype >= 0:
+            members = list(ts.program_set.groups[group])
+        else:  # a pair that sends one way only keeps its direction: [src, dst]
+            sent = directions[(dim, ctype, size, group)]
+            members = list(next(iter(sent))) if len(sent) == 1 else list(group)
         rows[(dim, ctype, size, len(members), count / ts.program_set.steps)].append(members)
     out = []
     for (dim, ctype, size, n, per_step), memberships in rows.items():

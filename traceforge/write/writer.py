@@ -6,6 +6,7 @@ worker reuses its stage templates; memory holds one rank's file at a time per wo
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -162,10 +163,18 @@ def comm_group_json(layout: Layout, ids: list[int]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
+def group_counts(layout: Layout, ids: list[int]) -> dict[str, int]:
+    """The groups of each kind the set's nodes name (comm_group.json's, which report counts from
+    the files): a kind some stages never use (the expert DP groups of a stage of dense layers)
+    counts only the groups in use. The one count generate's summary, the manifest and report give."""
+    used = sorted(set(ids))
+    counts = {kind: bisect.bisect_left(used, first + len(rows)) - bisect.bisect_left(used, first)
+              for kind, (first, rows) in layout.group_rows.items()}
+    return {kind: n for kind, n in counts.items() if n}
+
+
 def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, ids: list[int]) -> dict:
     """Everything in manifest.json but the per-rank rows."""
-    used = set(ids)
-    kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
     doc = {
         "tool": "traceforge",
         "version": __version__,
@@ -182,7 +191,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
             "padded_vocab": padded_vocab(spec),
             "layers_per_stage": [sum(len(c.layers) for c in model_chunks(spec, s)) for s in range(spec.pp)],
         },
-        "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
+        "groups": group_counts(layout, ids),
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
     if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
