@@ -304,3 +304,19 @@ def test_the_recorded_command_names_where_the_logs_are(bundled, tmp_path):
     assert f"--logging-folder={logs}" in doc["simulator"]["command"]
     assert f"--system-configuration={logs}/astra_system.trace.json" in doc["simulator"]["command"]
     assert (bundled / "astra_log" / "astra_system.trace.json").is_file()
+
+
+def test_a_set_without_a_bundle_is_one_line_whose_fix_works_as_typed(tmp_path, monkeypatch):
+    """simulate printed "running ... on 8 ranks" before refusing a set without a bundle, and the
+    fix it named (generate --astra-sim -o DIR) was refused: DIR is not empty."""
+    monkeypatch.chdir(tmp_path)
+    assert invoke("generate", "-q", "-o", "sb").exit_code == 0
+    binary = fake(tmp_path, FINISHES)
+    line = one_line_error(invoke("simulate", "sb", "--astra-sim-bin", binary), "no ASTRA-sim bundle", "--force")
+    assert "running" not in line
+    fix = line.split("'")[1].replace(" ...", "").split()
+    assert fix[0] == "traceforge"
+    done = invoke(*fix[1:], "-q")
+    assert done.exit_code == 0, done.stderr
+    assert (tmp_path / "sb" / "astra_network.yml").is_file()
+    assert invoke("simulate", "sb", "--astra-sim-bin", binary, "-q").exit_code == 0

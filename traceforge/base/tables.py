@@ -143,6 +143,20 @@ def _wrap_cells(column: Column, width: int) -> None:
     column.max_width = None
 
 
+def print_prose(console: Console, text: str) -> None:
+    """A long line of prose, broken at words on a terminal (the terminal itself would cut a word
+    or a number in two; rich would part a number from its unit), each continuation indented two
+    more than the first line; off a terminal one line, whole, for grep and scripts."""
+    if not console.is_terminal:
+        console.print(text, markup=False, soft_wrap=True, highlight=False)
+        return
+    indent = len(text) - len(text.lstrip(" "))
+    first, *rest = wrap_words(text.strip(" "), max(20, console.width - indent)) or [""]
+    console.print(" " * indent + first, markup=False, soft_wrap=True, highlight=False)
+    for line in wrap_words(" ".join(rest), max(20, console.width - indent - 2)) if rest else ():
+        console.print(" " * (indent + 2) + line, markup=False, soft_wrap=True, highlight=False)
+
+
 def print_fitted(console: Console, table: Table, how: Fit, what: str = "--json") -> None:
     """Print the table fitted to the window, then one line naming the columns left out. Off a
     terminal the table prints whole, as wide as its cells on one line each: a pipe has no window,

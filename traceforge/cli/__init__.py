@@ -98,20 +98,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def lines(console: Console, text: str) -> None:
-    """A long line of prose, broken at words on a terminal (the terminal itself would cut a word
-    or a number in two), each continuation indented under the first line's text; off a
-    terminal one line, whole, for grep and scripts."""
-    if not console.is_terminal:
-        console.print(text, markup=False, soft_wrap=True, highlight=False)
-        return
-    from traceforge.base.tables import wrap_words
+    """A long line of prose: at words on a terminal, whole off one (base/tables.print_prose)."""
+    from traceforge.base.tables import print_prose
 
-    indent = len(text) - len(text.lstrip(" "))
-    first, *rest = wrap_words(text.strip(" "), max(20, console.width - indent)) or [""]
-    console.print(" " * indent + first, markup=False, soft_wrap=True, highlight=False)
-    if rest:
-        for line in wrap_words(" ".join(rest), max(20, console.width - indent - 2)):
-            console.print(" " * (indent + 2) + line, markup=False, soft_wrap=True, highlight=False)
+    print_prose(console, text)
 
 
 def answer_to_stdout(what: str) -> None:

@@ -45,7 +45,7 @@ def simulate(
     from traceforge.check.run import check_trace_set
     from traceforge.read.reader import find_rank_files, manifest_world_size
     from traceforge.simulate.result import SIMULATION_FILE, Simulation, is_simulation_file, trace_set_identity
-    from traceforge.simulate.run import SimulatorError, find_binary, printable, run_astra
+    from traceforge.simulate.run import SimulatorError, check_bundle, find_binary, printable, run_astra
 
     if not 0 < timeout < math.inf:
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
@@ -55,6 +55,7 @@ def simulate(
         )
     prefix, files = find_rank_files(directory, None)
     world = manifest_world_size(directory, prefix) or len(files)
+    check_bundle(directory)  # before "running ...": a refusal is the run's one line
     binary = find_binary(astra_sim_bin)
     target = out_file or directory / SIMULATION_FILE
     logs = log_dir or directory / "astra_log"

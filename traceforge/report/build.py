@@ -73,6 +73,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     memory: Any = None  # memory.MemoryReport of the manifest's spec (our sets only)
+    written_to: Path | None = None  # where write() put the artifacts (the tables say where to find them)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -240,6 +241,7 @@ class Report:
         """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG).
         ``inputs``: other directories the command reads (e.g. --compare), never replaced."""
         notes: list[str] = []
+        self.written_to = Path(out_dir)
         with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory, *inputs]) as tmp:
             with open(tmp / "report.json", "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
                 json.dump(self.to_json(), stream, indent=1)

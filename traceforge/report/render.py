@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from traceforge.base.tables import Fit, print_fitted
+from traceforge.base.tables import Fit, print_fitted, print_prose
 from traceforge.config import sizes_text, spec_label
 from traceforge.machine.gpus import capacity_text
 from traceforge.simulate.view import _span
@@ -116,7 +116,9 @@ def members_text(ranks) -> str:
 
 def test_table(report) -> Table:
     rows = report.tests
-    t = Table(title=f"Collective test matrix ({len(rows)} rows; full memberships in test_matrix.csv/json)", title_justify="left")
+    where = getattr(report, "written_to", None)
+    full = f"full memberships in {where}/test_matrix.csv and .json" if where else "--out DIR writes full memberships"
+    t = Table(title=f"Collective test matrix ({len(rows)} rows; {full})", title_justify="left")
     for col in ("dim", "op", "size", "group", "groups", "x/step", "cross", "first memberships"):
         t.add_column(col, justify="left" if col in ("dim", "op", "first memberships") else "right")
     for r in rows[:TEST_ROWS_SHOWN]:
@@ -256,11 +258,16 @@ TEST_FIT = Fit(wrap={"first memberships": 20}, drop=("first memberships", "cross
 EXPERT_FIT = Fit(short={"imbalance (max/mean received)": "imbalance"}, drop=("x mean link",))
 
 
+def _prose(console, text: str) -> None:
+    """A line of prose: broken at words on a terminal, whole off one (a pipe has no window)."""
+    print_prose(console, text)
+
+
 def render_report(report, console) -> None:
-    console.print(_header(report), markup=False)
+    _prose(console, _header(report))
     print_fitted(console, dimension_table(report), DIMENSION_FIT, "--out DIR")
     if any(d.inferred for d in report.dims):
-        console.print("* inferred from group membership (no dim annotation): sizeN-strideS names the group shape", markup=False)
+        _prose(console, "* inferred from group membership (no dim annotation): sizeN-strideS names the group shape")
     nodes = node_table(report)
     if nodes is not None:
         print_fitted(console, nodes, Fit(), "--out DIR")
@@ -272,13 +279,13 @@ def render_report(report, console) -> None:
     if jobs is not None:
         print_fitted(console, jobs, Fit(wrap={"source": 20}), "--json")
     for line in estimate_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for line in memory_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for line in simulation_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for note in report.notes:
-        console.print(f"note: {note}", markup=False)
+        _prose(console, f"note: {note}")
 
 
 def render_comparison(a, b, console) -> None:
