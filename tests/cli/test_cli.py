@@ -180,3 +180,15 @@ def test_report_names_the_test_matrix_files_only_when_it_wrote_them(make_set, tm
     written = invoke("report", directory, "-q", "--no-timeline", "-o", tmp_path / "rep")
     assert f"full memberships in {tmp_path / 'rep'}/test_matrix.csv and .json" in " ".join(written.stdout.split())
     assert (tmp_path / "rep" / "test_matrix.csv").is_file() and (tmp_path / "rep" / "test_matrix.json").is_file()
+
+
+def test_the_summary_lists_every_value_the_flags_changed(tmp_path):
+    """--world-size on a preset raised dp and so cut the micro-batches per step; the summary
+    named only the dp change (llama3-70b at 1,024 GPUs: 32 -> 4 micro-batches, silently)."""
+    from cli_runner import invoke
+
+    done = invoke("generate", "-p", "llama3-8b", "--layers", 2, "--world-size", 64, "-o", tmp_path / "w")
+    assert done.exit_code == 0, done.stderr
+    changed = next(line for line in done.stdout.splitlines() if "values the flags changed" in line)
+    assert "dp=8 (preset: 4)" in changed and "num_microbatches=8 (preset: 16)" in changed, changed
+    assert "world_size" not in changed  # given, not changed by other flags

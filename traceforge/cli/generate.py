@@ -89,9 +89,11 @@ def generate(**kwargs: Any) -> None:
     # silently inherit a preset's model sizes.
     preset_fields = preset_values(spec, explicit) if explicit else {}
     arch_fields = arch_values(spec, explicit)  # the architecture's defaults, not the preset's
-    changed = {k: v for k, v in (_changed_from_preset(spec, explicit) if explicit else {}).items() if k not in arch_fields}
+    world_note = _world_note(spec, explicit) if explicit else ""
+    changed = {k: v for k, v in (_changed_from_preset(spec, explicit, world_note) if explicit else {}).items()
+               if k not in arch_fields}
     preset_fields = {k: v for k, v in preset_fields.items() if k not in changed and k != "order"}
-    provenance = (preset_fields, changed, _world_note(spec, explicit) if explicit else "", arch_fields)
+    provenance = (preset_fields, changed, world_note, arch_fields)
     memory = _feasible(spec, run)  # refuse before planning or writing anything
     cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
@@ -234,15 +236,23 @@ class _progress:
             self.bar = None
 
 
-def _changed_from_preset(spec: Any, explicit: dict) -> dict[str, tuple[Any, Any]]:
-    """The preset's values that no flag gave but that other flags changed (a preset's sequence
-    parallelism goes with its TP: --tp 1 turns it off): name -> (the preset's, the spec's)."""
+def _changed_from_preset(spec: Any, explicit: dict, world_note: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every value of the preset's own spec that no flag gave but that other flags changed,
+    derived values included (a preset's sequence parallelism goes with its TP: --tp 1 turns it
+    off; --world-size 1024 on llama3-70b raises dp to 32 and so cuts its micro-batches from 32 to
+    4): name -> (the preset's, the spec's). The world size is left to the world note when there is one."""
     from traceforge.config import normalize_order
-    from traceforge.config.presets import get_preset
 
-    doc, preset = spec.to_dict(), get_preset(spec.preset)
-    same = {"order": lambda a, b: normalize_order(str(a)) == normalize_order(str(b))}
-    return {k: (v, doc[k]) for k, v in preset.items() if k in doc and explicit.get(k) is None
+    doc, preset = spec.to_dict(), build_spec(spec.preset).to_dict()
+
+    def same_order(a: object, b: object) -> bool:  # dimensions the summary says were inserted do not count
+        mine = normalize_order(str(b)).split("-")
+        theirs = normalize_order(str(a)).split("-")
+        return [d for d in mine if d in theirs] == theirs
+
+    same = {"order": same_order}
+    skip = {"preset", "world_size"} if world_note else {"preset"}
+    return {k: (v, doc[k]) for k, v in preset.items() if k not in skip and explicit.get(k) is None
             and not same.get(k, lambda a, b: a == b)(v, doc[k])}
 
 
