@@ -43,3 +43,19 @@ def test_no_suggestion_when_no_tp_fits_the_rest():
     divides 128): the refusal says so rather than offering a value refused next."""
     with pytest.raises(SpecError, match="no tp passes every check"):
         build_spec("llama3-70b", overrides={"tp": 3, "world_size": 96})
+
+
+def test_a_renamed_preset_works_under_its_old_name_with_a_note(tmp_path):
+    """llama3-405b-128k read as a 128K context; it is 131,072 GPUs at 8,192 tokens a sequence."""
+    from cli_runner import invoke
+
+    from traceforge.config.presets import PRESETS
+
+    assert "llama3-405b-131072gpu" in PRESETS and "llama3-405b-128k" not in PRESETS
+    assert build_spec("llama3-405b-128k") == build_spec("llama3-405b-131072gpu")
+    assert build_spec("llama3-405b-128k").preset == "llama3-405b-131072gpu"
+    done = invoke("memory", "-p", "llama3-405b-128k", "--json")
+    assert done.exit_code == 0
+    assert done.stderr.strip().splitlines() == ["note: preset llama3-405b-128k was renamed llama3-405b-131072gpu; "
+                                                "the old name still works"]
+    assert invoke("memory", "-p", "llama3-405b-131072gpu", "--json").stderr == ""

@@ -27,6 +27,7 @@ from typer.core import TyperArgument, TyperGroup
 from traceforge import __version__
 from traceforge.base import output
 from traceforge.base.errors import UserError
+from traceforge.config import presets
 
 
 class Commands(TyperGroup):
@@ -104,6 +105,19 @@ def lines(console: Console, text: str) -> None:
     print_prose(console, text)
 
 
+_RENAMES_SAID: set[str] = set()
+
+
+def _say_renamed(old: str, new: str) -> None:
+    """The one-line note for a preset named by its old name, once a command."""
+    if old not in _RENAMES_SAID:
+        _RENAMES_SAID.add(old)
+        say(f"note: preset {old} was renamed {new}; the old name still works")
+
+
+presets.on_renamed(_say_renamed)
+
+
 def answer_to_stdout(what: str) -> None:
     """Refuse a run whose answer is stdout when stdout was closed: exit 0 having said nothing
     would read as an empty answer."""
@@ -132,6 +146,7 @@ def user_errors(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         output.forget_outputs()
+        _RENAMES_SAID.clear()
         try:
             return func(*args, **kwargs)
         except UserError as exc:

@@ -19,7 +19,7 @@ import traceforge.config.schedule as schedule
 from traceforge.base.errors import SpecError
 from traceforge.config.fields import FIELD_BY_NAME, Spec
 from traceforge.config.limits import MAX_STRAGGLER_FACTOR
-from traceforge.config.presets import get_preset
+from traceforge.config.presets import canonical_preset, get_preset
 from traceforge.config.raw import Raw
 
 
@@ -52,6 +52,7 @@ def spec_builder(
         preset_name = "demo"
     if not isinstance(preset_name, str) or not preset_name.strip():
         raise SpecError(f"preset must be a preset's name such as llama3-8b (see 'traceforge presets'), got {preset_name!r}")
+    preset_name = canonical_preset(preset_name)  # an old name: its new one (and a note)
     base = get_preset(preset_name)
 
     explicit: dict[str, Any] = {}
