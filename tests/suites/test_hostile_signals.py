@@ -21,9 +21,17 @@ ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(
 SLOW = ["generate", "-p", "demo", "--dp", "4096", "--global-batch", "4096", "-j", "2", "-o", "out"]
 
 
+def default_signals() -> None:
+    """The child starts with SIGHUP and SIGINT at their defaults, whatever this run inherited:
+    under nohup (and some CI runners) SIGHUP arrives ignored, and traceforge keeps a signal its
+    caller ignores ignored, so a test of what SIGHUP does would test nohup instead."""
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "traceforge", *SLOW], cwd=tmp_path, env=ENV, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def _writing(tmp_path: Path, proc: subprocess.Popen) -> None:

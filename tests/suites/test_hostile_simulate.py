@@ -115,7 +115,15 @@ def _simulate_process(directory: Path, binary: str, *args: str) -> subprocess.Po
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "traceforge", "simulate", str(directory), "-q",
                              "--astra-sim-bin", binary, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
+
+
+def default_signals() -> None:
+    """The child starts with SIGHUP and SIGINT at their defaults, whatever this run inherited:
+    under nohup (and some CI runners) SIGHUP arrives ignored, and traceforge keeps a signal its
+    caller ignores ignored, so a test of what SIGHUP does would test nohup instead."""
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.mark.slow
