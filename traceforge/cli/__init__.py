@@ -29,10 +29,46 @@ from traceforge.base import output
 from traceforge.base.errors import UserError
 from traceforge.config import presets
 
+# Every renamed option, by command: old spelling -> its new one. The old spellings still work, but
+# never beside the new: `--context-gb 1 --overhead-gb 2` used 2,
+# `plan --limit 10 --top 3` used 3 (10 is --limit's default, so the command could not tell it was
+# given). Commands.parse_args refuses both spellings together from the words typed, for every command.
+RENAMED_OPTIONS: dict[str, dict[str, str]] = {
+    "generate": {"--overhead-gb": "--context-gb"},
+    "memory": {"--overhead-gb": "--context-gb"},
+    "plan": {"--overhead-gb": "--context-gb", "--top": "--limit", "-k": "--limit"},
+    "check": {"--max-rows": "--limit"},
+    "report": {"--intra-bw": "--scale-up-bw", "--inter-bw": "--scale-out-bw", "--latency": "--scale-up-latency"},
+}
+# A new option's other spellings, which count as giving it.
+_SAME_OPTION = {"--limit": ("-n",), "--scale-up-latency": ("--scale-out-latency",)}
+
+
+def _spelling(word: str) -> str:
+    """The option a command-line word names: --name, --name=VALUE, -k, or -k3 (a short option with its value)."""
+    if word.startswith("--"):
+        return word.split("=", 1)[0]
+    return word[:2] if word.startswith("-") and len(word) > 1 else ""
+
+
+def check_spellings(command: str, args: list[str]) -> None:
+    """Refuse an option given under its old and its new name together (one line, exit 2)."""
+    words = args[: args.index("--")] if "--" in args else args  # after "--" every word is an argument
+    typed = {_spelling(w) for w in words}
+    for old, new in RENAMED_OPTIONS.get(command, {}).items():
+        if old in typed and typed & {new, *_SAME_OPTION.get(new, ())}:
+            say(f"traceforge: error: {old} is the old spelling of {new}: give only {new}")
+            raise typer.Exit(2)
+
 
 class Commands(TyperGroup):
     """The command list sorted by name, each command's first paragraph whole (click cuts it at
     about 45 characters with "..."); an argument shown by its name alone."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] in RENAMED_OPTIONS:
+            check_spellings(args[0], args[1:])
+        return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: Any) -> list[str]:
         return sorted(self.commands)

@@ -46,9 +46,7 @@ def check(
     """
     from traceforge.check.run import check_trace_set
 
-    if old_max_rows is not None:  # one name for "how many rows" on every command: --limit
-        if max_rows != 40:
-            raise UserError("--max-rows is the old spelling of --limit: give only --limit")
+    if old_max_rows is not None:  # one name for "how many rows" on every command: --limit (both: cli.check_spellings)
         max_rows = old_max_rows
     if max_rows < 0:
         raise UserError(f"{'--limit' if old_max_rows is None else '--max-rows'} must be at least 0, got {max_rows}")

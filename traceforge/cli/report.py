@@ -105,6 +105,7 @@ def report(
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
     from traceforge.report.build import build_report, estimate_mode
     from traceforge.report.render import render_comparison
+    from traceforge.timing.engine import ASTRA_SIM
 
     if out_dir is None:
         answer_to_stdout("the report")
@@ -119,6 +120,11 @@ def report(
 
     def build(path: Path):
         mode = estimate_mode(path, estimate)
+        if mode == ASTRA_SIM and "nics_per_node" in given:
+            note = (f"--nics-per-node has no effect on {path}'s estimate in astra-sim mode (one send or collective "
+                    "in flight per rank, no NICs modelled): it shapes NCCL's model under --estimate hardware")
+            if note not in notes:
+                notes.append(note)
         used = machine_for(path, cluster, given, astra_model, mode)
         return build_report(path, prefix, used.gpus_per_node, link=used, timeline=timeline,
                             track_ranks=tracks, jobs=jobs, astra_model=astra_model, estimate=mode)

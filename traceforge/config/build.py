@@ -16,7 +16,7 @@ import traceforge.config.experts as experts
 import traceforge.config.machine as machine
 import traceforge.config.parallelism as parallelism
 import traceforge.config.schedule as schedule
-from traceforge.base.errors import SpecError
+from traceforge.base.errors import SpecError, as_given
 from traceforge.config.fields import FIELD_BY_NAME, Spec
 from traceforge.config.limits import MAX_STRAGGLER_FACTOR
 from traceforge.config.presets import canonical_preset, get_preset
@@ -206,7 +206,7 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value) or not field.minimum <= value <= field.maximum:
-            raise SpecError(f"{name} must be a number from {field.minimum:g} to {field.maximum:g}, got {value:g}")
+            raise SpecError(f"{name} must be a number from {field.minimum:g} to {field.maximum:g}, got {as_given(value)}")
         return float(value)
     value = str(value).strip() if field.keep_case else str(value).strip().lower()
     if field.choices and value not in field.choices:
