@@ -276,6 +276,10 @@ def main() -> None:
         from click import exceptions as click  # type: ignore[no-redef]
 
     load_commands()
+    if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
+        # the entry point's handler while loading (traceforge/__main__.py): from here a command
+        # turns Ctrl-C into one line itself, and removes what it had started to write
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for stop in (signal.SIGTERM, signal.SIGHUP):
         # A signal the caller ignores stays ignored: `nohup traceforge ... &` outlives its terminal.
         if signal.getsignal(stop) is not signal.SIG_IGN:
