@@ -36,12 +36,12 @@ from traceforge.config import presets
 RENAMED_OPTIONS: dict[str, dict[str, str]] = {
     "generate": {"--overhead-gb": "--context-gb"},
     "memory": {"--overhead-gb": "--context-gb"},
-    "plan": {"--overhead-gb": "--context-gb", "--top": "--limit", "-k": "--limit"},
+    "plan": {"--overhead-gb": "--context-gb", "--top": "--limit"},
     "check": {"--max-rows": "--limit"},
     "report": {"--intra-bw": "--scale-up-bw", "--inter-bw": "--scale-out-bw", "--latency": "--scale-up-latency"},
 }
-# A new option's other spellings, which count as giving it.
-_SAME_OPTION = {"--limit": ("-n",), "--scale-up-latency": ("--scale-out-latency",)}
+# An option's other spellings, which count as giving it.
+_SAME_OPTION = {"--limit": ("-n",), "--top": ("-k",), "--scale-up-latency": ("--scale-out-latency",)}
 
 
 def _spelling(word: str) -> str:
@@ -56,7 +56,7 @@ def check_spellings(command: str, args: list[str]) -> None:
     words = args[: args.index("--")] if "--" in args else args  # after "--" every word is an argument
     typed = {_spelling(w) for w in words}
     for old, new in RENAMED_OPTIONS.get(command, {}).items():
-        if old in typed and typed & {new, *_SAME_OPTION.get(new, ())}:
+        if typed & {old, *_SAME_OPTION.get(old, ())} and typed & {new, *_SAME_OPTION.get(new, ())}:
             say(f"traceforge: error: {old} is the old spelling of {new}: give only {new}")
             raise typer.Exit(2)
 
