@@ -291,7 +291,7 @@ def main() -> None:
         code = 0
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "traceforge"
-        err.print(f"traceforge: error: {exc.format_message()} (see '{command} --help')", markup=False, soft_wrap=True)
+        lines(err, f"traceforge: error: {exc.format_message()} (see '{command} --help')")
         code = exc.exit_code
     except typer.Abort:
         err.print("traceforge: interrupted", markup=False)

@@ -51,7 +51,7 @@ def check(
     if max_rows < 0:
         raise UserError(f"{'--limit' if old_max_rows is None else '--max-rows'} must be at least 0, got {max_rows}")
     if old_max_rows is not None:  # after the check: a refusal stays one line
-        err.print(f"note: --max-rows is deprecated: use --limit {max_rows}", markup=False)
+        lines(err, f"note: --max-rows is deprecated: use --limit {max_rows}")
     if as_json:
         answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)

@@ -180,7 +180,7 @@ def _feasible(spec: Any, run: dict) -> Any:
     from traceforge.memory.feasibility import check_fits, refusal, tight_note
 
     if spec.gpu == "custom" and run["gpu_memory_gb"] is None:
-        err.print("note: memory not checked: give --gpu-memory-gb for a custom GPU", markup=False)
+        lines(err, "note: memory not checked: give --gpu-memory-gb for a custom GPU")
         return None
     report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"], run["allocator_reserve_pct"])
     check_fits(spec, report, run["allow_oom"])

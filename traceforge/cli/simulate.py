@@ -66,10 +66,10 @@ def simulate(
 
     def progress(done: int, total: int, seconds: float) -> None:
         if not quiet and (done == total or done == 1 or done % max(1, total // 20) == 0):
-            err.print(f"simulate: {done}/{total} ranks finished ({seconds:,.1f} s)", markup=False)
+            lines(err, f"simulate: {done}/{total} ranks finished ({seconds:,.1f} s)")
 
     if not quiet:
-        err.print(f"simulate: running {binary} on {world} ranks (logs in {logs}/)", markup=False)
+        lines(err, f"simulate: running {binary} on {world} ranks (logs in {logs}/)")
     run = run_astra(directory, binary, world, logs, timeout, progress, trace=trace)
     finished = len(run.log.ranks)
     if run.timed_out:
