@@ -113,7 +113,7 @@ def is_traceforge_output(directory: Path) -> bool:
 # manifest of ours in the folder names.
 _OUR_FILE = re.compile(r"""^(
     manifest\.json | comm_group\.json | simulation\.json | spec\.json | shard\.json
-  | shard-[0-9]+-of-[0-9]+\.json
+  | (plan-)?shard-[0-9]+-of-[0-9]+\.json
   | astra_[a-z0-9_]+\.(json|yml|txt|topo) | run_astra_sim\.sh
   | report\.json | traffic_by_dimension\.csv | traffic_per_rank\.csv | links\.csv | matrix_(nodes|ranks)\.csv
   | test_matrix\.(csv|json) | timeline(_simulated)?\.json | traffic_heatmap\.png
