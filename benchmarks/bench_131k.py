@@ -1,6 +1,6 @@
 """The 131,072-GPU case end to end: generate, check, report; one row per step.
 
-    python benchmarks/bench_131k.py                      # llama3-405b-128k: t8 p16 d1024, ~27 GB
+    python benchmarks/bench_131k.py                      # llama3-405b-131072gpu: t8 p16 d1024, ~27 GB
     python benchmarks/bench_131k.py --dp 128             # the same model and schedule on 16,384 ranks
     python benchmarks/bench_131k.py --steps generate     # only some steps (generate,check,report,diff)
     python benchmarks/bench_131k.py --dp 128 --steps generate,diff   # diff of the set and its cp -r copy
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PRESET = "llama3-405b-128k"
+PRESET = "llama3-405b-131072gpu"
 BYTES_PER_RANK = 340_000  # about 44 GB / 131,072 ranks since the preset took SP and the distributed optimizer (benchmarks/README.md)
 MARGIN = 10 << 30  # left free for everyone else on a shared disk
 STEPS = ("generate", "report", "check", "diff")  # diff needs the copy cp -r makes

@@ -3,7 +3,7 @@ d128: one class per pipeline stage) from a cold start, and again warm (memoized)
 planner calls it. Target: under a second cold.
 
     python benchmarks/bench_memory.py              # llama3-405b
-    python benchmarks/bench_memory.py -p llama3-405b-128k            # 131,072 ranks, same 16 classes
+    python benchmarks/bench_memory.py -p llama3-405b-131072gpu            # 131,072 ranks, same 16 classes
     python benchmarks/bench_memory.py -p llama3-70b --schedule zbv
 """
 

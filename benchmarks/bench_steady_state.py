@@ -128,7 +128,8 @@ def main() -> None:
                 break
         increments = [float(x) for x in exact[-8:]]
         replay_text = (f"T(m+{found[0]}) - T(m) constant from m={found[1]}" if found else
-                       f"no: T(m + {step}) - T(m) {min(increments):.3f}..{max(increments):.3f} us over m={counts[-len(increments) - 1]}..{counts[-1]}")
+                       f"no: T(m + {step}) - T(m) {min(increments):.3f}..{max(increments):.3f} us "
+                       f"over m={counts[-len(increments) - 1]}..{counts[-1]}")
         period = float(exact[-1]) if exact else 0.0
         shifted = total = 0
         for start, finish in zip(result.start, result.finish, strict=True):

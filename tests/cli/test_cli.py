@@ -166,3 +166,29 @@ def test_one_name_for_how_many_rows():
     old = invoke("plan", "-p", "demo", "--gpus", "2", "--budget", "1", "-q", "-k", "1", "--json")
     assert old.exit_code == 0 and len(json.loads(old.stdout)["candidates"]) == 1
     assert "--top/-k is deprecated: use --limit 1" in old.stderr
+
+
+def test_report_names_the_test_matrix_files_only_when_it_wrote_them(make_set, tmp_path):
+    """The test matrix said "full memberships in test_matrix.csv/json" with no -o, when no file
+    was written; with -o it names the files it wrote."""
+    from cli_runner import invoke
+
+    _, directory, _ = make_set("demo")
+    shown = invoke("report", directory, "-q", "--no-timeline")
+    assert shown.exit_code == 0 and "--out DIR writes full memberships" in shown.stdout
+    assert "test_matrix.csv" not in shown.stdout
+    written = invoke("report", directory, "-q", "--no-timeline", "-o", tmp_path / "rep")
+    assert f"full memberships in {tmp_path / 'rep'}/test_matrix.csv and .json" in " ".join(written.stdout.split())
+    assert (tmp_path / "rep" / "test_matrix.csv").is_file() and (tmp_path / "rep" / "test_matrix.json").is_file()
+
+
+def test_the_summary_lists_every_value_the_flags_changed(tmp_path):
+    """--world-size on a preset raised dp and so cut the micro-batches per step; the summary
+    named only the dp change (llama3-70b at 1,024 GPUs: 32 -> 4 micro-batches, silently)."""
+    from cli_runner import invoke
+
+    done = invoke("generate", "-p", "llama3-8b", "--layers", 2, "--world-size", 64, "-o", tmp_path / "w")
+    assert done.exit_code == 0, done.stderr
+    changed = next(line for line in done.stdout.splitlines() if "values the flags changed" in line)
+    assert "dp=8 (preset: 4)" in changed and "num_microbatches=8 (preset: 16)" in changed, changed
+    assert "world_size" not in changed  # given, not changed by other flags

@@ -58,7 +58,9 @@ def run_in_terminal(args: list[str], columns: int, cwd: Path) -> tuple[list[str]
     shown = [line.rstrip() for line in screen.display]
     while shown and not shown[-1]:
         shown.pop()
-    written = [ANSI.sub("", line).rstrip() for line in data.decode("utf-8", "replace").replace("\r\n", "\n").split("\n")]
+    # a line the program wrote is what follows its last carriage return (a progress line it overwrote)
+    written = [ANSI.sub("", line).rstrip().rsplit("\r", 1)[-1]
+               for line in data.decode("utf-8", "replace").replace("\r\n", "\n").split("\n")]
     return shown, written, os.waitstatus_to_exitcode(status)
 
 
@@ -194,3 +196,114 @@ def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_budget():
     assert _eta(10.0, 0.25, stops_in_s=15.0) == ", at most 5 s left (--budget)"
     assert _eta(10.0, 0.25, stops_in_s=100.0) == ", about 30 s left"
     assert _eta(0.5, 0.25) == "" and _eta(10.0, 0.0) == ""  # no rate yet to go by
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_export_counts_its_ranks_and_quiet_says_nothing(demo_set, tmp_path, columns):
+    """export (goal on llama3-70b takes minutes) says how far it is, as generate does, and -q
+    silences the counter and the summary."""
+    shown, written, code = run_in_terminal(["export", str(demo_set), "-f", "goal", "-o", "g"], columns, tmp_path)
+    assert code == 0, shown
+    assert any(line.startswith("export goal: ranks 8/8 (100%)") for line in shown), shown
+    assert shown[-1] == "wrote g/workload.goal", shown
+    shown, written, code = run_in_terminal(["export", str(demo_set), "-f", "json", "-o", "j", "-q"], columns, tmp_path)
+    assert code == 0 and shown == [], shown
+    assert (tmp_path / "j" / "workload.0.json").is_file()
+
+
+# -- numbers, units and rank sets are never split; prose breaks at words --------------------
+
+UNITS = {"B", "KiB", "MiB", "GiB", "TiB", "GB", "MB", "ms", "s", "%"}
+NUMBER = re.compile(r"^[0-9][0-9,.]*$")
+
+
+def _cells(line: str) -> list[str]:
+    return line.replace("│", " ").replace("┃", " ").split()
+
+
+def assert_whole_numbers(lines: list[str]) -> None:
+    """No rank set opens on one line and closes on another, and no unit starts a line of a cell
+    apart from its number ("128" / "MiB+")."""
+    for line in lines:
+        assert line.count("{") == line.count("}"), f"a rank set split across lines: {line!r}"
+        tokens = _cells(line)
+        for i, token in enumerate(tokens):
+            if token.rstrip("+:,;") in UNITS:
+                assert i > 0 and NUMBER.match(tokens[i - 1]), f"a unit without its number: {line!r}"
+
+
+@pytest.fixture(scope="module")
+def set_of_32(tmp_path_factory) -> Path:
+    """32 ranks: rank sets of 8 and 32 in the test matrix, ranges of MiB in the traffic table."""
+    from cli_runner import invoke
+
+    where = tmp_path_factory.mktemp("terminal32")
+    done = invoke("generate", "-q", "-o", where / "s32", "--tp", 2, "--pp", 2, "--dp", 8, "--global-batch", 32)
+    assert done.exit_code == 0, done.stderr
+    return where / "s32"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_report_never_splits_a_number_or_a_rank_set(set_of_32, columns):
+    """At 100-120 columns the test matrix's rank sets read `{24,…,29,3` / `0,31}` (ranks 3 and 0)
+    and sizes "128" / "MiB+" while other columns sat empty."""
+    shown, written, code = run_in_terminal(["report", str(set_of_32), "-q", "--no-timeline"], columns, set_of_32.parent)
+    assert code == 0, shown
+    assert_whole_numbers(shown)
+    screen = "\n".join(shown)
+    shows_sets = any(line.split()[:2] == ["dim", "op"] and "memberships" in line for line in shown)
+    sets = ("{0,4,…,28}", "{1,5,…,29}", "{0,…,31}") if shows_sets else ()  # 80 columns leave the column out
+    for whole in (*sets, "14.04 MiB"):
+        assert whole in screen, (whole, screen)
+    dims = [("dim",), ("groups (cross = span nodes)", "groups"), ("bytes/rank by type", "bytes/rank"), ("scale-up",)]
+    assert assert_fits(shown, written, dims, "dim", columns)
+
+
+def test_report_piped_prints_its_tables_whole(set_of_32):
+    """Off a terminal (a pipe) no window limits the tables: they were squeezed to 160 columns,
+    splitting numbers and cutting cells with "…"."""
+    from cli_runner import invoke
+
+    done = invoke("report", set_of_32, "-q", "--no-timeline")
+    assert done.exit_code == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert_whole_numbers(lines)
+    for line in lines:  # "…" only inside a shortened rank set, never a cut cell
+        assert "…" not in re.sub(r"\{[0-9,…]*\}", "", line), line
+    assert "512 KiB+: 1,152, 2 KiB+: 384, 128 KiB+: 128" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_show_fits_the_terminal(demo_set, columns):
+    """show's ~150-column rows wrapped at 80-120 columns: the columns that go are named, a long
+    name continues in its column, and every line is one the program wrote."""
+    shown, written, code = run_in_terminal(["show", str(demo_set), "--rank", "3"], columns, demo_set.parent)
+    assert code == 0, shown
+    assert all(len(line) <= columns for line in shown)
+    for line in shown:
+        assert line in written, f"cut by the terminal at {columns} columns: {line!r}"
+    header = next(line for line in shown if not line.startswith("#")).split()
+    assert header[:4] == ["id", "type", "op", "bytes"] and header[-1] == "name"
+    assert any(line.startswith("# not shown at") for line in shown)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_long_lines_break_at_words(tmp_path, columns):
+    """generate's "from preset" line, memory's last line and report's hint on stderr were cut by
+    the terminal mid-word; each now breaks at words, every screen line one the program wrote."""
+    (tmp_path / "llama.json").write_text('{"arch": "llama", "layers": 2, "hidden": 512, "heads": 8, "vocab": 1024, '
+                                         '"seq_len": 256, "global_batch": 8}')
+    runs = [["generate", "-c", "llama.json", "-o", "out"], ["memory", "-p", "llama3-70b"], ["report", "out", "--no-timeline"]]
+    for args in runs:
+        shown, written, code = run_in_terminal(args, columns, tmp_path)
+        assert code == 0, shown
+        for line in shown:
+            assert line in written, f"{args[0]}: cut by the terminal at {columns} columns: {line!r}"
+        assert_whole_numbers([line for line in shown if not line.startswith(("│", "┃", " dim", "─"))])
+    shown, _, _ = run_in_terminal(runs[0][:-1] + ["out2"], columns, tmp_path)
+    text = " ".join(line.strip() for line in shown)
+    assert "from preset demo: micro_batch=1, dtype=bf16" in text and "gpu=h100" in text

@@ -118,7 +118,9 @@ def test_demo_test_matrix_rows(demo):
     xent = rows[("tp", "AllReduce", XENT, 2)]
     assert (xent.groups, xent.per_step, xent.memberships) == (2, 12, [[2, 3], [6, 7]])
     send = rows[("pp", "Send", A, 2)]
-    assert send.per_step == M and send.memberships == [[0, 2], [1, 3], [2, 0], [3, 1], [4, 6], [5, 7], [6, 4], [7, 5]]
+    # one membership per pair of ranks, as the traffic table counts "4 pairs of 2"; M sends each way
+    assert send.per_step == M and send.memberships == [[0, 2], [1, 3], [4, 6], [5, 7]] and send.groups == 4
+    assert send.groups == len(demo.dim("pp").groups)
     dp0, dp1 = rows[("dp", "AllReduce", DP0, 2)], rows[("dp", "AllReduce", DP1, 2)]
     assert (dp0.groups, dp0.per_step, dp0.memberships, dp0.groups_crossing_nodes) == (2, 1, [[0, 4], [1, 5]], 2)
     assert dp1.memberships == [[2, 6], [3, 7]]
@@ -223,7 +225,7 @@ def test_noncubic_test_matrix_rows(noncubic):
     assert rows[("dp", "AllReduce", NC_DP1, 3)].memberships == [[4, 12, 20], [5, 13, 21], [6, 14, 22], [7, 15, 23]]
     assert rows[("emb", "AllReduce", NC_EMB, 2)].groups == 12
     send = rows[("pp", "Send", SHARD, 2)]
-    assert send.groups == 24 and send.per_step == M
+    assert send.groups == 12 == len(noncubic.dim("pp").groups) and send.per_step == M
     assert len(noncubic.tests) == 12  # AG 2, RS 2, AR 4 (A, 2,048, 24,576, 28,672), pp 1, dp 2, emb 1
 
 

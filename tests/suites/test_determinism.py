@@ -121,10 +121,10 @@ def test_force_replaces_out(tmp_path):
     out = tmp_path / "traces"
     spec = build_spec("demo")
     write_trace_set(build_spec("demo", overrides={"dp": 1}), out, jobs=1)  # a set of ours to replace
-    (out / "stale.et").write_text("old")
+    (out / "workload.99.et").write_text("old")  # a rank file of an earlier, larger set of ours
     write_trace_set(spec, out, force=True, jobs=1)
     names = set(tree(out))
-    assert "stale.et" not in names
+    assert "workload.99.et" not in names
     assert names == {f"workload.{r}.et" for r in range(spec.world_size)} | {"comm_group.json", "manifest.json"}
     assert leftovers(tmp_path) == []
 

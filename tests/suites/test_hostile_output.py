@@ -69,9 +69,9 @@ def test_force_refuses_the_directory_holding_the_spec_it_reads(home):
 
 def test_force_replaces_our_own_set(home):
     assert invoke("generate", *SMALL, "-o", "out").exit_code == 0
-    Path("out/stale.et").write_text("x")
+    Path("out/workload.99.et").write_text("x")  # a rank file of an earlier, larger set of ours
     assert invoke("generate", *SMALL, "--force", "-o", "out").exit_code == 0
-    assert "stale.et" not in _set_names(Path("out")) and _hidden(Path(".")) == []
+    assert "workload.99.et" not in _set_names(Path("out")) and _hidden(Path(".")) == []
 
 
 def test_report_and_export_never_replace_an_input(home, make_set):
@@ -244,13 +244,129 @@ def test_a_signal_stops_workers_and_leaves_nothing(tmp_path, sig):
 
 @pytest.mark.slow
 def test_stdout_full_or_closed(tmp_path):
+    """The summary is printed once the set is in place: a stdout that cannot take it (a full
+    disk) is one line saying the set is whole, never a set removed; a closed stdout writes it."""
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "out"], cwd=tmp_path, env=ENV,
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists() and _hidden(tmp_path) == []  # a failed run writes nothing
+    assert done.stderr.count("\n") == 1 and "out/ is complete" in done.stderr, done.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file() and _hidden(tmp_path) == []
     done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "out2"], cwd=tmp_path, env=ENV,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
                           preexec_fn=lambda: os.close(1))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert (tmp_path / "out2" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_never_removes_the_set(tmp_path):
+    """`generate | head -1`: the reader's choice to stop is no failure; the set written before the
+    summary stays whole (it was removed, exit 1, nothing said)."""
+    root = Path(__file__).resolve().parents[2]
+    script = (f"{sys.executable} -m traceforge generate -c {root / 'examples' / 'gqa.yaml'} -o ht | head -1; "
+              'echo "status=${PIPESTATUS[0]}" >&2')
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("wrote 8 ranks to ht/"), done.stdout
+    assert done.stderr.strip() == "status=0", done.stderr
+    assert (tmp_path / "ht" / "manifest.json").is_file() and _hidden(tmp_path) == []
+    # The pipe closed before the first line (deterministic, whatever the timing): still whole.
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "traceforge", "generate", "-o", "ht2"], cwd=tmp_path, env=ENV,
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (tmp_path / "ht2" / "manifest.json").is_file() and _hidden(tmp_path) == []
+
+
+def test_a_pipe_closed_before_the_set_is_whole_is_said(tmp_path, monkeypatch):
+    """Whatever closes stdout before the set is in place removes it, and stderr says so: never a
+    silent exit with no set."""
+    import traceforge.write.writer as writer
+
+    real = writer.finish_trace_set
+
+    def closed(*args, **kwargs):
+        real(*args, **kwargs)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(writer, "finish_trace_set", closed)
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(invoke("generate", *SMALL, "-o", "gone"), "stdout closed", "gone/", "nothing was written",
+                          code=1)
+    assert line.startswith("traceforge: error:")
+    assert not (tmp_path / "gone").exists() and _hidden(tmp_path) == []
+
+
+# -- --force replaces only what traceforge wrote: one rule for every command -----------------
+
+PLAN = ("plan", "-p", "demo", "--dp-mode", "ddp", "--recompute", "none", "-q", "-j", "1", "--gpus", "8",
+        "--schedule", "1f1b")
+
+
+def _earlier_output(command: str, tmp_path: Path) -> list[object]:
+    """Write `out` with one command; return the arguments that write it again with --force."""
+    if command == "generate":
+        args: list[object] = ["generate", *SMALL, "-o", "out"]
+    elif command == "plan":
+        args = [*PLAN, "--write-top", "1", "-o", "out"]
+    else:
+        assert invoke("generate", *SMALL, "-o", "set").exit_code == 0
+        args = ["export", "set", "-f", "json", "-o", "out"] if command == "export" else ["report", "set", "-q", "-o", "out"]
+    done = invoke(*args)
+    assert done.exit_code == 0, done.stderr
+    return args
+
+
+@pytest.mark.parametrize("command", ["generate", "plan", "export", "report"])
+def test_force_keeps_a_file_the_user_put_inside_an_earlier_output(tmp_path, monkeypatch, command):
+    """`echo mine > out/my-notes.txt` inside a set of ours, then --force: generate and plan
+    --write-top deleted the note with the old set, export refused. Every command now refuses,
+    naming the file, and leaves the folder as it was."""
+    monkeypatch.chdir(tmp_path)
+    args = _earlier_output(command, tmp_path)
+    before = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*"))
+    (tmp_path / "out" / "my-notes.txt").write_text("mine\n")
+    line = one_line_error(invoke(*args, "--force"), "out", "my-notes.txt", "did not write", "--force")
+    assert "Traceback" not in line
+    assert (tmp_path / "out" / "my-notes.txt").read_text() == "mine\n"
+    after = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*"))
+    assert after == sorted([*before, "my-notes.txt"]) and _hidden(tmp_path) == []
+    # Without the note, --force replaces the output as before.
+    (tmp_path / "out" / "my-notes.txt").unlink()
+    assert invoke(*args, "--force").exit_code == 0
+
+
+def test_force_keeps_a_file_inside_a_plans_top_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = _earlier_output("plan", tmp_path)
+    top = next(p for p in (tmp_path / "out").iterdir() if p.is_dir())
+    (top / "notes.md").write_text("mine")
+    one_line_error(invoke(*args, "--force"), f"{top.name}/notes.md")
+    assert (top / "notes.md").read_text() == "mine"
+
+
+@pytest.mark.parametrize("backend", ["analytical", "ns3", "htsim"])
+def test_every_file_a_command_writes_is_one_force_may_replace(tmp_path, monkeypatch, backend):
+    """The names --force recognizes (base/output.foreign_entries) cover every file each command
+    writes: a set with each ASTRA-sim bundle and its logs, a report, every export, shards."""
+    monkeypatch.chdir(tmp_path)
+    done = invoke("generate", *SMALL, "-o", "set", "--astra-sim", "--astra-sim-backend", backend)
+    assert done.exit_code == 0, done.stderr
+    (tmp_path / "set" / "astra_log").mkdir()
+    (tmp_path / "set" / "astra_log" / "stdout.txt").write_text("sys[0] finished\n")
+    assert output.foreign_entries(tmp_path / "set") == []
+    if backend != "analytical":
+        return
+    assert invoke("report", "set", "-q", "-o", "rep").exit_code == 0
+    assert output.foreign_entries(tmp_path / "rep") == []
+    for fmt in ("json", "goal", "simai", "param"):
+        done = invoke("export", "set", "-f", fmt, "-o", f"x-{fmt}")
+        assert done.exit_code == 0, done.stderr
+        assert output.foreign_entries(tmp_path / f"x-{fmt}") == [], fmt
+    for k in range(2):
+        assert invoke("generate", *SMALL, "-o", "shards", "--shard", f"{k}/2").exit_code == 0
+    assert output.foreign_entries(tmp_path / "shards") == []
+    assert invoke("merge", "shards", "-q").exit_code == 0
+    assert output.foreign_entries(tmp_path / "shards") == []

@@ -312,3 +312,12 @@ def test_huge_sparse_rank_file_is_not_read(base, tmp_path):
         assert "bytes" in line, (command, line)
     result = invoke("check", d, "--json")
     assert result.exit_code == 2 and "bytes" in result.stdout
+
+
+def test_export_refuses_a_manifest_that_is_not_json(make_set, tmp_path):
+    """check and report refuse a manifest.json that is not JSON; export read it as absent."""
+    _, directory, _ = make_set("demo")
+    (directory / "manifest.json").write_text("{not json")
+    for fmt in ("json", "goal", "simai", "param"):
+        one_line_error(invoke("export", directory, "-f", fmt, "-o", tmp_path / f"x-{fmt}"), "manifest.json", "not valid JSON")
+        assert not (tmp_path / f"x-{fmt}").exists()

@@ -21,9 +21,17 @@ ENV = dict(os.environ, COLUMNS="200", NO_COLOR="1", TERM="dumb", PYTHONPATH=str(
 SLOW = ["generate", "-p", "demo", "--dp", "4096", "--global-batch", "4096", "-j", "2", "-o", "out"]
 
 
+def default_signals() -> None:
+    """The child starts with SIGHUP and SIGINT at their defaults, whatever this run inherited:
+    under nohup (and some CI runners) SIGHUP arrives ignored, and traceforge keeps a signal its
+    caller ignores ignored, so a test of what SIGHUP does would test nohup instead."""
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "traceforge", *SLOW], cwd=tmp_path, env=ENV, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def _writing(tmp_path: Path, proc: subprocess.Popen) -> None:
@@ -123,3 +131,58 @@ def test_workers_run_in_their_own_process_group(tmp_path):
     proc.communicate(timeout=60)
     assert proc.pid not in groups and groups == set(workers)
     assert _gone(workers)  # and they die with their parent, even on kill -9
+
+
+# -- Ctrl-C while the command line loads, and after the output is whole -----------------------
+
+EARLY = {
+    "generate": ["generate", "-o", "out"],
+    "plan": ["plan", "-p", "demo", "--gpus", "8", "--budget", "5"],
+    "export": ["export", "missing", "-o", "x"],
+    "check": ["check", "missing"],
+    "memory": ["memory", "-p", "llama3-70b"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(EARLY))
+def test_ctrl_c_while_loading_is_one_line(tmp_path, command):
+    """A Ctrl-C in the first half second (the imports) printed a KeyboardInterrupt traceback of
+    41-79 lines; now one line and exit 130 however early it lands."""
+    interrupted = 0
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5):
+        proc = subprocess.Popen([sys.executable, "-m", "traceforge", *EARLY[command]], cwd=tmp_path, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        if "Fatal Python error" in stderr or ("Traceback" in stderr and f"{os.sep}traceforge{os.sep}" not in stderr):
+            continue  # the interpreter's own start-up (site, its .pth files, runpy), before traceforge's code ran
+        assert "Traceback" not in stderr, (delay, stderr)
+        if proc.returncode == 130:
+            interrupted += 1
+            assert len(stderr.splitlines()) == 1 and "interrupted" in stderr, (delay, stderr)
+        elif proc.returncode == -signal.SIGINT:  # before the interpreter itself had started: nothing said
+            assert stderr == "", stderr
+        else:  # it had finished, or refused its input, before the signal came
+            assert proc.returncode in (0, 1, 2), (delay, proc.returncode, stderr)
+    assert interrupted >= 3  # the early signals landed while it loaded
+
+
+def test_a_late_ctrl_c_says_the_set_is_whole(tmp_path):
+    """A SIGINT after the set was moved into place (here, while --check reads it back) exited 130
+    with nothing on stderr although the set was whole: it says so (docs/output-contract.md)."""
+    args = ["generate", "-p", "demo", "--dp", "256", "--global-batch", "256", "-j", "1", "--check", "-o", "out"]
+    proc = subprocess.Popen([sys.executable, "-m", "traceforge", *args], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "out" / "manifest.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the set was in place"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the check finished before the signal")
+    assert proc.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "out/ was written whole" in lines[0], stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()

@@ -115,7 +115,15 @@ def _simulate_process(directory: Path, binary: str, *args: str) -> subprocess.Po
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "traceforge", "simulate", str(directory), "-q",
                              "--astra-sim-bin", binary, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
+
+
+def default_signals() -> None:
+    """The child starts with SIGHUP and SIGINT at their defaults, whatever this run inherited:
+    under nohup (and some CI runners) SIGHUP arrives ignored, and traceforge keeps a signal its
+    caller ignores ignored, so a test of what SIGHUP does would test nohup instead."""
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.mark.slow
@@ -304,3 +312,19 @@ def test_the_recorded_command_names_where_the_logs_are(bundled, tmp_path):
     assert f"--logging-folder={logs}" in doc["simulator"]["command"]
     assert f"--system-configuration={logs}/astra_system.trace.json" in doc["simulator"]["command"]
     assert (bundled / "astra_log" / "astra_system.trace.json").is_file()
+
+
+def test_a_set_without_a_bundle_is_one_line_whose_fix_works_as_typed(tmp_path, monkeypatch):
+    """simulate printed "running ... on 8 ranks" before refusing a set without a bundle, and the
+    fix it named (generate --astra-sim -o DIR) was refused: DIR is not empty."""
+    monkeypatch.chdir(tmp_path)
+    assert invoke("generate", "-q", "-o", "sb").exit_code == 0
+    binary = fake(tmp_path, FINISHES)
+    line = one_line_error(invoke("simulate", "sb", "--astra-sim-bin", binary), "no ASTRA-sim bundle", "--force")
+    assert "running" not in line
+    fix = line.split("'")[1].replace(" ...", "").split()
+    assert fix[0] == "traceforge"
+    done = invoke(*fix[1:], "-q")
+    assert done.exit_code == 0, done.stderr
+    assert (tmp_path / "sb" / "astra_network.yml").is_file()
+    assert invoke("simulate", "sb", "--astra-sim-bin", binary, "-q").exit_code == 0

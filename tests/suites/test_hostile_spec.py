@@ -145,3 +145,72 @@ def test_json_spec_still_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("s.json").write_text(json.dumps({"tp": 2, "pp": 1, "dp": 1, "layers": 2}))
     assert invoke("generate", "-q", "-c", "s.json", "-o", "out").exit_code == 0
+
+
+# -- an option's old and new spelling together: refused, for every renamed option -------------
+
+def _renamed():
+    from traceforge.cli import RENAMED_OPTIONS
+
+    return [(command, old, new) for command, names in RENAMED_OPTIONS.items() for old, new in names.items()]
+
+
+@pytest.mark.parametrize(("command", "old", "new"), _renamed())
+def test_an_option_and_its_old_spelling_together_are_refused(tmp_path, monkeypatch, command, old, new):
+    """`--context-gb 1 --overhead-gb 2` used 2 and `plan --limit 10 --top 3` used 3 (10 being the
+    default, the command could not tell it was given): whichever came last won, silently."""
+    monkeypatch.chdir(tmp_path)
+    where = ["set"] if command in ("check", "report") else []
+    for first, second in ((new, old), (old, new)):
+        line = one_line_error(invoke(command, *where, first, "3", second, "2"), old, new, "give only")
+        assert line.startswith("traceforge: error:")
+    line = one_line_error(invoke(command, *where, f"{old}=2", f"{new}=3") if old.startswith("--") and new.startswith("--")
+                          else invoke(command, *where, old, "2", new, "3"), old)
+    assert "give only" in line
+
+
+def test_the_old_spelling_alone_still_works(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("memory", "--overhead-gb", "2", "--json").exit_code == 0
+
+
+# -- silent accepts and unclear refusals ------------------------------------------------------
+
+@pytest.mark.parametrize("attention", ["flash", "flash1"])
+def test_flash_attention_in_fp32_is_refused(attention):
+    """FlashAttention has no fp32 kernels: the spec was accepted and timed as if it had."""
+    line = one_line_error(invoke("memory", "--attention", attention, "--dtype", "fp32", "--gpu", "a100"),
+                          f"--attention {attention}", "fp32", "unfused")
+    assert line.startswith("traceforge: error:")
+    assert invoke("memory", "--attention", "unfused", "--dtype", "fp32", "--json").exit_code == 0
+
+
+def test_nics_per_node_under_the_astra_sim_estimate_is_a_note(make_set):
+    _, directory, _ = make_set("demo")
+    done = invoke("report", directory, "-q", "--no-timeline", "--estimate", "astra-sim", "--nics-per-node", "4")
+    assert done.exit_code == 0
+    notes = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(notes) == 1 and notes[0].startswith("note: --nics-per-node has no effect"), done.stderr
+    hardware = invoke("report", directory, "-q", "--no-timeline", "--estimate", "hardware", "--nics-per-node", "4")
+    assert hardware.exit_code == 0 and "--nics-per-node" not in hardware.stderr
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--gpu-memory-gb", "100000.001"), ("--allocator-reserve-pct", "100.0001"),
+                                             ("--context-gb", "1000.5"), ("--gpu-efficiency", "1.000001")])
+def test_a_refusal_quotes_the_value_as_given(flag, value):
+    """"at most 100,000, got 100000" read as a legal value refused: the value is quoted whole."""
+    line = one_line_error(invoke("memory", flag, value), flag.lstrip("-").replace("-", "_") if flag == "--gpu-efficiency"
+                          else flag)
+    assert line.endswith(f"got {value}"), line
+
+
+def test_a_tiny_gpu_memory_is_blamed_on_the_memory(tmp_path):
+    """--gpu-memory-gb 0.001 was "over 1000x the h100's memory: check --vocab, --hidden...": the
+    model is fine, the figure given is not."""
+    line = one_line_error(invoke("generate", "--gpu-memory-gb", "0.001", "-o", tmp_path / "out"), "--gpu-memory-gb", "0.001")
+    assert "--vocab" not in line and "h100 holds 85.5 GB" in line
+    assert not (tmp_path / "out").exists()
+    # a model that is absurd for the GPU's own memory is still blamed on the model
+    big = invoke("generate", "-p", "llama3-70b", "--tp", "1", "--pp", "1", "--dp", "1", "--global-batch", "1",
+                 "--layers", "800", "-o", tmp_path / "out")
+    assert big.exit_code == 2 and "--gpu-memory-gb" not in big.stderr

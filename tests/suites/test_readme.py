@@ -51,7 +51,7 @@ def test_first_command_generates_the_demo(tmp_path):
 
 def test_entry_point_is_declared():
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert 'traceforge = "traceforge.cli:main"' in text
-    from traceforge.cli import main
+    assert 'traceforge = "traceforge.__main__:main"' in text
+    from traceforge.__main__ import main
 
     assert callable(main)

@@ -47,6 +47,28 @@ _SHARD_FILE = re.compile(r"^shard-[0-9]+-of-[0-9]+\.json$", re.ASCII)
 _SIMULATOR_LOG = re.compile(r"^(stdout\.txt|(log|err)(\.[0-9]+)?\.log|astra_system\.trace\.json|htsim\.dat)$", re.ASCII)
 
 
+# The output folders this process moved into place, and those it removed unfinished, as the user
+# named them: what a late signal or a closed stdout has the command line say (cli/__init__.py).
+_COMMITTED: list[str] = []
+_ROLLED_BACK: list[str] = []
+
+
+def forget_outputs() -> None:
+    """A command starts with no record (the tests run many in one process)."""
+    _COMMITTED.clear()
+    _ROLLED_BACK.clear()
+
+
+def committed() -> list[str]:
+    """The output folders this process has written whole, in order."""
+    return list(_COMMITTED)
+
+
+def rolled_back() -> list[str]:
+    """The output folders this process removed before they were complete, in order."""
+    return list(_ROLLED_BACK)
+
+
 def _within(path: Path, ancestor: Path) -> bool:
     return path == ancestor or ancestor in path.parents
 
@@ -82,6 +104,73 @@ def is_traceforge_output(directory: Path) -> bool:
     if len(names) == 1 and _ONE_FILE_EXPORT.match(names[0]):
         return True
     return bool(names) and all(n == COMM_GROUP_FILE or _EXPORT_FILE.match(n) for n in names)
+
+
+# Every name a traceforge command writes into an output folder: what --force may replace
+# (check_output_dir), the one rule for every command. tests/suites/test_hostile_output.py writes
+# each command's output (a set with each ASTRA-sim bundle, shards, a report, each export, a plan's
+# top sets) and holds it to these names. Rank files are `<prefix>.<rank>.et` for the prefix a
+# manifest of ours in the folder names.
+_OUR_FILE = re.compile(r"""^(
+    manifest\.json | comm_group\.json | simulation\.json | spec\.json | shard\.json
+  | (plan-)?shard-[0-9]+-of-[0-9]+\.json
+  | astra_[a-z0-9_]+\.(json|yml|txt|topo) | run_astra_sim\.sh
+  | report\.json | traffic_by_dimension\.csv | traffic_per_rank\.csv | links\.csv | matrix_(nodes|ranks)\.csv
+  | test_matrix\.(csv|json) | timeline(_simulated)?\.json | traffic_heatmap\.png
+  | (plan|sweep)\.(csv|json|png|svg)
+  | [^.].*\.[0-9]+\.json | rank-[0-9]+\.json | [^.].*\.goal | [^.].*\.simai\.txt
+)$""", re.X | re.ASCII)
+# Folders of ours inside an output folder: the bundle's run script's logs and ns-3's output, and
+# a plan's top sets (plan_output.write.folder_name), each an output folder itself.
+_LOG_FOLDERS = ("astra_log", "astra_ns3_output")
+_NS3_OUTPUT = re.compile(r"^(mix\.tr|fct\.txt|pfc\.txt|qlen\.txt)$", re.ASCII)
+_PLAN_FOLDER = re.compile(r"^[0-9]{2,}-t[0-9]+-c[0-9]+-p[0-9]+-d[0-9]+-e[0-9]+-v[0-9]+-b[0-9]+-[a-z0-9-]+$", re.ASCII)
+_RANK_FILE = re.compile(r"^(?P<prefix>.+)\.[0-9]+\.et$", re.ASCII)
+
+
+def _prefixes(directory: Path, names: Iterable[str]) -> set[str]:
+    """The trace-file prefixes that manifests of ours in a folder name."""
+    found: set[str] = set()
+    for name in names:
+        if name == MANIFEST_FILE or _SHARD_FILE.match(name):
+            try:
+                with open(directory / name, "rb") as f:
+                    head = f.read(1 << 16)
+            except OSError:
+                continue
+            if re.search(rb'"tool"\s*:\s*"traceforge"', head):
+                found.update(m.decode("utf-8", "replace") for m in re.findall(rb'"prefix"\s*:\s*"([^"\\]+)"', head))
+    return found
+
+
+def foreign_entries(directory: Path, _depth: int = 0) -> list[str]:
+    """The entries of an output folder that no traceforge command writes (a user's notes put
+    beside a set), as paths relative to it: what --force must never remove."""
+    if is_simulator_log(directory):  # `simulate --log-dir`'s folder: the simulator's files alone
+        return []
+    entries = sorted(directory.iterdir())
+    names = [p.name for p in entries]
+    prefixes = _prefixes(directory, names)
+    foreign: list[str] = []
+    for path in entries:
+        name = path.name
+        if path.is_symlink():
+            foreign.append(name)
+        elif path.is_dir():
+            if name in _LOG_FOLDERS and _depth < 2:
+                foreign += [f"{name}/{p.name}" for p in sorted(path.iterdir())
+                            if not (p.is_file() and (_SIMULATOR_LOG.match(p.name) or _NS3_OUTPUT.match(p.name)))]
+            elif _PLAN_FOLDER.match(name) and _depth == 0:
+                foreign += [f"{name}/{n}" for n in foreign_entries(path, _depth + 1)]
+            else:
+                foreign.append(name + "/")
+        elif not path.is_file():
+            foreign.append(name)
+        else:
+            rank = _RANK_FILE.match(name)
+            if not (_OUR_FILE.match(name) or (rank and rank["prefix"] in prefixes)):
+                foreign.append(name)
+    return foreign
 
 
 def is_simulator_log(directory: Path) -> bool:
@@ -127,6 +216,13 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (),
     if target.is_dir() and any(target.iterdir()):
         if not force:
             raise UserError(f"output directory {out} is not empty: choose another -o/--out, or pass --force to replace it")
+        # One rule for every command: --force replaces only what traceforge wrote; a file of the
+        # user's inside it (notes beside a set) refuses the run, named, and stays where it is.
+        foreign = foreign_entries(target)
+        if foreign:
+            more = f" (and {len(foreign) - 1:,} more)" if len(foreign) > 1 else ""
+            raise UserError(f"output directory {out} holds {foreign[0]}{more}, which traceforge did not write; --force "
+                            "replaces only traceforge's own files: move it out, or choose another -o/--out")
         if not replaces(target):
             raise UserError(f"output directory {out} holds files traceforge did not write; --force only replaces a "
                             "trace set, report or export of ours: choose another -o/--out")
@@ -232,7 +328,9 @@ def atomic_output_dir(out: Path, force: bool, inputs: Iterable[Path] = (), need_
     try:
         yield tmp
         _commit(tmp, target, force, out, trash)
+        _COMMITTED.append(str(out))
     except BaseException as exc:
+        _ROLLED_BACK.append(str(out))
         shutil.rmtree(tmp, ignore_errors=True)
         if trash.exists() and not target.exists():
             trash.rename(target)  # a failed --force run keeps the old OUT

@@ -67,6 +67,13 @@ class Progress:
         except (OSError, ValueError):
             self.enabled = False
 
+    def __enter__(self) -> Progress:
+        self.redraw()  # at once: the first item may take seconds
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # the line ends, so an error or "interrupted" starts on a line of its own
+
     def close(self) -> None:
         if self.enabled:
             self._draw("\n")

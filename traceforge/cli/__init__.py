@@ -11,6 +11,8 @@ imports: lint-imports and tests/suites/test_no_import_cycles.py count them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import signal
@@ -23,12 +25,50 @@ from rich.console import Console
 from typer.core import TyperArgument, TyperGroup
 
 from traceforge import __version__
+from traceforge.base import output
 from traceforge.base.errors import UserError
+from traceforge.config import presets
+
+# Every renamed option, by command: old spelling -> its new one. The old spellings still work, but
+# never beside the new: `--context-gb 1 --overhead-gb 2` used 2,
+# `plan --limit 10 --top 3` used 3 (10 is --limit's default, so the command could not tell it was
+# given). Commands.parse_args refuses both spellings together from the words typed, for every command.
+RENAMED_OPTIONS: dict[str, dict[str, str]] = {
+    "generate": {"--overhead-gb": "--context-gb"},
+    "memory": {"--overhead-gb": "--context-gb"},
+    "plan": {"--overhead-gb": "--context-gb", "--top": "--limit"},
+    "check": {"--max-rows": "--limit"},
+    "report": {"--intra-bw": "--scale-up-bw", "--inter-bw": "--scale-out-bw", "--latency": "--scale-up-latency"},
+}
+# An option's other spellings, which count as giving it.
+_SAME_OPTION = {"--limit": ("-n",), "--top": ("-k",), "--scale-up-latency": ("--scale-out-latency",)}
+
+
+def _spelling(word: str) -> str:
+    """The option a command-line word names: --name, --name=VALUE, -k, or -k3 (a short option with its value)."""
+    if word.startswith("--"):
+        return word.split("=", 1)[0]
+    return word[:2] if word.startswith("-") and len(word) > 1 else ""
+
+
+def check_spellings(command: str, args: list[str]) -> None:
+    """Refuse an option given under its old and its new name together (one line, exit 2)."""
+    words = args[: args.index("--")] if "--" in args else args  # after "--" every word is an argument
+    typed = {_spelling(w) for w in words}
+    for old, new in RENAMED_OPTIONS.get(command, {}).items():
+        if typed & {old, *_SAME_OPTION.get(old, ())} and typed & {new, *_SAME_OPTION.get(new, ())}:
+            say(f"traceforge: error: {old} is the old spelling of {new}: give only {new}")
+            raise typer.Exit(2)
 
 
 class Commands(TyperGroup):
     """The command list sorted by name, each command's first paragraph whole (click cuts it at
     about 45 characters with "..."); an argument shown by its name alone."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] in RENAMED_OPTIONS:
+            check_spellings(args[0], args[1:])
+        return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: Any) -> list[str]:
         return sorted(self.commands)
@@ -64,9 +104,21 @@ STDOUT_CLOSED = sys.stdout is None  # `>&-`: a command whose answer is stdout ha
 if sys.stdout is None or sys.stderr is None:  # started with a stream closed (`>&-`): discard that output
     sys.stdout = sys.stdout or open(os.devnull, "w")  # noqa: SIM115
     sys.stderr = sys.stderr or open(os.devnull, "w")  # noqa: SIM115
+
+
+class _Stdout(Console):
+    """rich's console for the answer, whose closed pipe is a BrokenPipeError like any other write's:
+    rich's own answer (SystemExit(1), said nowhere) would skip user_errors, and the all-or-nothing
+    output folder would take a closed `| head` for a failure and remove a set already written."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 err = Console(stderr=True, highlight=False)
 # Wide enough for tables when piped (rich assumes 80 columns off a terminal).
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = _Stdout(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class Terminated(KeyboardInterrupt):
@@ -80,6 +132,26 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated(signum)
+
+
+def lines(console: Console, text: str) -> None:
+    """A long line of prose: at words on a terminal, whole off one (base/tables.print_prose)."""
+    from traceforge.base.tables import print_prose
+
+    print_prose(console, text)
+
+
+_RENAMES_SAID: set[str] = set()
+
+
+def _say_renamed(old: str, new: str) -> None:
+    """The one-line note for a preset named by its old name, once a command."""
+    if old not in _RENAMES_SAID:
+        _RENAMES_SAID.add(old)
+        say(f"note: preset {old} was renamed {new}; the old name still works")
+
+
+presets.on_renamed(_say_renamed)
 
 
 def answer_to_stdout(what: str) -> None:
@@ -109,18 +181,29 @@ def user_errors(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        output.forget_outputs()
+        _RENAMES_SAID.clear()
         try:
             return func(*args, **kwargs)
         except UserError as exc:
             fail(str(exc), exc.exit_code)
         except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            lost = output.rolled_back()
+            if lost:  # the pipe closed before an output folder was in place: it was not written
+                fail(f"stdout closed before {lost[-1]}/ was complete; nothing was written there", 1)
             raise typer.Exit(0) from None
         except OSError as exc:  # the file system said no: a path the user gave, or a full disk
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}; check the path, its permissions and free space", 2)
         except KeyboardInterrupt as exc:
-            say("traceforge: interrupted; nothing was written")
+            done = output.committed()
+            if done:  # the output was whole before the signal came: say so (docs/output-contract.md)
+                say(f"traceforge: interrupted after {', '.join(f'{d}/' for d in done)} was written whole; "
+                    "what the command had left to do was not done")
+            else:
+                say("traceforge: interrupted; nothing was written")
             raise typer.Exit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
 
     return wrapper
@@ -193,6 +276,10 @@ def main() -> None:
         from click import exceptions as click  # type: ignore[no-redef]
 
     load_commands()
+    if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
+        # the entry point's handler while loading (traceforge/__main__.py): from here a command
+        # turns Ctrl-C into one line itself, and removes what it had started to write
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for stop in (signal.SIGTERM, signal.SIGHUP):
         # A signal the caller ignores stays ignored: `nohup traceforge ... &` outlives its terminal.
         if signal.getsignal(stop) is not signal.SIG_IGN:
@@ -204,7 +291,7 @@ def main() -> None:
         code = 0
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "traceforge"
-        err.print(f"traceforge: error: {exc.format_message()} (see '{command} --help')", markup=False, soft_wrap=True)
+        lines(err, f"traceforge: error: {exc.format_message()} (see '{command} --help')")
         code = exc.exit_code
     except typer.Abort:
         err.print("traceforge: interrupted", markup=False)

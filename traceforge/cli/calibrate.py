@@ -11,7 +11,7 @@ import typer
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_file, write_output_file
-from traceforge.cli import app, out, user_errors
+from traceforge.cli import app, lines, out, user_errors
 from traceforge.cli.generate import spec_parameters
 from traceforge.config import Spec, build_spec, load_config_file
 from traceforge.machine.kernels.keys import KernelKey
@@ -61,8 +61,8 @@ def write_table(path: Path, spec: Spec, keys: list[KernelKey], timer: Timer, dev
         text = format_json(times, {"tool": "traceforge calibrate", "device": device, "preset": spec.preset})
     write_output_file(path, text, _is_table)
     if not quiet:
-        out.print(f"measured {len(times)} kernels on {device} into {path}; {len(left)} left to the model"
-                  + (f" ({', '.join(sorted({k.kind for k in left}))})" if left else ""), markup=False, soft_wrap=True)
+        lines(out, f"measured {len(times)} kernels on {device} into {path}; {len(left)} left to the model"
+                  + (f" ({', '.join(sorted({k.kind for k in left}))})" if left else ""))
 
 
 def _options() -> list[inspect.Parameter]:

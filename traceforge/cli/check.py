@@ -10,7 +10,7 @@ from traceforge.base import progress
 from traceforge.base.errors import UserError
 from traceforge.base.pool import resolve_jobs
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 
 # Narrow windows: the message wraps; the node's id and name go before it does.
 CHECK_FIT = Fit(wrap={"message": 40, "name": 20, "kind": 16}, drop=("node", "name"))
@@ -46,14 +46,12 @@ def check(
     """
     from traceforge.check.run import check_trace_set
 
-    if old_max_rows is not None:  # one name for "how many rows" on every command: --limit
-        if max_rows != 40:
-            raise UserError("--max-rows is the old spelling of --limit: give only --limit")
+    if old_max_rows is not None:  # one name for "how many rows" on every command: --limit (both: cli.check_spellings)
         max_rows = old_max_rows
     if max_rows < 0:
         raise UserError(f"{'--limit' if old_max_rows is None else '--max-rows'} must be at least 0, got {max_rows}")
     if old_max_rows is not None:  # after the check: a refusal stays one line
-        err.print(f"note: --max-rows is deprecated: use --limit {max_rows}", markup=False)
+        lines(err, f"note: --max-rows is deprecated: use --limit {max_rows}")
     if as_json:
         answer_to_stdout("the JSON result")
     jobs = resolve_jobs(jobs)
@@ -69,7 +67,7 @@ def check(
         if result.findings:
             print_fitted(out, result.table(max_rows=max_rows), CHECK_FIT)
         for note in result.notes:
-            out.print(f"note: {note}", markup=False, soft_wrap=True)
+            lines(out, f"note: {note}")
         out.print(result.summary(), markup=False)
     raise typer.Exit(result.exit_code)
 

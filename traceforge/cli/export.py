@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
+from traceforge.base import progress
 from traceforge.base.errors import UserError
 from traceforge.cli import answer_to_stdout, app, out, user_errors
 
@@ -39,12 +40,24 @@ def export(
     stage: int | None = typer.Option(
         None, "--stage", help="simai: the pipeline stage whose program every rank runs (default: the one with the "
                               "most compute)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress counter and no summary (notes and errors stay)."),
 ) -> None:
     """Write a trace set for other simulators and for scripts without protobuf, streamed."""
+    with progress.quiet(quiet):
+        _export(directory, fmt, out_dir, rank, prefix, force, algorithm, time_unit, stage, quiet)
+
+
+def _export(directory: Path, fmt: str, out_dir: Path | None, rank: int | None, prefix: str | None, force: bool,
+            algorithm: str, time_unit: str, stage: int | None, quiet: bool) -> None:
     from traceforge.export.json_docs import FORMATS, export_json, write_rank_json
-    from traceforge.read.reader import find_rank_files
+    from traceforge.read.reader import find_rank_files, read_manifest
+
+    def say(text: str) -> None:
+        if not quiet:
+            out.print(Text(text))
 
     fmt = fmt.lower()
+    read_manifest(directory)  # a manifest.json that is not JSON is refused, as check and report refuse it, not read as absent
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
     if fmt != "goal" and (algorithm != "ring" or time_unit != "ns"):
@@ -68,9 +81,8 @@ def export(
             from traceforge.export.param import export_param
 
             written, counts = export_param(directory, out_dir, prefix=prefix, force=force)
-            out.print(Text(f"wrote {counts['ranks']} rank files to {out_dir}/ for PARAM's comm replay: "
-                           f"{counts['ops']:,} Send/Recv/collectives, {counts['waits']:,} waits, "
-                           f"{counts['groups']} process groups"))
+            say(f"wrote {counts['ranks']} rank files to {out_dir}/ for PARAM's comm replay: "
+                f"{counts['ops']:,} Send/Recv/collectives, {counts['waits']:,} waits, {counts['groups']} process groups")
             return
         else:
             from traceforge.export.simai import export_simai
@@ -78,7 +90,7 @@ def export(
             written, notes = export_simai(directory, out_dir, prefix=prefix, stage=stage, force=force)
             for note in notes:
                 out.print(Text(f"note: {note}"))
-        out.print(Text(f"wrote {written[0]}"))
+        say(f"wrote {written[0]}")
         return
     if out_dir is None:
         if rank is None:
@@ -91,4 +103,4 @@ def export(
         return
     written = export_json(directory, out_dir, prefix=prefix, ranks=None if rank is None else [rank], force=force)
     ranks = sum(1 for p in written if p.suffix == ".json" and p.name != "comm_group.json")
-    out.print(Text(f"wrote {ranks} rank files to {out_dir}/"))
+    say(f"wrote {ranks} rank files to {out_dir}/")

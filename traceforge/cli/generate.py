@@ -6,9 +6,11 @@ validation never drift apart.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -21,13 +23,13 @@ from traceforge.base.output import check_output_dir, check_prefix
 from traceforge.base.pool import resolve_jobs
 from traceforge.base.ray_pool import workers_for
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 from traceforge.cli.fabric import GENERATE_FABRIC_HELP, fabric_from_options, fabric_parameters
 from traceforge.cli.fabric import NAMES as FABRIC_NAMES
 from traceforge.cli.machine import machine_parameters
 from traceforge.cli.memory import memory_options, report_for
 from traceforge.cli.options import spec_parameters
-from traceforge.config import build_spec, load_config_file, preset_values, requested_order
+from traceforge.config import arch_values, build_spec, load_config_file, preset_values, requested_order, sizes_text, spec_label
 from traceforge.config.presets import PRESETS
 from traceforge.machine.cluster import FIELD, Cluster
 
@@ -102,9 +104,12 @@ def generate(**kwargs: Any) -> None:
     # Name what the preset decided when the user also gave values: a spec given by flags must not
     # silently inherit a preset's model sizes.
     preset_fields = preset_values(spec, explicit) if explicit else {}
-    changed = _changed_from_preset(spec, explicit) if explicit else {}
+    arch_fields = arch_values(spec, explicit)  # the architecture's defaults, not the preset's
+    world_note = _world_note(spec, explicit) if explicit else ""
+    changed = {k: v for k, v in (_changed_from_preset(spec, explicit, world_note) if explicit else {}).items()
+               if k not in arch_fields}
     preset_fields = {k: v for k, v in preset_fields.items() if k not in changed and k != "order"}
-    provenance = (preset_fields, changed, _world_note(spec, explicit) if explicit else "")
+    provenance = (preset_fields, changed, world_note, arch_fields)
     memory = _feasible(spec, run)  # refuse before planning or writing anything
     cluster, astra = None, AstraOptions()
     if run["astra_sim"]:
@@ -140,11 +145,19 @@ def generate(**kwargs: Any) -> None:
             out.print(f"wrote shard {k}/{n}: ranks {ranks.start}..{ranks.stop - 1} of {spec.world_size} to {run['out_dir']}/; "
                       f"run 'traceforge merge {run['out_dir']}' once every shard is done")
         return
+
     def finish(directory: Path, header: dict) -> None:
         if cluster:
             write_astra_bundle(directory, header, cluster, astra)
-        if not run["quiet"]:  # before the set is moved into place: a failed print (stdout full) writes nothing
-            progress.stop()  # the bar goes first: the summary must not start on its line
+
+    progress = _progress(spec.world_size, quiet=run["quiet"])
+    with workers_for(run["ray"], run["jobs"]) as writers, progress as on_chunk:  # --ray: only the writing (check reads here)
+        header = write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs,
+                                 prefix=run["prefix"], force=run["force"], jobs=writers)
+    if not run["quiet"]:
+        # After the set is in place, so "wrote ... to OUT/" is true when it is read: a reader that
+        # stops early (`| head -1`) leaves the set whole, and a stdout that fails says so.
+        with _summary_of_written(run["out_dir"]):
             _summary(header, run["out_dir"], time.perf_counter() - started, inserted, provenance, memory)
             if cluster:
                 binary = BACKEND_INFO[backend(astra)].binary
@@ -152,11 +165,6 @@ def generate(**kwargs: Any) -> None:
                 if astra.fabric is not None:
                     out.print(f"  {fabric_summary(spec.world_size, cluster, astra)}", markup=False, soft_wrap=True)
             out.file.flush()
-
-    progress = _progress(spec.world_size, quiet=run["quiet"])
-    with workers_for(run["ray"], run["jobs"]) as writers, progress as on_chunk:  # --ray: only the writing (check reads here)
-        write_trace_set(spec, run["out_dir"], on_chunk=on_chunk, finish=finish, inputs=inputs, prefix=run["prefix"],
-                        force=run["force"], jobs=writers)
     if run["report"]:
         # Here, not at the top: importing report's module registers its command, and --help lists
         # the commands in the order they register (generate's before report's).
@@ -198,20 +206,33 @@ def _with_fabric(cluster: Cluster, astra: AstraOptions, fabric_opts: dict, clust
     return cluster, replace(astra, fabric=fabric)
 
 
+@contextlib.contextmanager
+def _summary_of_written(out_dir: Path) -> Iterator[None]:
+    """A summary that stdout cannot take (a full disk) is an error that says the set is whole; a
+    closed pipe is the reader's choice and no error (cli.user_errors)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise UserError(f"the set in {out_dir}/ is complete, but its summary could not be printed: "
+                        f"{exc.strerror or exc}") from None
+
+
 def _feasible(spec: Any, run: dict) -> Any:
     """The memory report, after refusing a spec that does not fit the GPU (unless --allow-oom);
     None for a custom GPU whose memory was not given."""
     from traceforge.memory.feasibility import check_fits, refusal, tight_note
 
     if spec.gpu == "custom" and run["gpu_memory_gb"] is None:
-        err.print("note: memory not checked: give --gpu-memory-gb for a custom GPU", markup=False)
+        lines(err, "note: memory not checked: give --gpu-memory-gb for a custom GPU")
         return None
     report = report_for(spec, run["gpu_memory_gb"], run["overhead_gb"], run["allocator_reserve_pct"])
     check_fits(spec, report, run["allow_oom"])
     if report.verdict == DOES_NOT_FIT:
-        err.print(f"note: writing anyway (--allow-oom): {refusal(spec, report)}", markup=False, soft_wrap=True)
+        lines(err, f"note: writing anyway (--allow-oom): {refusal(spec, report)}")
     elif report.verdict == TIGHT:
-        err.print(f"warning: {tight_note(report)}", markup=False, soft_wrap=True)
+        lines(err, f"warning: {tight_note(report)}")
     return report
 
 
@@ -260,15 +281,23 @@ class _progress:
             self.bar = None
 
 
-def _changed_from_preset(spec: Any, explicit: dict) -> dict[str, tuple[Any, Any]]:
-    """The preset's values that no flag gave but that other flags changed (a preset's sequence
-    parallelism goes with its TP: --tp 1 turns it off): name -> (the preset's, the spec's)."""
+def _changed_from_preset(spec: Any, explicit: dict, world_note: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every value of the preset's own spec that no flag gave but that other flags changed,
+    derived values included (a preset's sequence parallelism goes with its TP: --tp 1 turns it
+    off; --world-size 1024 on llama3-70b raises dp to 32 and so cuts its micro-batches from 32 to
+    4): name -> (the preset's, the spec's). The world size is left to the world note when there is one."""
     from traceforge.config import normalize_order
-    from traceforge.config.presets import get_preset
 
-    doc, preset = spec.to_dict(), get_preset(spec.preset)
-    same = {"order": lambda a, b: normalize_order(str(a)) == normalize_order(str(b))}
-    return {k: (v, doc[k]) for k, v in preset.items() if k in doc and explicit.get(k) is None
+    doc, preset = spec.to_dict(), build_spec(spec.preset).to_dict()
+
+    def same_order(a: object, b: object) -> bool:  # dimensions the summary says were inserted do not count
+        mine = normalize_order(str(b)).split("-")
+        theirs = normalize_order(str(a)).split("-")
+        return [d for d in mine if d in theirs] == theirs
+
+    same = {"order": same_order}
+    skip = {"preset", "world_size"} if world_note else {"preset"}
+    return {k: (v, doc[k]) for k, v in preset.items() if k not in skip and explicit.get(k) is None
             and not same.get(k, lambda a, b: a == b)(v, doc[k])}
 
 
@@ -286,32 +315,33 @@ def _world_note(spec: Any, explicit: dict) -> str:
 
 
 def _summary(doc: dict, out_dir: Path, seconds: float, inserted: list[str] | None = None,
-             provenance: tuple[dict, dict, str] | None = None, memory: Any = None) -> None:
-    preset_fields, changed, world_note = provenance or ({}, {}, "")
+             provenance: tuple[dict, dict, str, dict] | None = None, memory: Any = None) -> None:
+    preset_fields, changed, world_note, arch_fields = provenance or ({}, {}, "", {})
     nodes, size = doc["totals"]["nodes"], doc["totals"]["bytes"]
     spec = doc["spec"]
-    sizes = " ".join(f"{d}={spec[d]}" for d in ("tp", "cp", "ep", "pp", "dp") if spec[d] > 1 or d in ("tp", "pp", "dp"))
+    sizes = sizes_text(spec)
     out.print(
-        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec['preset']}: {sizes}, "
+        f"wrote {doc['world_size']} ranks to {out_dir}/ ({spec_label(spec)}: {sizes}, "
         f"order {doc['order']}{_inserted_note(inserted)}, {spec['num_microbatches']} micro-batches, {spec['schedule']}, {spec['dp_mode']})"
     )
     if world_note:  # right under the count it explains
-        out.print(f"  {world_note}", markup=False, soft_wrap=True)
+        lines(out, f"  {world_note}")
     out.print(f"  {nodes:,} nodes, {size / 1e6:,.1f} MB, {seconds:.2f} s; groups: "
               + ", ".join(f"{k} {v}" for k, v in doc["groups"].items()))
     if memory is not None:
         worst, by_stage = memory.worst, " ".join(f"{s.peak / 1e9:.1f}" for s in memory.stages)
-        out.print(f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
-                  f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB", markup=False, soft_wrap=True)
+        lines(out, f"  memory per GPU: peak {worst.peak / 1e9:,.1f} GB on stage {worst.stage} of the {memory.gpu}'s "
+                  f"{capacity_text(memory.gpu_memory_bytes)}; by stage {by_stage} GB")
     if preset_fields:
-        out.print(f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()),
-                  markup=False, soft_wrap=True)
+        lines(out, f"  from preset {spec['preset']}: " + ", ".join(f"{k}={v}" for k, v in preset_fields.items()))
+    if arch_fields:
+        lines(out, f"  from arch {spec['arch']}: " + ", ".join(f"{k}={v}" for k, v in arch_fields.items()))
     if changed:
-        out.print(f"  preset {spec['preset']}'s values the flags changed: "
-                  + ", ".join(f"{k}={new} (preset: {old})" for k, (old, new) in changed.items()), markup=False, soft_wrap=True)
+        lines(out, f"  preset {spec['preset']}'s values the flags changed: "
+                  + ", ".join(f"{k}={new} (preset: {old})" for k, (old, new) in changed.items()))
     if doc.get("kernel_times"):
         for line in summary_lines(doc["kernel_times"]):
-            out.print(line, markup=False, soft_wrap=True)
+            lines(out, line)
 
 
 def _inserted_note(inserted: list[str] | None) -> str:

@@ -191,7 +191,7 @@ def show(
 ) -> None:
     """Print one rank's nodes as a readable table: type, collective, bytes, group members or peer,
     dependencies, duration and annotations."""
-    from traceforge.inspect.show import iter_rows, parse_range, write_json, write_table
+    from traceforge.inspect.show import comment_lines, iter_rows, parse_range, write_json, write_table
     from traceforge.read.reader import find_rank_files, load_groups
 
     answer_to_stdout("the rank's nodes")
@@ -204,8 +204,9 @@ def show(
     if as_json:
         write_json(rows, sys.stdout)
         return
-    sys.stdout.write(f"# rank {rank}{_coordinates(directory, rank)}: {files[rank]}\n")
-    n = write_table(rows, sys.stdout)
+    width = out.width if sys.stdout.isatty() else None  # a terminal's lines fit it
+    sys.stdout.write(comment_lines(f"rank {rank}{_coordinates(directory, rank)}: {files[rank]}", width))
+    n = write_table(rows, sys.stdout, width)
     sys.stdout.write(f"# {n} nodes{'' if node_range is None else f' in range {node_range}'}\n")
 
 

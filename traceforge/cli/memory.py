@@ -14,9 +14,9 @@ import typer
 from rich.table import Table
 
 from traceforge.base.tables import Fit, print_fitted
-from traceforge.cli import answer_to_stdout, app, out, user_errors
+from traceforge.cli import answer_to_stdout, app, lines, out, user_errors
 from traceforge.cli.options import spec_parameters
-from traceforge.config import build_spec, load_config_file
+from traceforge.config import build_spec, load_config_file, spec_label
 from traceforge.machine.gpu_memory import overhead_bytes, reserve_fraction
 from traceforge.machine.gpus import capacity_text
 from traceforge.memory import MemoryReport, gpu_memory_bytes, memory_report
@@ -62,10 +62,10 @@ def memory(**kwargs: Any) -> None:
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2) + "\n")
         return
-    out.print(f"{spec.preset} sized as {layout_text(spec)}; {report.gpu}: {capacity_text(report.gpu_memory_bytes)}",
+    out.print(f"{spec_label(spec.to_dict())} sized as {layout_text(spec)}; {report.gpu}: {capacity_text(report.gpu_memory_bytes)}",
               markup=False)
     print_fitted(out, memory_table(report, spec.preset), MEMORY_FIT)
-    out.print(verdict_line(report), markup=False, soft_wrap=True)
+    lines(out, verdict_line(report))
 
 
 def verdict_line(report: MemoryReport) -> str:

@@ -151,9 +151,7 @@ def plan(**kwargs: Any) -> None:
     if not opts["budget"] >= 0:
         raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
     limit_flag = "--limit"
-    if opts["old_top"] is not None:  # one name for "how many rows" on every command: --limit
-        if opts["top"] != 10:
-            raise UserError("--top is the old spelling of --limit: give only --limit")
+    if opts["old_top"] is not None:  # one name for "how many rows" on every command: --limit (both: cli.check_spellings)
         opts["top"], limit_flag = opts["old_top"], "--top"
     if opts["top"] < 1:
         raise UserError(f"{limit_flag} must be at least 1, got {opts['top']}")

@@ -16,7 +16,7 @@ from traceforge.base import progress
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir
 from traceforge.base.pool import resolve_jobs
-from traceforge.cli import answer_to_stdout, app, err, out, user_errors
+from traceforge.cli import answer_to_stdout, app, err, lines, out, user_errors
 from traceforge.cli.fabric import NAMES as FABRIC_NAMES
 from traceforge.cli.fabric import fabric_from_options, fabric_parameters
 from traceforge.cli.machine import apply_deprecated, deprecated_parameters, machine_parameters
@@ -113,6 +113,7 @@ def report(
     """Show what each parallel dimension (TP, PP, DP, ...) puts on which links, per rank and step."""
     from traceforge.report.build import build_report, estimate_mode
     from traceforge.report.render import render_comparison
+    from traceforge.timing.engine import ASTRA_SIM
 
     if out_dir is None:
         answer_to_stdout("the report")
@@ -134,6 +135,11 @@ def report(
 
     def build(path: Path):
         mode = estimate_mode(path, estimate)
+        if mode == ASTRA_SIM and "nics_per_node" in given:
+            note = (f"--nics-per-node has no effect on {path}'s estimate in astra-sim mode (one send or collective "
+                    "in flight per rank, no NICs modelled): it shapes NCCL's model under --estimate hardware")
+            if note not in notes:
+                notes.append(note)
         used = machine_for(path, cluster, given, astra_model, mode)
         return build_report(path, prefix, used.gpus_per_node, link=used, timeline=timeline,
                             track_ranks=tracks, jobs=jobs, astra_model=astra_model, estimate=mode, fabric=fab)
@@ -154,7 +160,7 @@ def report(
         main = build(directory)
         other = build(compare) if compare is not None else None
     for note in notes:  # after the checks above, so a refusal stays one line
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
+        lines(err, f"note: {note}")
     if sim is not None:
         main.attach_simulation(sim)
     notes = main.write(out_dir, force=force, inputs=[compare] if compare else []) if out_dir is not None else []
@@ -167,12 +173,11 @@ def report(
     else:
         main.render(out)
     if out_dir is not None:
-        err.print(f"wrote report artifacts to {out_dir}/", markup=False, soft_wrap=True)
+        lines(err, f"wrote report artifacts to {out_dir}/")
     elif not as_json and not quiet:
-        err.print("write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR",
-                  markup=False, soft_wrap=True)
+        lines(err, "write the CSV/JSON/PNG artifacts (matrices, test matrix, timeline.json) with --out DIR")
     for note in notes:
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
+        lines(err, f"note: {note}")
 
 
 report.__signature__ = inspect.signature(report).replace(  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ import typer
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import check_output_dir, check_output_file, is_simulator_log
-from traceforge.cli import app, err, out, user_errors
+from traceforge.cli import app, err, lines, out, user_errors
 
 # What a command runs is imported inside it, for start-up time (see cli/__init__.py).
 
@@ -45,7 +45,7 @@ def simulate(
     from traceforge.check.run import check_trace_set
     from traceforge.read.reader import find_rank_files, manifest_world_size
     from traceforge.simulate.result import SIMULATION_FILE, Simulation, is_simulation_file, trace_set_identity
-    from traceforge.simulate.run import SimulatorError, find_binary, printable, run_astra
+    from traceforge.simulate.run import SimulatorError, check_bundle, find_binary, printable, run_astra
 
     if not 0 < timeout < math.inf:
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
@@ -55,6 +55,7 @@ def simulate(
         )
     prefix, files = find_rank_files(directory, None)
     world = manifest_world_size(directory, prefix) or len(files)
+    check_bundle(directory)  # before "running ...": a refusal is the run's one line
     binary = find_binary(astra_sim_bin)
     target = out_file or directory / SIMULATION_FILE
     logs = log_dir or directory / "astra_log"
@@ -65,10 +66,10 @@ def simulate(
 
     def progress(done: int, total: int, seconds: float) -> None:
         if not quiet and (done == total or done == 1 or done % max(1, total // 20) == 0):
-            err.print(f"simulate: {done}/{total} ranks finished ({seconds:,.1f} s)", markup=False)
+            lines(err, f"simulate: {done}/{total} ranks finished ({seconds:,.1f} s)")
 
     if not quiet:
-        err.print(f"simulate: running {binary} on {world} ranks (logs in {logs}/)", markup=False)
+        lines(err, f"simulate: running {binary} on {world} ranks (logs in {logs}/)")
     run = run_astra(directory, binary, world, logs, timeout, progress, trace=trace)
     finished = len(run.log.ranks)
     if run.timed_out:
@@ -118,25 +119,17 @@ def simulate(
         ]
     sim.write(target, (directory,))
     step = sim.step_time_ns
-    out.print(
-        f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
-        f"wrote {target}",
-        markup=False,
-        soft_wrap=True,
-    )
+    lines(out, f"simulated step: {step / 1e6:,.3f} ms; {finished}/{world} ranks finished in {run.seconds:,.1f} s; "
+          f"wrote {target}")
     if missing:
         for s in sim.stalled[:MAX_STALLED_SHOWN]:
-            out.print(f"  rank {s['rank']} never finished: {s['waits']}", markup=False, soft_wrap=True)
+            lines(out, f"  rank {s['rank']} never finished: {s['waits']}")
         if len(missing) > MAX_STALLED_SHOWN:
             out.print(f"  ... {len(missing) - MAX_STALLED_SHOWN} more in {target}", markup=False)
-        err.print(
-            f"traceforge: {len(missing)} of {world} ranks never finished (ASTRA-sim exits 0 regardless); "
-            f"run 'traceforge check {directory} --model astra-sim' for every finding",
-            markup=False,
-            soft_wrap=True,
-        )
+        lines(err, f"traceforge: {len(missing)} of {world} ranks never finished (ASTRA-sim exits 0 regardless); "
+              f"run 'traceforge check {directory} --model astra-sim' for every finding")
         raise typer.Exit(1)
-    out.print(f"read it back: traceforge report {directory} --simulation {target}", markup=False, soft_wrap=True)
+    lines(out, f"read it back: traceforge report {directory} --simulation {target}")
 
 
 def _last_line(path: Path) -> str:

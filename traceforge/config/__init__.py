@@ -15,7 +15,15 @@ names below are the ones the rest of traceforge uses: import them from here.
 from __future__ import annotations
 
 from traceforge.base.errors import SpecError
-from traceforge.config.build import DERIVED_DEFAULTS, build_spec, preset_values, spec_builder
+from traceforge.config.build import (
+    DERIVED_DEFAULTS,
+    arch_values,
+    build_spec,
+    preset_values,
+    spec_builder,
+    spec_defaults,
+    spec_label,
+)
 from traceforge.config.dp_modes import DP_MODE_ALIASES, DP_MODES, DpModeRule
 from traceforge.config.experts import moe_layer_count
 from traceforge.config.fields import DTYPE_BYTES, FIELD_BY_NAME, FIELDS, Field, Spec, spec_fields
@@ -38,6 +46,7 @@ from traceforge.config.parallelism import (
     complete_order,
     normalize_order,
     requested_order,
+    sizes_text,
 )
 from traceforge.config.schedules import V_SHAPED
 from traceforge.config.views import (
@@ -60,6 +69,7 @@ __all__ = [
     "DERIVED_DEFAULTS", "DP_MODES", "DP_MODE_ALIASES", "DpModeRule", "DTYPE_BYTES", "EP_TAG_KINDS", "FIELDS", "FIELD_BY_NAME", "Field",
     "KNOWN_DIMS", "MAX_NODES_PER_RANK", "MAX_STRAGGLER_FACTOR", "MAX_TAG", "MEGATRON_ORDER",
     "ORDER_ALIASES", "REQUIRED_DIMS", "RING_KINDS", "Spec", "SpecError", "V_SHAPED",
-    "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
-    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "spec_builder", "spec_fields",
+    "arch_values", "build_spec", "complete_order", "ep_tag_base", "estimated_nodes_per_rank", "load_config_file",
+    "moe_layer_count", "normalize_order", "overlap_tags", "preset_values", "requested_order", "sizes_text", "spec_builder", "spec_defaults", "spec_fields",
+    "spec_label",
 ]

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from traceforge.base.errors import SpecError
 from traceforge.config.raw import Raw
+
+# What each architecture implies when a spec does not say: its defaults, which a spec that names
+# the architecture takes from here, never from the preset under it (a Llama spec over the demo
+# preset has untied embeddings, as Llama models do, not the GPT demo's tied ones).
+ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt": {"tied_embeddings": True},  # GPT-2/3 share the embedding and the LM head
+    "llama": {"tied_embeddings": False},  # Llama 2/3, Mixtral, DeepSeek, Qwen3-MoE: untied
+}
+
+
+def arch_defaults(spec: Mapping[str, Any], preset: Mapping[str, Any]) -> dict[str, str]:
+    """Where each of a spec's architecture defaults came from when it is not the preset's value:
+    field -> "arch NAME" (the manifest's ``defaults``, the report's label). Empty for a spec
+    whose architecture is its preset's, or any spec that is not a dict of ours."""
+    arch = spec.get("arch")
+    if not isinstance(arch, str) or arch == preset.get("arch"):
+        return {}
+    return {k: f"arch {arch}" for k, v in ARCH_DEFAULTS.get(arch, {}).items()
+            if spec.get(k) == v and preset.get(k, v) != v}
 
 
 def normalize(r: Raw, _: dict) -> dict:
@@ -43,4 +65,4 @@ def normalize(r: Raw, _: dict) -> dict:
     return dict(arch=arch, layers=layers, hidden=hidden, ffn_hidden=ffn_hidden, heads=heads,
                 kv_heads=kv_heads, head_dim=head_dim, **mla, vocab=vocab, seq_len=seq_len,
                 max_position_embeddings=positions,
-                tied_embeddings=r.get("tied_embeddings", arch == "gpt"), qk_norm=qk_norm)
+                tied_embeddings=r.get("tied_embeddings", ARCH_DEFAULTS[arch]["tied_embeddings"]), qk_norm=qk_norm)

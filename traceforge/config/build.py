@@ -16,10 +16,10 @@ import traceforge.config.experts as experts
 import traceforge.config.machine as machine
 import traceforge.config.parallelism as parallelism
 import traceforge.config.schedule as schedule
-from traceforge.base.errors import SpecError
+from traceforge.base.errors import SpecError, as_given
 from traceforge.config.fields import FIELD_BY_NAME, Spec
 from traceforge.config.limits import MAX_STRAGGLER_FACTOR
-from traceforge.config.presets import get_preset
+from traceforge.config.presets import canonical_preset, get_preset
 from traceforge.config.raw import Raw
 
 
@@ -52,6 +52,7 @@ def spec_builder(
         preset_name = "demo"
     if not isinstance(preset_name, str) or not preset_name.strip():
         raise SpecError(f"preset must be a preset's name such as llama3-8b (see 'traceforge presets'), got {preset_name!r}")
+    preset_name = canonical_preset(preset_name)  # an old name: its new one (and a note)
     base = get_preset(preset_name)
 
     explicit: dict[str, Any] = {}
@@ -70,6 +71,11 @@ def spec_builder(
         for derived, source in DERIVED_DEFAULTS.items():
             if source in merged and derived not in merged:
                 raw[derived] = None
+        # Likewise an architecture's defaults follow the architecture a spec names, not its preset's.
+        if "arch" in merged:
+            for name in architecture.ARCH_DEFAULTS.get(merged["arch"], {}):
+                if name not in merged:
+                    raw[name] = None
         raw.update(merged)
         if reads is not None:
             return _normalize(_Reads(raw, reads), _Reads(merged, reads), preset_name)
@@ -104,11 +110,48 @@ DERIVED_DEFAULTS = {"ffn_hidden": "hidden", "kv_heads": "heads", "max_position_e
 
 def preset_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
     """The spec values that came from its preset: the preset's keys not given explicitly and
-    not derived from an explicit value."""
+    not derived from an explicit value, nor the architecture's defaults of an architecture given."""
     given = {k for k, v in explicit.items() if v is not None}
     followed = {d for d, src in DERIVED_DEFAULTS.items() if src in given}
+    if "arch" in given:
+        followed |= set(architecture.ARCH_DEFAULTS.get(spec.arch, {}))
     doc = spec.to_dict()
     return {k: doc[k] for k in get_preset(spec.preset) if k in doc and k not in given and k not in followed}
+
+
+def arch_values(spec: Spec, explicit: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec values that came from the architecture it names (given, not the preset's)."""
+    given = {k for k, v in explicit.items() if v is not None}
+    if "arch" not in given:
+        return {}
+    doc = spec.to_dict()
+    return {k: doc[k] for k in architecture.ARCH_DEFAULTS.get(spec.arch, {}) if k not in given}
+
+
+def spec_defaults(spec: Mapping[str, Any]) -> dict[str, str]:
+    """A spec's defaults that are not its preset's values, each with where it came from (field ->
+    "arch llama"); the preset the other defaults came from is the spec's ``preset``. For a spec
+    read from a manifest, so anything it holds is taken as given: a spec not of ours has none."""
+    name = spec.get("preset")
+    try:
+        preset = get_preset(name) if isinstance(name, str) else None
+    except SpecError:
+        preset = None
+    return architecture.arch_defaults(spec, preset) if preset is not None else {}
+
+
+def spec_label(spec: Mapping[str, Any]) -> str:
+    """What a summary or report header calls a spec: its preset's name, or, where the spec names
+    another architecture than its preset's, a custom model of that architecture over the preset's
+    other defaults (`custom llama over demo`): never a Llama spec labelled as the GPT demo."""
+    preset, arch = spec.get("preset"), spec.get("arch")
+    try:
+        base = get_preset(preset) if isinstance(preset, str) else None
+    except SpecError:
+        base = None
+    if base is not None and isinstance(arch, str) and arch != base.get("arch"):
+        return f"custom {arch} over {preset}"
+    return str(preset)
 
 
 # Each domain's check, in order: a later one reads the values the earlier ones settled.
@@ -163,7 +206,7 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value) or not field.minimum <= value <= field.maximum:
-            raise SpecError(f"{name} must be a number from {field.minimum:g} to {field.maximum:g}, got {value:g}")
+            raise SpecError(f"{name} must be a number from {field.minimum:g} to {field.maximum:g}, got {as_given(value)}")
         return float(value)
     value = str(value).strip() if field.keep_case else str(value).strip().lower()
     if field.choices and value not in field.choices:

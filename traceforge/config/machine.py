@@ -36,6 +36,9 @@ def normalize_gpu(r: Raw, v: dict) -> dict:
     if tflops <= 0 or hbm <= 0:
         raise SpecError("gpu_tflops and gpu_hbm_gbps must be positive")
     attention = r.get("attention", "flash")
+    if attention in ("flash", "flash1") and "attention" in r.explicit and v["dtype"] == "fp32":
+        raise SpecError(f"--attention {attention}: FlashAttention has no fp32 kernels (fp16 and bf16 only): give "
+                        "--attention unfused, or --dtype bf16")
     if attention == "unfused" and v["cp"] > 1:  # Megatron's DotProductAttention asserts cp == 1
         raise SpecError("context parallelism runs only in TransformerEngine's fused attention, not with the scores "
                         "materialized: give --attention flash, or --cp 1")

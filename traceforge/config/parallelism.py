@@ -3,13 +3,14 @@ parallelism's kind."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from traceforge.base.errors import SpecError
 from traceforge.base.limits import MAX_WORLD_SIZE
 from traceforge.config.presets import get_preset
-from traceforge.config.raw import Raw, divisors
+from traceforge.config.raw import Raw
 
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
 ORDER_ALIASES = {"megatron": MEGATRON_ORDER}
@@ -49,12 +50,15 @@ def normalize(r: Raw, v: dict) -> dict:
     if world > MAX_WORLD_SIZE:
         raise SpecError(f"world_size {world:,} (tp*cp*pp*dp) is above the {MAX_WORLD_SIZE:,} ranks traceforge plans: lower a size")
     heads, kv_heads = v["heads"], v["kv_heads"]
+    fixed_world = world if "world_size" in r.explicit and "dp" not in r.explicit else None
     if heads % tp:
-        raise SpecError(f"heads ({heads}) must be divisible by tp ({tp}): choose tp from {divisors(heads)}")
+        raise SpecError(f"heads ({heads}) must be divisible by tp ({tp}): {tp_choices(r, v, cp, pp, fixed_world)}")
     if kv_heads % tp:
-        raise SpecError(f"kv_heads ({kv_heads}) must be divisible by tp ({tp}), as Megatron requires: choose tp from {divisors(kv_heads)}")
+        raise SpecError(f"kv_heads ({kv_heads}) must be divisible by tp ({tp}), as Megatron requires: "
+                        f"{tp_choices(r, v, cp, pp, fixed_world)}")
     if v["ffn_hidden"] % tp:
-        raise SpecError(f"ffn_hidden ({v['ffn_hidden']}) must be divisible by tp ({tp})")
+        raise SpecError(f"ffn_hidden ({v['ffn_hidden']}) must be divisible by tp ({tp}): "
+                        f"{tp_choices(r, v, cp, pp, fixed_world)}")
     # The embedding and the loss, accounted as layers, may each fill a stage (Megatron builds one
     # with no transformer layer); otherwise every stage needs a layer.
     accounted = bool(r.get("account_for_embedding_in_pipeline_split")) + bool(r.get("account_for_loss_in_pipeline_split"))
@@ -90,6 +94,39 @@ def normalize(r: Raw, v: dict) -> dict:
                         f"kv_heads/tp ({kv_heads // tp}) must be divisible by cp ({cp}); use p2p or all-gather, or a smaller cp")
     return dict(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, world_size=world, order=order, order_unchecked=unchecked,
                 cp_comm_type=cp_comm)
+
+
+def tp_choices(r: Raw, v: dict, cp: int, pp: int, world: int | None) -> str:
+    """What a tp refusal suggests: the tp values that pass every check a spec makes of tp (heads, KV heads, the FFN and the
+    experts' FFN widths, sequence parallelism's split of the sequence, a world size given, context
+    parallelism's head split): what a refusal suggests, never a value refused next."""
+    widths = [v["heads"], v["kv_heads"], v["ffn_hidden"]]
+    if r.get("experts"):
+        widths.append(r.get("moe_ffn_hidden", v["ffn_hidden"]))
+    common = math.gcd(*widths)
+    ok = [t for t in range(1, common + 1) if common % t == 0]
+    if r.get("sequence_parallel"):
+        explicit_sp = "sequence_parallel" in r.explicit
+        ok = [t for t in ok if (v["seq_len"] // cp) % t == 0 and (t > 1 or not explicit_sp)]
+    elif r.get("experts"):  # Megatron's MoE token dispatcher shards tokens over TP only with SP
+        ok = [1]
+    if world is not None:
+        ok = [t for t in ok if world % (t * cp * pp) == 0]
+        batch, micro = r.get("global_batch"), r.get("micro_batch", 1)
+        if batch is not None and not ("num_microbatches" in r.explicit and "global_batch" not in r.explicit):
+            ok = [t for t in ok if batch % (micro * (world // (t * cp * pp))) == 0]  # dp follows tp here
+    if r.get("cp_comm_type", "p2p") == "a2a":
+        ok = [t for t in ok if not (v["heads"] // t % cp or v["kv_heads"] // t % cp)]
+    if not ok:
+        return "no tp passes every check with the other values as given (world size, batch, widths): change one of them"
+    return "choose tp from {" + ", ".join(map(str, ok)) + "}"
+
+
+def sizes_text(spec: Mapping[str, Any]) -> str:
+    """A spec's parallel sizes as every summary gives them: tp, cp, ep, pp, dp, cp and ep only when
+    above 1 (`tp=8 ep=64 pp=16 dp=128`). Generate's summary and report's header read this."""
+    return " ".join(f"{d}={spec.get(d)}" for d in ("tp", "cp", "ep", "pp", "dp")
+                    if d in ("tp", "pp", "dp") or (isinstance(spec.get(d), int) and spec[d] > 1))
 
 
 def complete_order(order: str, cp: int, ep: int) -> str:

@@ -6,6 +6,7 @@ Architectures follow the models' papers/configs; layouts are typical, not prescr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from traceforge.base.errors import SpecError
@@ -45,7 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The same model on 131,072 GPUs (d1024), each GPU running the 16k layout's schedule: 16
     # micro-batches of 8,192 tokens, a 134M-token global batch. `--global-batch 2048` keeps the
     # paper's 16M-token batch instead (2 micro-batches per GPU). See docs/scale.md.
-    "llama3-405b-128k": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
+    "llama3-405b-131072gpu": dict(_TRAINING, arch="llama", layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8,
                              vocab=128256, seq_len=8192, tied_embeddings=False, tp=8, pp=16, dp=1024,
                              global_batch=16384, sequence_parallel=True, dp_mode="zero2"),
     # Mixtral 8x7B (Jiang et al. 2024, table 1): 8 experts, top-2 routing in every layer; layout as
@@ -77,8 +78,31 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def get_preset(name: str) -> dict[str, Any]:
+# Old names that still work, each with a one-line note naming the new one (canonical_preset).
+# "llama3-405b-128k" read as a 128K context; the preset is 131,072 GPUs at 8,192 tokens a sequence.
+RENAMED = {"llama3-405b-128k": "llama3-405b-131072gpu"}
+
+# Called with (old, new) when a renamed preset is resolved; the command line prints the note.
+_on_renamed: list[Callable[[str, str], None]] = []
+
+
+def on_renamed(hook: Callable[[str, str], None]) -> None:
+    """Have ``hook(old, new)`` told whenever a preset is named by its old name."""
+    _on_renamed.append(hook)
+
+
+def canonical_preset(name: str) -> str:
+    """A preset's name as given, or its new name for one that was renamed (telling the hooks)."""
     key = name.strip().lower()
+    if key in RENAMED:
+        for hook in _on_renamed:
+            hook(key, RENAMED[key])
+        return RENAMED[key]
+    return name
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    key = RENAMED.get(name.strip().lower(), name.strip().lower())
     if key not in PRESETS:
         raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} (see 'traceforge presets')")
     return dict(PRESETS[key])

@@ -22,7 +22,8 @@ from typing import TextIO
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import atomic_output_dir
-from traceforge.export.expand import ALGORITHMS, CALC, SEND, expand_rank, rank_files, resolved
+from traceforge.base.progress import Progress
+from traceforge.export.expand import ALGORITHMS, CALC, SEND, GroupTable, expand_rank, rank_files, resolved
 from traceforge.read.reader import find_rank_files
 
 TIME_UNITS = {"ns": 1_000, "ps": 1_000_000}  # per microsecond
@@ -44,6 +45,12 @@ def write_goal(directory: Path, stream: TextIO, *, prefix: str | None = None, al
     stream.write(f"// traceforge GOAL schedule of {Path(directory).name}: calc in {time_unit}, "
                  f"collectives expanded by {algorithm}\n")
     stream.write(f"num_ranks {len(files)}\n")
+    with Progress("export goal: ranks", len(files), min_items=2) as counter:
+        return _write_ranks(stream, files, table, algorithm, scale, counter)
+
+
+def _write_ranks(stream: TextIO, files: dict[int, Path], table: GroupTable, algorithm: str, scale: int,
+                 counter: Progress) -> int:
     total = 0
     for rank, path in files.items():
         steps = list(expand_rank(rank, path, table, algorithm))
@@ -61,6 +68,7 @@ def write_goal(directory: Path, stream: TextIO, *, prefix: str | None = None, al
         stream.write("\n".join(lines))
         stream.write("\n}\n")
         total += len(steps)
+        counter.advance()
     return total
 
 

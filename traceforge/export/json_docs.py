@@ -24,6 +24,7 @@ from google.protobuf.json_format import MessageToDict
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import COMM_GROUP_FILE, atomic_output_dir
+from traceforge.base.progress import Progress
 from traceforge.read.reader import find_rank_files, open_trace, parse_node
 
 FORMATS = ("json", "goal", "simai", "param")  # goal: export_goal.py, simai: export_simai.py, param: export_param.py
@@ -64,11 +65,13 @@ def export_json(directory: Path, out: Path, *, prefix: str | None = None, ranks:
         raise UserError(f"{directory}: no trace file for rank {missing[0]} (ranks {min(files)}-{max(files)})")
     written = []
     with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp:
-        for rank in chosen:
-            name = json_file_name(prefix, rank)
-            with open(tmp / name, "w", encoding="utf-8") as f:
-                write_rank_json(files[rank], rank, f)
-            written.append(Path(out) / name)
+        with Progress("export json: ranks", len(chosen), min_items=2) as counter:
+            for rank in chosen:
+                name = json_file_name(prefix, rank)
+                with open(tmp / name, "w", encoding="utf-8") as f:
+                    write_rank_json(files[rank], rank, f)
+                written.append(Path(out) / name)
+                counter.advance()
         groups = Path(directory) / COMM_GROUP_FILE
         if groups.is_file():
             shutil.copyfile(groups, tmp / COMM_GROUP_FILE)

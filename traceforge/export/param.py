@@ -41,6 +41,7 @@ from typing import TextIO
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import atomic_output_dir
+from traceforge.base.progress import Progress
 from traceforge.chakra import fields as F
 from traceforge.chakra import schema as S
 from traceforge.ir.enums import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLL, COMP, RECV, REDUCE_SCATTER, SEND
@@ -287,11 +288,13 @@ def export_param(directory: Path, out: Path, *, prefix: str | None = None,
                         "(traceforge generate writes it beside the traces)")
     plan = plan_groups(files, groups)
     written, ops, waits = [], 0, 0
-    with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp:
+    with atomic_output_dir(Path(out), force, inputs=[directory]) as tmp, \
+            Progress("export param: ranks", len(files), min_items=2) as counter:
         for rank, path in sorted(files.items()):
             name = param_file_name(rank)
             with open(tmp / name, "w", encoding="ascii") as f:
                 o, w = write_rank(path, rank, plan, f)
             ops, waits = ops + o, waits + w
             written.append(Path(out) / name)
+            counter.advance()
     return written, {"ranks": len(files), "ops": ops, "waits": waits, "groups": len(plan.groups)}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from traceforge.base.errors import UserError
+from traceforge.base.tables import wrap_words
 from traceforge.chakra import fields as F
 from traceforge.chakra import schema as S
 from traceforge.chakra._proto import traceforge_et_pb2 as pb
@@ -196,9 +197,16 @@ COLUMNS = (
 )
 
 
-def _line(cells: Iterable[str]) -> str:
+# On a terminal narrower than a whole row, these go first, in this order (the name stays, and
+# wraps inside its column); the line under the table names what went.
+DROP_ORDER = ("flops", "phase", "layer", "mb", "us", "deps", "with")
+NAME_ROOM = 24  # the name column's width at least, before a column goes
+Column = tuple
+
+
+def _line(cells: Iterable[str], columns: tuple[Column, ...] = COLUMNS) -> str:
     parts = []
-    for (_, width, right, _), cell in zip(COLUMNS, cells, strict=True):
+    for (_, width, right, _), cell in zip(columns, cells, strict=True):
         parts.append(cell.rjust(width) if right else cell.ljust(width) if width else cell)
     return "  ".join(parts).rstrip()
 
@@ -211,13 +219,59 @@ def table_line(row: Row) -> str:
     return _line(c[3](row) for c in COLUMNS)
 
 
-def write_table(rows: Iterable[Row], stream: TextIO) -> int:
-    """Header plus one line per row; returns the number of rows."""
-    stream.write(table_header() + "\n")
+def columns_for(width: int | None) -> tuple[tuple[Column, ...], list[str]]:
+    """The columns a window ``width`` wide shows (all without one), and those left out."""
+    shown, dropped = list(COLUMNS), list[str]()
+    if width is None:
+        return tuple(shown), dropped
+    for name in DROP_ORDER:
+        if _fixed(shown) + 2 + NAME_ROOM <= width:
+            break
+        shown = [c for c in shown if c[0] != name]
+        dropped.append(name)
+    return tuple(shown), dropped
+
+
+def _fixed(columns: list[Column] | tuple[Column, ...]) -> int:
+    return sum(c[1] for c in columns if c[1]) + 2 * (len(columns) - 1)
+
+
+def _name_lines(name: str, room: int) -> list[str]:
+    """A node's name in lines of at most ``room`` characters, broken after a '/' where one fits."""
+    lines = []
+    while len(name) > room:
+        cut = name.rfind("/", 0, room) + 1 or room
+        lines.append(name[:cut])
+        name = name[cut:]
+    return [*lines, name]
+
+
+def comment_lines(text: str, width: int | None) -> str:
+    """A "# " line of the table, broken at words to fit a window ``width`` wide (whole without)."""
+    parts = [text] if width is None else wrap_words(text, max(8, width - 2))
+    return "".join(f"# {part}\n" for part in parts)
+
+
+def write_table(rows: Iterable[Row], stream: TextIO, width: int | None = None) -> int:
+    """Header plus one line per row; returns the number of rows. Given a window's ``width`` (a
+    terminal), the rows fit it: columns go in DROP_ORDER and a long name continues, in its
+    column, on the next lines; what went is said on the last line."""
+    columns, dropped = columns_for(width)
+    stream.write(_line((c[0] for c in columns), columns) + "\n")
     n = 0
     for row in rows:
-        stream.write(table_line(row) + "\n")
+        cells = [c[3](row) for c in columns]
+        if width is None:
+            stream.write(_line(cells, columns) + "\n")
+        else:  # the name starts where this row's other cells end (a cell may be wider than its column)
+            start = len(_line([*cells[:-1], "x"], columns)) - 1
+            names = _name_lines(cells[-1], max(8, width - start))
+            stream.write(_line([*cells[:-1], names[0]], columns) + "\n")
+            stream.write("".join(" " * start + more + "\n" for more in names[1:]))
         n += 1
+    if dropped and width is not None:
+        stream.write(comment_lines(f"not shown at {width} columns: {', '.join(dropped)} (a wider terminal, or --json, "
+                                   "shows them)", width))
     return n
 
 

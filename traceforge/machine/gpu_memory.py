@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from traceforge.base.errors import SpecError
+from traceforge.base.errors import SpecError, as_given
 from traceforge.machine.gpus import GPUS
 
 MIB = 2**20
@@ -25,7 +25,8 @@ def gpu_memory_bytes(gpu: str, memory_gb: float | None = None) -> int:
     """Bytes of memory of the GPU: --gpu-memory-gb when given, else the named GPU's total."""
     if memory_gb is not None:
         if not math.isfinite(memory_gb) or not 0 < memory_gb <= MAX_GPU_MEMORY_GB:
-            raise SpecError(f"--gpu-memory-gb must be a number of GB above 0 and at most {MAX_GPU_MEMORY_GB:,.0f}, got {memory_gb:g}")
+            raise SpecError(f"--gpu-memory-gb must be a number of GB above 0 and at most {MAX_GPU_MEMORY_GB:,.0f}, "
+                            f"got {as_given(memory_gb)}")
         return int(memory_gb * GB)
     if gpu not in GPUS:
         raise SpecError(f"the memory of GPU {gpu!r} is unknown: give --gpu-memory-gb (e.g. 80 for an 80 GB part)")
@@ -37,7 +38,7 @@ def overhead_bytes(overhead_gb: float | None) -> int | None:
     if overhead_gb is None:
         return None
     if not 0 <= overhead_gb <= 1000:  # also refuses nan
-        raise SpecError(f"--context-gb must be a number of GB from 0 to 1000, got {overhead_gb:g}")
+        raise SpecError(f"--context-gb must be a number of GB from 0 to 1000, got {as_given(overhead_gb)}")
     return int(overhead_gb * GB)
 
 
@@ -46,5 +47,5 @@ def reserve_fraction(reserve_pct: float | None) -> float | None:
     if reserve_pct is None:
         return None
     if not 0 <= reserve_pct <= 100:  # also refuses nan
-        raise SpecError(f"--allocator-reserve-pct must be a percentage from 0 to 100, got {reserve_pct:g}")
+        raise SpecError(f"--allocator-reserve-pct must be a percentage from 0 to 100, got {as_given(reserve_pct)}")
     return reserve_pct / 100

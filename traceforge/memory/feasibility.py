@@ -8,6 +8,8 @@ import dataclasses
 
 from traceforge.base.errors import SpecError
 from traceforge.config import DP_MODES, Spec
+from traceforge.machine.gpu_memory import gpu_memory_bytes
+from traceforge.machine.gpus import GPUS
 from traceforge.memory.report import DOES_NOT_FIT, FITS, MemoryReport, memory_report
 
 GB = 1e9
@@ -73,12 +75,23 @@ def tight_note(report: MemoryReport) -> str:
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces the reserve (see 'traceforge memory')")
 
 
+def _memory_given(spec: Spec, report: MemoryReport) -> bool:
+    """Whether the report's GPU memory is a figure the user gave rather than the GPU's own."""
+    return spec.gpu not in GPUS or report.gpu_memory_bytes != gpu_memory_bytes(spec.gpu)
+
+
 def check_fits(spec: Spec, report: MemoryReport, allow_oom: bool) -> None:
     """Raise a one-line SpecError when the spec does not fit even without the allocator's
     reserve (unless --allow-oom, short of the absurd); a tight spec passes (the caller warns)."""
     if report.verdict != DOES_NOT_FIT:
         return
     worst = report.worst
+    if worst.peak > ABSURD_MEMORY_FACTOR * report.gpu_memory_bytes and _memory_given(spec, report):
+        # the model is not what is absurd: the memory given is (--gpu-memory-gb 0.001)
+        own = f"; the {spec.gpu} holds {gpu_memory_bytes(spec.gpu) / GB:,.1f} GB" if spec.gpu in GPUS else ""
+        raise SpecError(f"--gpu-memory-gb gives each GPU {report.gpu_memory_bytes / GB:,.3g} GB, under 1/{ABSURD_MEMORY_FACTOR} "
+                        f"of the {worst.peak / GB:,.1f} GB stage {worst.stage} needs: check --gpu-memory-gb "
+                        f"(GB = 10^9 bytes{own})")
     if worst.peak > ABSURD_MEMORY_FACTOR * report.gpu_memory_bytes:
         raise SpecError(f"each GPU of stage {worst.stage} would need {worst.peak / GB:,.0f} GB, over {ABSURD_MEMORY_FACTOR}x "
                         f"the {report.gpu}'s memory: check --vocab, --hidden, --ffn-hidden and --layers, or raise --tp/--pp")

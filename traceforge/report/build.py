@@ -20,6 +20,7 @@ import numpy as np
 
 from traceforge.base.errors import UserError
 from traceforge.base.output import atomic_output_dir
+from traceforge.config import spec_defaults
 from traceforge.ir.enums import COMP
 from traceforge.machine.astra import NETWORK_FILE, AstraNetwork, load_network
 from traceforge.machine.cluster import Cluster, node_of
@@ -75,6 +76,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     memory: Any = None  # memory.MemoryReport of the manifest's spec (our sets only)
     fabric: FabricTraffic | None = None  # the step routed onto --fabric's links
+    written_to: Path | None = None  # where write() put the artifacts (the tables say where to find them)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -126,8 +128,12 @@ class Report:
         m = ts.manifest or {}
         spec = m.get("spec") if isinstance(m.get("spec"), dict) else None
         if spec:
-            out["spec"] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches", "schedule",
-                                                     "virtual_stages", "dp_mode", "sequence_parallel")}
+            shown: dict[str, object] = {k: spec.get(k) for k in ("preset", "tp", "pp", "dp", "num_microbatches",
+                                                                 "schedule", "virtual_stages", "dp_mode", "sequence_parallel")}
+            defaults = spec_defaults(spec)
+            if defaults:  # the defaults that are not the preset's, and where they came from
+                shown["defaults"] = defaults
+            out["spec"] = shown
             out["order"] = m.get("order")
         return out
 
@@ -246,6 +252,7 @@ class Report:
         """Write every artifact into out_dir (new or empty unless force); return notes (e.g. no PNG).
         ``inputs``: other directories the command reads (e.g. --compare), never replaced."""
         notes: list[str] = []
+        self.written_to = Path(out_dir)
         with atomic_output_dir(Path(out_dir), force, inputs=[self.traces.directory, *inputs]) as tmp:
             with open(tmp / "report.json", "w") as stream:  # streamed: the text of json.dumps, not its copy in memory
                 json.dump(self.to_json(), stream, indent=1)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from traceforge.base.tables import Fit, print_fitted
+from traceforge.base.tables import Fit, print_fitted, print_prose
+from traceforge.config import sizes_text, spec_label
 from traceforge.machine.gpus import capacity_text
 from traceforge.simulate.view import _span
 from traceforge.traffic.dimensions import DimTraffic
@@ -46,12 +47,24 @@ def _sizes(d: DimTraffic) -> str:
     return ", ".join(f"{fmt_bytes(k)}+: {fmt_count(v)}" for k, v in top)
 
 
+def _label(report, s: dict) -> str:
+    """The spec's name as generate's summary gives it (config.spec_label): the manifest's spec."""
+    spec = (getattr(report.traces, "manifest", None) or {}).get("spec")
+    return spec_label(spec) if isinstance(spec, dict) else str(s["preset"])
+
+
+def _layout_sizes(report, s: dict) -> str:
+    """The parallel sizes as generate's summary gives them (config.sizes_text: ep and cp too)."""
+    spec = (getattr(report.traces, "manifest", None) or {}).get("spec")
+    return sizes_text(spec if isinstance(spec, dict) else s)
+
+
 def _header(report) -> str:
     src = report.source()
     text = f"{src['directory']} ({src['prefix']}.<rank>.et, {report.world} ranks, {src['steps']} step(s)"
     if "spec" in src:
         s = src["spec"]
-        text += f"; {s['preset']}: tp={s['tp']} pp={s['pp']} dp={s['dp']}, order {src.get('order')}"
+        text += f"; {_label(report, s)}: {_layout_sizes(report, s)}, order {src.get('order')}"
         if s.get("pp", 1) > 1 and s.get("schedule"):
             v = s.get("virtual_stages") or 1
             text += f", schedule {s['schedule']}" + (f" v={v}" if v > 1 else "")
@@ -88,16 +101,31 @@ def node_table(report) -> Table | None:
     return t
 
 
+def members_text(ranks) -> str:
+    """A group's ranks as a table shows them, short enough never to be split across lines: up to
+    four whole, a longer even run by its ends and step ({24,…,31}, {0,4,…,28}), anything else by
+    its first four and an ellipsis (test_matrix.csv/json hold every member)."""
+    ranks = [int(r) for r in ranks]
+    if len(ranks) <= 4:
+        return "{" + ",".join(map(str, ranks)) + "}"
+    step = ranks[1] - ranks[0]
+    if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
+        return f"{{{ranks[0]},…,{ranks[-1]}}}" if step == 1 else f"{{{ranks[0]},{ranks[1]},…,{ranks[-1]}}}"
+    return "{" + ",".join(map(str, ranks[:4])) + ",…}"
+
+
 def test_table(report) -> Table:
     rows = report.tests
-    t = Table(title=f"Collective test matrix ({len(rows)} rows; full memberships in test_matrix.csv/json)", title_justify="left")
+    where = getattr(report, "written_to", None)
+    full = f"full memberships in {where}/test_matrix.csv and .json" if where else "--out DIR writes full memberships"
+    t = Table(title=f"Collective test matrix ({len(rows)} rows; {full})", title_justify="left")
     fabric = getattr(report, "fabric", None)
     cols = ("dim", "op", "size", "group", "groups", "x/step", "cross") + (("tiers",) if fabric is not None else ()) \
         + ("first memberships",)
     for col in cols:
         t.add_column(col, justify="left" if col in ("dim", "op", "first memberships", "tiers") else "right")
     for i, r in enumerate(rows[:TEST_ROWS_SHOWN]):
-        shown = " ".join("{" + ",".join(map(str, m)) + "}" for m in r.memberships[:3])
+        shown = " ".join(members_text(m) for m in r.memberships[:3])
         if len(r.memberships) > 3:
             shown += " ..."
         tiers = (" ".join(f"{k} {n}" for k, n in fabric.row_tiers(i).items()),) if fabric is not None else ()
@@ -306,11 +334,16 @@ FABRIC_FIT = Fit(wrap={"largest groups on it": 24, "by dimension": 14, "hottest 
 EXPERT_FIT = Fit(short={"imbalance (max/mean received)": "imbalance"}, drop=("x mean link",))
 
 
+def _prose(console, text: str) -> None:
+    """A line of prose: broken at words on a terminal, whole off one (a pipe has no window)."""
+    print_prose(console, text)
+
+
 def render_report(report, console) -> None:
-    console.print(_header(report), markup=False)
+    _prose(console, _header(report))
     print_fitted(console, dimension_table(report), DIMENSION_FIT, "--out DIR")
     if any(d.inferred for d in report.dims):
-        console.print("* inferred from group membership (no dim annotation): sizeN-strideS names the group shape", markup=False)
+        _prose(console, "* inferred from group membership (no dim annotation): sizeN-strideS names the group shape")
     nodes = node_table(report)
     if nodes is not None:
         print_fitted(console, nodes, Fit(), "--out DIR")
@@ -327,13 +360,13 @@ def render_report(report, console) -> None:
     if jobs is not None:
         print_fitted(console, jobs, Fit(wrap={"source": 20}), "--json")
     for line in estimate_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for line in memory_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for line in simulation_lines(report):
-        console.print(line, markup=False)
+        _prose(console, line)
     for note in report.notes:
-        console.print(f"note: {note}", markup=False)
+        _prose(console, f"note: {note}")
 
 
 def render_comparison(a, b, console) -> None:

@@ -69,15 +69,21 @@ class RunResult:
     log: AstraLog
 
 
+def check_bundle(directory: Path) -> None:
+    """Refuse a set without its ASTRA-sim bundle, naming a fix that works as typed: the set is
+    there, so writing it again with its bundle needs --force."""
+    missing = [name for name in BUNDLE_FILES if not (Path(directory) / name).is_file()]
+    if missing:
+        raise UserError(
+            f"{directory} has no ASTRA-sim bundle ({', '.join(missing)} missing); write the set again with it: "
+            f"'traceforge generate ... --astra-sim -o {directory} --force' (the same spec)"
+        )
+
+
 def astra_command(directory: Path, binary: str, log_dir: Path, system_file: Path | None = None) -> list[str]:
     directory = Path(directory)
     manifest = read_manifest(directory) or {}
-    missing = [name for name in BUNDLE_FILES if not (directory / name).is_file()]
-    if missing:
-        raise UserError(
-            f"{directory} has no ASTRA-sim bundle ({', '.join(missing)} missing); write it with "
-            f"'traceforge generate ... --astra-sim -o {directory}'"
-        )
+    check_bundle(directory)
     prefix = manifest.get("prefix") if isinstance(manifest, dict) else None
     prefix = prefix if isinstance(prefix, str) and "/" not in prefix else "workload"
     files = manifest.get("files") if isinstance(manifest, dict) else None

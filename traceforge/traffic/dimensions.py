@@ -95,6 +95,12 @@ class DimTraffic:
         }
 
 
+def p2p_pair(rank: int, peer: int) -> tuple[int, int]:
+    """The pair two ranks that send to each other form, whichever sends: what every count of
+    point-to-point pairs counts (the traffic table's "pairs", the test matrix's Send rows)."""
+    return (min(rank, peer), max(rank, peer))
+
+
 def dimension_traffic(ts: TraceSet, gpus_per_node: int) -> list[DimTraffic]:
     """Every dimension's traffic, in the order tp, cp, ep, pp, dp, emb, then others."""
     dims: dict[str, DimTraffic] = {}
@@ -122,7 +128,7 @@ def dimension_traffic(ts: TraceSet, gpus_per_node: int) -> list[DimTraffic]:
                 name, wire, inter = coll_name(ctype), wire_bytes(ctype, size, len(members)) * per_step, crossing[target]
             else:
                 d = get(ts.p2p_dim(dim))
-                pair = (min(rank, target), max(rank, target))
+                pair = p2p_pair(rank, target)
                 inter = node_of(rank, gpus_per_node) != node_of(target, gpus_per_node)
                 d.kinds.add("p2p")
                 d.groups.add(pair)

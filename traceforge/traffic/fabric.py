@@ -64,6 +64,7 @@ class Groups:
     a2a: list[float] = field(default_factory=list)
     send: list[float] = field(default_factory=list)
     row_groups: list[list[int]] = field(default_factory=list)  # per test matrix row, its groups' ids
+    back: dict[int, int] = field(default_factory=dict)  # a both-ways send pair's group -> its reverse's
 
     def gid(self, dim: str, members: tuple[int, ...]) -> int:
         key = (dim, members)
@@ -88,6 +89,9 @@ def group_traffic(rows: list[MatrixRow]) -> Groups:
             ids.append(gid)
             if r.collective == SEND_NAME:
                 g.send[gid] += r.comm_size * r.per_step
+                if r.both_ways:  # [low, high] sends as much the other way: its own flows
+                    back = g.back[gid] = g.gid(r.dim, tuple(reversed(m)))
+                    g.send[back] += r.comm_size * r.per_step
             elif ctype == ALL_TO_ALL:
                 g.a2a[gid] += wire_bytes(ctype, r.comm_size, r.group_size) * r.per_step / max(1, r.group_size - 1)
             elif ctype is not None and ctype != BARRIER:
@@ -190,7 +194,8 @@ class FabricTraffic:
     def row_tiers(self, row: int) -> dict[str, int]:
         """Test matrix row `row`: how many of its groups reach each tier as their highest."""
         names = self.tier_names()
-        counts = Counter(int(self.routed.group_tier[g]) for g in self.groups.row_groups[row])
+        tier, back = self.routed.group_tier, self.groups.back
+        counts = Counter(max(int(tier[g]), int(tier[back.get(g, g)])) for g in self.groups.row_groups[row])
         return {(names[t] if t >= 0 else "none"): n for t, n in sorted(counts.items())}
 
     @cached_property

@@ -8,6 +8,7 @@ written here in the same order.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ import numpy as np
 from traceforge import __version__
 from traceforge.base.output import COMM_GROUP_FILE, MANIFEST_FILE, atomic_output_dir
 from traceforge.base.pool import Shared, fan_out, workers_share_files
-from traceforge.config import Spec
+from traceforge.config import Spec, spec_defaults
 from traceforge.model.compute import kernel_time_report
 from traceforge.model.params import padded_vocab, total_params
 from traceforge.parallel.layout import Layout
@@ -189,14 +190,25 @@ def comm_group_json(layout: Layout, ids: list[int]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
+def group_counts(layout: Layout, ids: list[int]) -> dict[str, int]:
+    """The groups of each kind the set's nodes name (comm_group.json's, which report counts from
+    the files): a kind some stages never use (the expert DP groups of a stage of dense layers)
+    counts only the groups in use. The one count generate's summary, the manifest and report give."""
+    used = sorted(set(ids))
+    counts = {kind: bisect.bisect_left(used, first + len(rows)) - bisect.bisect_left(used, first)
+              for kind, (first, rows) in layout.group_rows.items()}
+    return {kind: n for kind, n in counts.items() if n}
+
+
 def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, ids: list[int]) -> dict:
     """Everything in manifest.json but the per-rank rows."""
-    used = set(ids)
-    kinds = {kind for kind, (first, rows) in layout.group_rows.items() if used & set(range(first, first + len(rows)))}
     doc = {
         "tool": "traceforge",
         "version": __version__,
         "spec": spec.to_dict(),
+        # Each default that is not the preset's value, and where it came from (an architecture's):
+        # written only where there is one, so the preset's name tells the rest.
+        **({"defaults": defaults} if (defaults := spec_defaults(spec.to_dict())) else {}),
         "world_size": layout.world_size,
         "order": layout.order,
         "prefix": prefix,
@@ -206,7 +218,7 @@ def manifest_header(spec: Spec, layout: Layout, prefix: str, table: RankTable, i
             "padded_vocab": padded_vocab(spec),
             "layers_per_stage": [sum(len(c.layers) for c in model_chunks(spec, s)) for s in range(spec.pp)],
         },
-        "groups": {kind: len(rows) for kind, (_, rows) in layout.group_rows.items() if kind in kinds},
+        "groups": group_counts(layout, ids),
         "totals": {"nodes": int(table.nodes.sum()), "bytes": int(table.bytes.sum())},
     }
     if spec.kernel_times:  # what the measured kernel times covered (docs/kernel-times.md)
