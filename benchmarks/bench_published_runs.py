@@ -157,6 +157,19 @@ def layout(tp: int, pp: int, world: int, batch: int, micro: int = 1, recompute: 
 
 
 # ---- Narayanan et al. 2021 (SC'21), Table 1 ----------------------------------------------------
+# Megatron-LM split every pipeline send over the TP ranks and all-gathered it on arrival from
+# 2021-02-16 (72e4230b, "Turn scatter-gather optimization on by default"; Narayanan et al. 2021
+# §4.1, "scatter/gather communication optimization") until the p2p code moved into core on
+# 2023-01-31 (39b83c79); skipped with sequence parallelism. Every Megatron row of 2021-22 has it.
+MEGATRON_2021_P2P = ["--pipeline-scatter-gather", "megatron"]
+# DeepSpeed's pipeline engine partitions the activation it sends over the TP ranks
+# (pipe_partitioned, since the engine of 2020-09) and, from v0.5.4 (e2fdd254, 2021-09-29, the
+# BigScience changes), the gradient too (grad_partitioned); a stage gathers its own sent output
+# back before its backward. MT-NLG's DeepSpeed version is not published: taken as the one with
+# both (its first author co-wrote e2fdd254); BLOOM's DeepSpeed of 2022 had both.
+DEEPSPEED_P2P = ["--pipeline-scatter-gather", "deepspeed"]
+
+
 # Megatron-LM fused gradient accumulation into the wgrad GEMM only from commit 83b1e42f
 # (2022-02-13), after these runs: each weight gradient was added to main_grad by its own kernel.
 # Micro-batch, DDP and interleaving as Megatron-LM's examples/sc21/run_table_1.sh ran Table 1:
@@ -172,7 +185,7 @@ def narayanan(name: str, h: int, heads: int, layers: int, t: int, p: int, n: int
         spec["--overlap-grad-reduce"] = None
     return Run(name, "Narayanan et al. 2021, Table 1", spec, SELENE, megatron_eq3(batch, s, layers, h, vocab),
                "HFU", published, f"{published:.0f} TFLOP/s",
-               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion", *MEGATRON_2021_P2P])
 
 
 # ---- Korthikanti et al. 2022 (MLSys'23), Tables 3 and 4 ----------------------------------------
@@ -189,7 +202,7 @@ def korthikanti(size: str, h: int, heads: int, layers: int, p: int, n: int, batc
                recompute="selective" if selective else "full", sp=selective)
     how = "SP + selective" if selective else "full recompute"
     return Run(f"GPT {size}, {n} A100, {how}", "Korthikanti et al. 2022, Tables 3-4", spec, SELENE, flops, "MFU",
-               flops / (step * n) / 1e12, f"{step} s/step", extra=["--attention", "unfused"])
+               flops / (step * n) / 1e12, f"{step} s/step", extra=["--attention", "unfused", *MEGATRON_2021_P2P])
 
 
 # ---- Smith et al. 2022, MT-NLG 530B, §2.4 ------------------------------------------------------
@@ -204,7 +217,7 @@ def mtnlg(nodes: int, step: float, published: float) -> Run:
                dtype="bf16", grad_dtype="bf16")
     return Run(f"MT-NLG 530B, {n} A100", "Smith et al. 2022, §2.4", spec, SELENE,
                megatron_eq3(batch, s, layers, h, vocab), "HFU", published, f"{published:.0f} TFLOP/s, {step} s/step",
-               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion", *DEEPSPEED_P2P])
 
 
 # ---- BLOOM 176B (Le Scao et al. 2022 §3.4; BigScience training chronicles) ---------------------
@@ -220,7 +233,7 @@ def bloom() -> Run:
     flops = megatron_eq3(batch, s, layers, h, vocab)
     return Run("BLOOM 176B, 384 A100", "Le Scao et al. 2022, §3.4", spec, JEAN_ZAY, flops, "HFU",
                flops / (step * 384) / 1e12, f"{step} s/step (149.77 TFLOP/s logged)",
-               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion"])
+               extra=["--attention", "unfused", "--no-gradient-accumulation-fusion", *DEEPSPEED_P2P])
 
 
 # ---- MosaicML llm-foundry MPT benchmarks (scripts/train/benchmarking/README.md) ----------------

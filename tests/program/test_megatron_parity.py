@@ -363,3 +363,116 @@ def test_learned_position_table_has_max_position_embeddings_rows(make_set):
     with pytest.raises(SpecError, match="at least seq_len"):
         build_spec("demo", overrides=dict(max_position_embeddings=511))
     assert build_spec("demo", overrides=dict(seq_len=1024)).max_position_embeddings == 1024  # follows seq_len
+
+
+# -- 6. pipeline sends split over TP (--pipeline-scatter-gather) -------------------------------
+
+SG_ACT = 1 * 512 * 512 * 2  # one micro-batch's hidden states on a rank: b*s*h*e of the demo, bf16
+SG = dict(tp=2, pp=3, dp=2, layers=6, num_microbatches=6)
+
+
+def reaches(nodes, start, target_id: int) -> bool:
+    """Whether node `start` depends on node `target_id`, directly or through other nodes."""
+    by_id, seen, todo = {n.id: n for n in nodes}, set(), [start.id]
+    while todo:
+        i = todo.pop()
+        if i == target_id:
+            return True
+        if i not in seen:
+            seen.add(i)
+            todo.extend(by_id[i].deps)
+    return False
+
+
+@pytest.mark.parametrize("mode", ["megatron", "deepspeed"])
+@pytest.mark.parametrize("schedule", [{}, dict(schedule="interleaved", virtual_stages=2)])
+def test_pipeline_sends_split_over_tp(make_set, mode, schedule):
+    """Megatron-LM's p2p_communication._communicate (2021-02 to 2023-01, scatter_gather_tensors_
+    in_pipeline): a pass's tensor to the next or previous stage, activation or gradient, goes as
+    split_tensor_into_1d_equal_chunks (1/t of it from each TP rank), and the receiver rebuilds it
+    with gather_split_1d_tensor, an AllGather over its TP group, before computing on it. DeepSpeed's
+    pipeline engine (pipe_partitioned, grad_partitioned) sends and gathers the same, and before a
+    stage's backward gathers back its own sent output, which it freed to its 1/t part."""
+    t = 2
+    _, off, _ = make_set("demo", **SG, **schedule)
+    _, on, doc = make_set("demo", **SG, **schedule, pipeline_scatter_gather=mode)
+    assert doc["spec"]["pipeline_scatter_gather"] == mode
+    run = invoke("check", on)
+    assert run.exit_code == 0 and "clean" in run.stdout, run.stdout + run.stderr
+    a, b = load_set(off), load_set(on)
+    received: dict[tuple, list] = {}  # (receiver's TP group, phase, micro-batch, tag) -> its ranks' receives
+    for rank, nodes in b.nodes.items():
+        c = coords(b, rank)
+        tp_group = ranks_at(b, pp=c["pp"], dp=c["dp"])
+
+        def p2p(ns):
+            return [(n.type, n.get("comm_src"), n.get("comm_dst"), n.get("comm_tag"), n.phase, n.mb)
+                    for n in ns if n.type in (SEND, RECV)]
+
+        # the same messages (peers, tags, passes), each 1/t of the activation instead of all of it
+        assert p2p(nodes) == p2p(a.nodes[rank])
+        assert {n.size for n in a.nodes[rank] if n.type in (SEND, RECV)} == {SG_ACT}
+        assert {n.size for n in nodes if n.type in (SEND, RECV)} == {SG_ACT // t}
+        gathers = [n for n in colls(nodes, "tp", AG) if n.size == SG_ACT // t]
+        assert {tuple(sorted(b.groups[n.group])) for n in gathers} == {tp_group}
+        assert not [n for n in colls(a.nodes[rank], "tp", AG) if n.size == SG_ACT // t]
+        recvs = [n for n in nodes if n.type == RECV]
+        sends_fwd = Counter(n.mb for n in nodes if n.type == SEND and n.phase == "fwd")
+        # per pass: one AllGather per message received, and (DeepSpeed) one per activation sent
+        expected = Counter((n.phase, n.mb) for n in recvs)
+        if mode == "deepspeed":
+            expected.update({("bwd", mb): k for mb, k in sends_fwd.items()})
+        assert Counter((n.phase, n.mb) for n in gathers) == expected, rank
+        for r in recvs:
+            # its AllGather depends on it, and the pass's next compute on that AllGather
+            mine = [g for g in gathers if (g.phase, g.mb) == (r.phase, r.mb) and reaches(nodes, g, r.id)]
+            assert mine, (rank, r.name)
+            g = mine[0]
+            compute = next(n for n in nodes if n.type == COMP and n.id > g.id and n.phase == g.phase)
+            assert reaches(nodes, compute, g.id), (rank, r.name)
+            received.setdefault((tp_group, r.phase, r.mb, r.get("comm_tag")), []).append(r)
+    # a receiving stage's t TP ranks each receive a distinct 1/t from the sending stage's t ranks
+    for (group, *_), parts in received.items():
+        assert sorted(n.get("comm_dst") for n in parts) == list(group)
+        assert len({n.get("comm_src") for n in parts}) == t
+        assert sum(n.size for n in parts) == SG_ACT
+
+
+def test_pipeline_scatter_gather_is_skipped_where_megatron_skipped_it_and_refused_elsewhere():
+    """With sequence parallelism the message is already 1/t (Megatron's _communicate skips the
+    split), with t = 1 or p = 1 there is nothing to split: the same programs as without. Torch's
+    schedules are not the runtimes that had it, and Megatron had dropped it (2023-01) before it
+    added --overlap-p2p-comm (2023-05)."""
+    from traceforge.program.stage import build_program
+
+    for flags in (dict(SG, sequence_parallel=True), dict(SG, tp=1, dp=4), dict(SG, pp=1, dp=6, num_microbatches=2)):
+        for mode in ("megatron", "deepspeed"):
+            spec = build_spec("demo", overrides=dict(flags, pipeline_scatter_gather=mode))
+            plain = build_spec("demo", overrides=flags)
+            for stage in range(spec.pp):
+                assert build_program(spec, stage).ops == build_program(plain, stage).ops, (flags, mode)
+    with pytest.raises(SpecError, match="torch.distributed.pipelining"):
+        build_spec("demo", overrides=dict(SG, schedule="gpipe", pipeline_scatter_gather="megatron"))
+    with pytest.raises(SpecError, match="overlap-p2p-comm"):
+        build_spec("demo", overrides=dict(SG, overlap_p2p_comm=True, pipeline_scatter_gather="deepspeed"))
+    with pytest.raises(SpecError):
+        build_spec("demo", overrides=dict(SG, pipeline_scatter_gather="on"))
+    assert build_spec("demo").pipeline_scatter_gather == "off"
+
+
+def test_split_pipeline_sends_shorten_a_step_whose_stages_talk_across_nodes():
+    """A pipeline send across nodes of t times fewer bytes, gathered over NVLink: the step of a
+    t2 p2 layout whose stages sit on two nodes behind a slow NIC gets shorter, and the planner's
+    bound stays below the replay."""
+    from traceforge.machine.cluster import Cluster
+    from traceforge.search.bound import step_lower_bound
+    from traceforge.search.estimate import estimate
+
+    link = Cluster(gpus_per_node=2, gpu="h100", scale_out_bw=1.0, nics_per_node=1)
+    flags = dict(tp=2, pp=2, dp=1, num_microbatches=4, seq_len=2048)
+    steps = {}
+    for mode in ("off", "megatron", "deepspeed"):
+        spec = build_spec("demo", overrides=dict(flags, pipeline_scatter_gather=mode))
+        steps[mode] = estimate(spec, link).step_us
+        assert 0 < step_lower_bound(spec, link) <= steps[mode] * (1 + 1e-9), mode
+    assert steps["megatron"] < steps["off"] and steps["megatron"] <= steps["deepspeed"]

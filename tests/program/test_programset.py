@@ -69,6 +69,10 @@ SPECS: dict[str, tuple[str, dict]] = {
     "recompute-full": ("demo", {"recompute": "full", "sequence_parallel": True}),
     "recompute-selective": ("demo", {"recompute": "selective"}),
     "layers-per-stage": ("demo", dict(PP4, layers=10, layers_per_stage=[2, 3, 3, 2], tied_embeddings=False)),
+    "scatter-gather-megatron": ("demo", dict(tp=2, pp=4, dp=1, layers=8, num_microbatches=8, schedule="interleaved",
+                                             virtual_stages=2, pipeline_scatter_gather="megatron")),
+    "scatter-gather-deepspeed": ("demo", dict(tp=2, pp=4, dp=1, num_microbatches=8, recompute="full",
+                                              pipeline_scatter_gather="deepspeed")),
 }
 
 

@@ -104,6 +104,12 @@ FIELDS: tuple[Field, ...] = (
     Field("overlap_p2p_comm", bool, "Pipeline sends run alongside the next compute (default: the compute after a send waits for it, "
           "as Megatron without --overlap-p2p-comm; torch's schedules, gpipe, zb-h1, interleaved-zb, zbv and dualpipev, "
           "never wait on a send before the step's end).", bool_flags=("--overlap-p2p-comm", "--no-overlap-p2p-comm")),
+    Field("pipeline_scatter_gather", str, "Pipeline sends split over the TP ranks, as frameworks of 2021-22 ran them (default off, as "
+          "Megatron-Core): megatron (Megatron-LM's scatter_gather_tensors_in_pipeline, on by default from 2021-02 until 2023-01: each TP "
+          "rank sends 1/t of the activation or gradient, the receiver all-gathers it over TP) or deepspeed (its pipeline engine's "
+          "pipe_partitioned and grad_partitioned: the same, and a stage all-gathers its own sent output before its backward); "
+          "no effect with --sequence-parallel (the message is 1/t already); docs/megatron-parity.md.",
+          ("off", "megatron", "deepspeed")),
     Field("dp_mode", str, "Data-parallel mode: ddp, zero1, zero2, dist-opt (Megatron distributed optimizer), zero3 (fsdp), hsdp (FSDP HYBRID_SHARD).",
           tuple(name for mode in DP_MODES for name in (mode, *(a for a, m in DP_MODE_ALIASES.items() if m == mode)))),
     Field("shard_size", int, "hsdp: shard parameters within groups of this many DP ranks, replicate across them."),
@@ -162,11 +168,16 @@ SPEC_KEYS = (
     "moe_router_num_groups", "moe_router_group_topk", "moe_routing", "seed", "straggler", "compute_jitter",
     "schedule", "virtual_stages", "layers_per_stage", "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "dp_mode", "shard_size", "bucket_mb",
+    "account_for_loss_in_pipeline_split", "overlap_p2p_comm", "pipeline_scatter_gather", "dp_mode", "shard_size", "bucket_mb",
     "overlap_grad_reduce", "overlap_param_gather", "sync_collectives", "attention_mask_in_dataloader", "steps", "gpu",
     "gpu_tflops", "gpu_hbm_gbps", "gpu_efficiency", "attention", "bias_fusion", "gradient_accumulation_fusion",
     "kernel_times", "tp_comm_overlap", "fp8", "preset",
 )
+
+
+# Keys added after sets were first written, left out of a spec's documents (manifest.json, a
+# written plan's spec) while at the value that reproduces the behaviour before them.
+OMITTED_AT_DEFAULT: dict[str, Any] = {"pipeline_scatter_gather": "off"}
 
 
 @dataclass(frozen=True)
@@ -178,11 +189,15 @@ class Spec(LayerRun, Placement, TraceConfig):
     alone, what a memo of that function keys on."""
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON holds it (tuples as lists), so a spec read back from a manifest compares equal."""
+        """As JSON holds it (tuples as lists), so a spec read back from a manifest compares equal.
+        A key of OMITTED_AT_DEFAULT is left out at its default: the documents of a spec that does
+        not use it read byte for byte as before the key existed (and a document without it
+        builds the default)."""
         def plain(value: Any) -> Any:
             return [plain(v) for v in value] if isinstance(value, tuple) else value
 
-        return {k: plain(getattr(self, k)) for k in SPEC_KEYS}
+        return {k: plain(getattr(self, k)) for k in SPEC_KEYS
+                if k not in OMITTED_AT_DEFAULT or getattr(self, k) != OMITTED_AT_DEFAULT[k]}
 
     def __repr__(self) -> str:
         return f"Spec({', '.join(f'{k}={getattr(self, k)!r}' for k in SPEC_KEYS)})"

@@ -29,7 +29,29 @@ def normalize(r: Raw, v: dict) -> dict:
     if max(steps * m * vs * 2, steps * m * layers * v["cp"] * 4) >= MAX_TAG:
         raise SpecError(f"steps ({steps}) x micro-batches ({m}) x layers ({layers}) x cp ({v['cp']}) make too many p2p transfers "
                         f"for tags below {MAX_TAG:,}: emit fewer steps or micro-batches")
-    return dict(schedule=schedule, virtual_stages=vs, **split, overlap_p2p_comm=bool(r.get("overlap_p2p_comm")), steps=steps)
+    overlap = bool(r.get("overlap_p2p_comm"))
+    return dict(schedule=schedule, virtual_stages=vs, **split, overlap_p2p_comm=overlap,
+                pipeline_scatter_gather=_scatter_gather(r, schedule, overlap), steps=steps)
+
+
+def _scatter_gather(r: Raw, schedule: str, overlap_p2p_comm: bool) -> str:
+    """Pipeline sends split over TP (docs/megatron-parity.md): Megatron-LM's of 2021-02 to 2023-01
+    and DeepSpeed's pipeline engine posted their sends as the Megatron schedules do (one batch a
+    pass; DeepSpeed's 1F1B is --schedule 1f1b), never torch.distributed.pipelining's; Megatron
+    dropped it (moving p2p_communication.py into core, 2023-01) before it added
+    --overlap-p2p-comm (2023-05)."""
+    mode = r.get("pipeline_scatter_gather", "off")
+    if mode == "off":
+        return "off"
+    if SCHEDULES[schedule].framework != "megatron":
+        megatron = ", ".join(n for n, rule in SCHEDULES.items() if rule.framework == "megatron")
+        raise SpecError(f"pipeline_scatter_gather {mode} is a pipeline runtime of 2021-22 (Megatron-LM, DeepSpeed), "
+                        f"not of torch.distributed.pipelining's schedule {schedule}: use --schedule {megatron}, "
+                        "or drop --pipeline-scatter-gather")
+    if overlap_p2p_comm:
+        raise SpecError(f"pipeline_scatter_gather {mode} with overlap_p2p_comm: Megatron-LM dropped its scatter-gather "
+                        "(2023-01) before it added --overlap-p2p-comm (2023-05); give one of them")
+    return str(mode)
 
 
 def _most_layers_per_stage(split: Mapping[str, Any], layers: int, pp: int, schedule: str) -> int:

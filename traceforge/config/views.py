@@ -245,6 +245,7 @@ class PipelineConfig(View):
     account_for_embedding_in_pipeline_split: bool
     account_for_loss_in_pipeline_split: bool
     overlap_p2p_comm: bool
+    pipeline_scatter_gather: str  # "off", "megatron" or "deepspeed" (program/stage.py)
 
     pipeline = Part["PipelineConfig"]()
 

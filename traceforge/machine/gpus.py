@@ -10,7 +10,8 @@ TF32 tensor cores). The calibration (docs/simulation.md lists the sources):
   kernel overheads); smaller GEMMs lose more to tile and wave quantization (model/compute.py);
 - attn_fwd / attn_bwd: FlashAttention's published forward / backward rates (FlashAttention-2 on
   A100, Dao 2023; FlashAttention-3 on H100, Shah et al. 2024; head dim 128, causal);
-- memory: the fraction of HBM bandwidth a streaming (element-wise) kernel reaches;
+- memory: the fraction of HBM bandwidth a streaming (element-wise) kernel reaches, for the kinds
+  without a published measurement of their own (model/compute.HBM_EFFICIENCY has those);
 - launch_us: the least time any kernel takes on the stream (launch overhead; LAUNCH_FLOOR_US);
 - sms and tiles: the streaming multiprocessors and the CTA tile shapes (m x n) cuBLAS picks from,
   with the relative efficiency of each (smaller tiles reuse operands less);

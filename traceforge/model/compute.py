@@ -128,6 +128,42 @@ ELEMENTWISE: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+# The element-wise kinds whose fraction of HBM bandwidth a published microbenchmark measured: the
+# model's bytes for the kind (ELEMENTWISE) over the measured time, as a fraction of that GPU's HBM
+# peak (A100 SXM 80GB 2,039 GB/s, H100 SXM 3,350 GB/s), for the kernel the measurement names.
+# Source of each: Liger-Kernel's published benchmark data (linkedin/Liger-Kernel,
+# benchmark/data/all_benchmark_data.csv; the median of triton.testing.do_bench), whose baselines
+# are PyTorch's and Megatron-Core's own kernels. Every other kind (softmax, dropout and their
+# backwards among them) streams at the GPU calibration's `memory` (machine/gpus.py, 0.85): no
+# published measurement of it was found (docs/kernel-times.md, "Memory-bound kernels").
+HBM_EFFICIENCY: dict[str, float] = {
+    # torch.nn.LayerNorm over 4,096 x 16,384 fp32 (its N = 8,192 rows agree within 0.02): forward
+    # 0.5067 ms on A100 (Liger 0.2.1, 2024-09-03), 0.3068 ms on H100 (Liger 0.6.0, 2025-07-17): the
+    # model's two passes at 1.06 and 1.75 TB/s, 0.52 of both; backward 1.1146 ms on A100 (its
+    # forward + backward row, 1.6213 ms, less the forward) and 0.6424 ms on H100: three passes at
+    # 0.72 and 1.25 TB/s, 0.35 and 0.37. Megatron's Apex-derived and TransformerEngine's norms were
+    # not found measured: the kind takes PyTorch's (MosaicML's rows ran it).
+    "layernorm": 0.52,
+    "layernorm_bwd": 0.36,
+    # Megatron-Core's vocab_parallel_cross_entropy (the unfused one Megatron runs without
+    # --cross-entropy-loss-fusion), bf16 logits of 8,192 tokens x 131,072, TP 1, H100 (Liger
+    # 0.8.0, 2026-06-15): forward 15.81 ms, the model's 38 bytes an element at 2.58 TB/s (0.77);
+    # backward 5.43 ms (its backward row, 21.25 ms, reruns the forward), 14 bytes an element at
+    # 2.77 TB/s (0.83). At 65,536 the same to 0.01.
+    "cross_entropy": 0.77,
+    "cross_entropy_bwd": 0.83,
+    # Megatron-Core's bias_swiglu_impl (no bias), bf16 input 8,192 x 2 x 32,768, H100 (Liger
+    # 0.8.1, 2026-07-26): forward 0.8585 ms, three passes of the output at 1.88 TB/s (0.56; 0.56 at
+    # 16,384 too). Its backward row hands the kernel the stride-0 gradient of a sum and reruns the
+    # forward: not the kernel as training runs it, so swiglu_bwd keeps the calibration's.
+    "swiglu": 0.56,
+    # torch.nn.Embedding (F.embedding, as Megatron's VocabParallelEmbedding), fp32 rows of 4,096 for
+    # 8 x 2,048 tokens, A100 (Liger 0.2.1): forward 0.8634 ms at a 131,072-row table (0.8540-0.8634
+    # from 8,192 rows on), two passes at 0.62 TB/s (0.30)
+    "embedding": 0.30,
+}
+
+
 def attention_length_efficiency(loop: float, fixed: float, diagonal: int, tile: tuple[int, int]) -> float:
     """The fraction of FlashAttention's long-sequence rate a block reaches: each CTA's loop of
     `loop` steps (keys forward, queries backward; half of them under a causal mask) pays `fixed`
@@ -240,11 +276,14 @@ class KernelPrices:
         act_passes, fp32_passes, other_bytes, flops_each = ELEMENTWISE[k.kind]
         (elements,) = k.shape
         nbytes = elements * (act_passes * e + fp32_passes * FP32 + other_bytes)
-        return self._elementwise_time(flops_each * elements, nbytes)
+        return self._elementwise_time(flops_each * elements, nbytes, k.kind)
 
-    def _elementwise_time(self, flops: int, nbytes: int) -> Cost:
-        if self.cal is not None:  # calibrated: element-wise work is HBM-bound
-            return Cost(flops, nbytes, nbytes / self.bytes_per_us)
+    def _elementwise_time(self, flops: int, nbytes: int, kind: str | None = None) -> Cost:
+        """Calibrated: HBM-bound, at the kind's own measured fraction of HBM bandwidth
+        (HBM_EFFICIENCY) or the GPU's streaming one."""
+        if self.cal is not None:
+            rate = self.bytes_per_us if kind not in HBM_EFFICIENCY else self.spec.gpu_hbm_gbps * 1e3 * HBM_EFFICIENCY[kind]
+            return Cost(flops, nbytes, nbytes / rate)
         return self._time(flops, nbytes, None)
 
     def _time(self, flops: int, nbytes: int, rate: float | None) -> Cost:

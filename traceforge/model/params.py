@@ -110,6 +110,22 @@ def p2p_bytes(spec: LayerRun) -> int:
     return full // spec.tp if spec.sequence_parallel else full
 
 
+def p2p_split(spec: LayerRun, scatter_gather: str) -> bool:
+    """Whether a pipeline message is split over the TP ranks (--pipeline-scatter-gather, not
+    "off"): each TP rank sends 1/t of it and the receiver all-gathers the t parts over TP.
+    Megatron-LM skipped it with sequence parallelism (the message is 1/t already) and when the
+    message's elements do not divide by t (megatron/p2p_communication.py of 2022,
+    override_scatter_gather_tensors_in_pipeline); with t = 1 there is nothing to split."""
+    return (scatter_gather != "off" and spec.tp > 1 and not spec.sequence_parallel
+            and (local_tokens(spec) * spec.hidden) % spec.tp == 0)
+
+
+def p2p_message_bytes(spec: LayerRun, scatter_gather: str) -> int:
+    """Bytes of one pipeline Send (and its Recv): p2p_bytes, or its 1/t share when split."""
+    full = p2p_bytes(spec)
+    return full // spec.tp if p2p_split(spec, scatter_gather) else full
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter tensor as one TP rank (and, for experts, one EP rank) holds it."""

@@ -15,7 +15,7 @@ from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import Coll, NodeType
 from traceforge.model.activations import chunk_activations
 from traceforge.model.compute import CostModel
-from traceforge.model.params import Chunk, activation_bytes, p2p_bytes
+from traceforge.model.params import Chunk, activation_bytes, p2p_message_bytes, p2p_split
 from traceforge.parallel.groups import LAYER_KINDS
 from traceforge.parallel.groups import group_sizes as kind_sizes
 from traceforge.parallel.partition import model_chunks, placement, stage_params, virtual_stage
@@ -84,6 +84,16 @@ class StagePlanner:
         # pass's sends (same dependencies, earlier in the file).
         self.receive_first = megatron and spec.overlap_p2p_comm and stage % 2 == 1
         self._preposted: set[tuple[int, int, bool]] = set()  # (chunk, micro-batch, backward) received early
+        # --pipeline-scatter-gather: each TP rank sends and receives 1/t of a message, and the
+        # receiver all-gathers the t parts over TP before the compute that reads them (Megatron-LM's
+        # _communicate of 2021-22 gathers right after the batch's requests complete; DeepSpeed's
+        # PartitionedTensor.full() at the start of the pass). DeepSpeed's engine also frees the
+        # full output it sent (keeping 1/t) and all-gathers it back before that chunk's backward.
+        self.message_bytes = p2p_message_bytes(spec, spec.pipeline_scatter_gather)
+        self.split = p2p_split(spec, spec.pipeline_scatter_gather)
+        self.restore_output = self.split and spec.pipeline_scatter_gather == "deepspeed"
+        # messages received whose parts the next compute gathers first: (what, phase, micro-batch)
+        self._to_gather: list[tuple[str, str, int | None]] = []
 
     # -- units: the pieces ZeRO-3 gathers one at a time ----------------------------------
     def forward_units(self, chunk: Chunk) -> list[Unit]:
@@ -128,8 +138,21 @@ class StagePlanner:
     # Each pass: recv its input, compute, send its output. A forward computed together with the
     # following backward ("F&") defers its send until both are computed.
 
+    def _gather_received(self) -> None:
+        """The AllGathers over TP of the split messages received since the last compute, in the
+        order they were received, each labelled as its message (--pipeline-scatter-gather; none
+        otherwise). Each rank contributes its 1/t part (comm_size); the next compute waits for them."""
+        ctx = self.b.ctx
+        saved = ctx.phase, ctx.microbatch
+        for what, phase, mb in self._to_gather:
+            ctx.phase, ctx.microbatch = phase, mb
+            self.b.collective(f"p2p_{what}", Coll.ALL_GATHER, self.message_bytes, "tp")
+        ctx.phase, ctx.microbatch = saved
+        self._to_gather.clear()
+
     def forward_compute(self, chunk: Chunk, mb: int) -> None:
         self.b.ctx.phase, self.b.ctx.microbatch = "fwd", mb
+        self._gather_received()
         self.sync.before_forward(chunk)
         units = self.forward_units(chunk)
         for i, (name, n, body) in enumerate(units):
@@ -144,6 +167,10 @@ class StagePlanner:
         for reduce_gradients after the send; one that sends nothing reduces in place."""
         b = self.b
         b.ctx.phase, b.ctx.microbatch = "bwd", mb
+        if self.restore_output and self._peer(chunk, backward=False, send=True) is not None:
+            # DeepSpeed's _exec_backward_pass: the output it sent, partitioned, gathered back
+            b.collective("p2p_restore_out", Coll.ALL_GATHER, self.message_bytes, "tp")
+        self._gather_received()
         self.dp.begin_backward(chunk.index)
         units = self.backward_units(chunk)
         sends = self.spec.pp > 1 and self._peer(chunk, backward=True, send=True) is not None
@@ -291,11 +318,13 @@ class StagePlanner:
         tag = p2p_tag(self.spec, self.b.ctx.step, sender_chunk, mb, backward)
         what = "grad" if backward else "act"
         if send:
-            op = self.b.send(what, role, p2p_bytes(self.spec), tag, blocking=self.batched_p2p, batched=True)
+            op = self.b.send(what, role, self.message_bytes, tag, blocking=self.batched_p2p, batched=True)
             if self.sends_wait_for_step_end:  # torch's runtime waits for every send after the last pass
                 self.b.defer(op)
         else:
-            self.b.recv(what, role, p2p_bytes(self.spec), tag, batched=True)
+            self.b.recv(what, role, self.message_bytes, tag, batched=True)
+            if self.split:
+                self._to_gather.append((what, self.b.ctx.phase, mb))
 
     def _recv(self, chunk: Chunk, mb: int, backward: bool) -> None:
         if (chunk.index, mb, backward) in self._preposted:

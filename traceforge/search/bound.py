@@ -44,7 +44,7 @@ from traceforge.config.schedules import SCHEDULES
 from traceforge.ir.enums import NodeType
 from traceforge.machine.cluster import Cluster
 from traceforge.model.compute import CostModel
-from traceforge.model.params import activation_bytes, is_moe_layer, moe_layers, p2p_bytes
+from traceforge.model.params import activation_bytes, is_moe_layer, moe_layers, p2p_message_bytes
 from traceforge.parallel.layout import Layout, LayoutKey
 from traceforge.parallel.partition import chunks_of, layers_of, placement, placement_in, virtual_stage, virtual_stage_in
 from traceforge.parallel.pipeline import passes_of
@@ -279,7 +279,8 @@ def _pipeline(spec: LayerRun, pipeline: PipelineConfig, link: Cluster, gathers: 
             return 0.0
         inter = None if links is None else links[a][0 if b == (a + 1) % pipeline.pp else 1]
         if inter not in charges:
-            charges[inter] = link.floor_send(p2p_bytes(spec), inter)
+            # its 1/t part when split over TP (the receiver's AllGather left out: still a floor)
+            charges[inter] = link.floor_send(p2p_message_bytes(spec, pipeline.pipeline_scatter_gather), inter)
         return charges[inter]
 
     per = [vstage(j) for j in range(n)]
