@@ -185,7 +185,7 @@ def plan(**kwargs: Any) -> None:
     if opts["old_top"] is not None:  # after the checks: a refusal stays one line
         err.print(f"note: --top/-k is deprecated: use --limit {opts['top']}", markup=False)
     if budget_note:
-        err.print(budget_note, markup=False, soft_wrap=True)
+        say(budget_note, err)
     if opts["write_top"] is not None and opts["write_top"] < 1:
         raise UserError(f"--write-top must be at least 1, got {opts['write_top']}")
     config = load_config_file(opts["config"]) if opts["config"] else None
@@ -272,8 +272,8 @@ def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dic
     if as_json:
         print_json(json_document(gpus, counts, ranked))
         if not proof.exact:  # said in the document; a person reading stderr sees it too
-            err.print(f"note: {_stopped(proof)}: {_left(proof)}: {_distance(proof)}; the candidates may not be the "
-                      "exact top K; --budget 0 replays until they are", markup=False, soft_wrap=True)
+            say(f"note: {_stopped(proof)}: {_left(proof)}: {_distance(proof)}; the candidates may not be the exact top "
+                "K; --budget 0 replays until they are", err)
     else:
         print_table(title, ranked, counts, assumed)
     _warn_timeout([proof])
@@ -284,9 +284,10 @@ def _warn_timeout(proofs: list[Any]) -> None:
     depends on the machine (its JSON says "reproducible": false)."""
     cut = [p for p in proofs if p.timed_out]
     if cut:
-        err.print(f"warning: --timeout {cut[0].timeout_s:g} s cut the search short{'' if len(proofs) == 1 else f' ({len(cut)} of {len(proofs)} searches)'}: "
-                  "this answer depends on how fast this machine ran, not on its inputs only, and is not reproducible; "
-                  "--budget bounds the search the same way on every machine", markup=False, soft_wrap=True)
+        some = "" if len(proofs) == 1 else f" ({len(cut)} of {len(proofs)} searches)"
+        say(f"warning: --timeout {cut[0].timeout_s:g} s cut the search short{some}: this answer depends on how fast this "
+            "machine ran, not on its inputs only, and is not reproducible; --budget bounds the search the same way on "
+            "every machine", err)
 
 
 def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]],
@@ -406,14 +407,15 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     sys.stdout.flush()
 
 
-def say(text: str) -> None:
-    """A line of prose: on a terminal wrapped at spaces to the window (never inside a word, as the
-    terminal's own wrap would cut --sequence-parallel), piped or redirected one line."""
-    if out.is_terminal:
-        for line in textwrap.wrap(text, max(20, out.width), break_long_words=False, break_on_hyphens=False) or [""]:
-            out.print(line, markup=False, soft_wrap=True)
+def say(text: str, console: Any = out) -> None:
+    """A line of prose (on stdout, or stderr's console): on a terminal wrapped at spaces to the
+    window (never inside a word, as the terminal's own wrap would cut --sequence-parallel), piped
+    or redirected one line."""
+    if console.is_terminal:
+        for line in textwrap.wrap(text, max(20, console.width), break_long_words=False, break_on_hyphens=False) or [""]:
+            console.print(line, markup=False, soft_wrap=True)
     else:
-        out.print(text, markup=False, soft_wrap=True)
+        console.print(text, markup=False, soft_wrap=True)
 
 
 def say_command(label: str, command: str) -> None:
