@@ -188,9 +188,9 @@ def published_row(run: Published, jobs: int, within: float, memory_gb: int | Non
     name = run.name if memory_gb is None else f"{run.name}, GPU memory raised to {memory_gb} GB"
     # The published layout: what the publication states fixed, the rest searched. (shard 0/1 is
     # the whole search, without the refusal when nothing fits: that is this check's answer.)
-    mine = Query(run.preset, None, None, {**run.shared, **run.layout}, run.machine, gpu_memory_gb=memory_gb, top=1, budget_s=None)
+    mine = Query(run.preset, None, None, {**run.shared, **run.layout}, run.machine, gpu_memory_gb=memory_gb, top=1, budget=None)
     own_result = run_search(mine, run.gpus, jobs, quiet=True, shard=(0, 1))
-    everyone = Query(run.preset, None, None, run.shared, run.machine, gpu_memory_gb=memory_gb, top=1, budget_s=None)
+    everyone = Query(run.preset, None, None, run.shared, run.machine, gpu_memory_gb=memory_gb, top=1, budget=None)
     best_result = run_search(everyone, run.gpus, jobs, quiet=True)
     best = rows(everyone.base(), best_result)[0]
     if not own_result.candidates:
@@ -265,7 +265,7 @@ def vary(only: str | None, changes: list[str], jobs: int) -> None:
                 fixed.pop(key, None)
                 if text != "*":
                     fixed[key] = parse_value(text)
-            query = Query(run.preset, None, None, fixed, machine, top=1, budget_s=None)
+            query = Query(run.preset, None, None, fixed, machine, top=1, budget=None)
             try:
                 r = rows(query.base(), run_search(query, run.gpus, jobs, quiet=True))[0]
             except UserError as exc:

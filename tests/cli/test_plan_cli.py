@@ -13,6 +13,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from cli_runner import invoke, one_line_error
 
+from traceforge.search.proof import Proof
+
 # demo on 16 GPUs of 8 per node: data parallelism crosses nodes, so the scale-out link matters.
 QUERY = ("plan", "-p", "demo", "--dp-mode", "ddp", "--recompute", "none", "-q", "-j", "1")
 
@@ -244,7 +246,10 @@ def test_write_top_astra_sim_bundle_is_generates(tmp_path):
 
 def test_json_document_keys_exactly_the_issues():
     doc = json.loads(invoke(*QUERY, "--gpus", 8, "--schedule", "1f1b", "-n", 2, "--json").stdout)
-    assert list(doc) == ["gpus", "considered", "legal", "feasible", "seconds", "candidates"]
+    assert list(doc) == ["gpus", "considered", "legal", "feasible", "seconds", "exact", "floor_ms", "proven_gap",
+                         "layouts_not_validated", "candidates_not_replayed", "layouts_could_rank", "candidates_could_rank",
+                         "replayed", "too_big", "budget", "budget_spent", "timeout_s", "timed_out", "reproducible",
+                         "limit", "fewer_rows", "candidates"]
     assert [list(c) for c in doc["candidates"]] == [["tp", "pp", "dp", "cp", "ep", "vp", "micro_batch",
                                                      "num_microbatches", "schedule", "recompute", "dp_mode",
                                                      "step_ms", "tflops_per_gpu", "mfu", "peak_bytes",
@@ -373,9 +378,6 @@ def test_plot_of_many_candidates_shows_the_best(tmp_path, monkeypatch):
 def test_sweep_says_which_values_the_budget_cut_short(monkeypatch):
     """A value whose search ran out of --budget may not show its best: the sweep says which, and by
     how much at most (its best step over the floor no unreplayed candidate can beat)."""
-    import traceforge.search.candidates as search_module
-
-    monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor known, whatever the budget
     args = (*QUERY, "--gpus", 16, "--sweep", "--scale-out-bw", "25,50")
     cut = invoke(*args, "--budget", "1e-9")
     notes = [line for line in cut.stdout.splitlines() if line.startswith("note: at --scale-out-bw")]
@@ -404,9 +406,16 @@ def test_the_budget_note_says_exact_when_no_unreplayed_bound_is_below_the_best()
     it, the best is within best/floor - 1 of the best of the space."""
     from traceforge.cli.plan import _distance
 
-    assert "exact" in _distance(100.0, 100.0) and "exact" in _distance(100.0, 120.0)
-    below = _distance(110.0, 100.0)
+    def cut(best: float, floor: float) -> Proof:
+        return Proof(limit=3, shown=3, best_ms=best, floor_ms=floor, kth_ms=200.0, layouts_not_validated=1,
+                     candidates_not_replayed=1, layouts_could_rank=0, candidates_could_rank=1, replayed=3, too_big=0,
+                     budget=1000, budget_spent=1000, timeout_s=None, stopped_by="budget")
+
+    assert "exact" in _distance(cut(100.0, 100.0)) and "exact" in _distance(cut(100.0, 120.0))
+    below = _distance(cut(110.0, 100.0))
     assert "within 10.0 %" in below and "no layout is faster than 100" in below and "exact" not in below
+    assert cut(110.0, 100.0).proven_gap == pytest.approx(0.1) and cut(100.0, 120.0).proven_gap == 0.0
+    assert not cut(110.0, 100.0).exact and "not known" in _distance(cut(110.0, 0.0))
 
 
 def test_merge_ties_by_hand():
@@ -437,3 +446,74 @@ def test_candidates_that_tie_on_every_figure_are_one_row_and_json_keeps_each():
     assert len(rows) == 1
     assert rows[0][header.index("#")] == "1-2" and rows[0][header.index("schedule")] == "1f1b/gpipe"
     assert "listed once" in table.stdout
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Two shards of a small plan, for --merge."""
+    where = tmp_path_factory.mktemp("shards")
+    for k in range(2):
+        done = invoke(*QUERY, "--gpus", 8, "--micro-batch", 1, "-n", 3, "--shard", f"{k}/2", "-o", where)
+        assert done.exit_code == 0, done.stderr
+    return where
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--write-top", "1"), ("--write-top has no meaning with --merge",)),
+    (("--gpus", "8"), ("--gpus has no meaning with --merge",)),
+    (("--seq-len", "1024"), ("--seq-len has no meaning with --merge",)),
+    (("--budget", "-1"), ("--budget has no meaning with --merge",)),
+    (("--timeout", "5"), ("--timeout has no meaning with --merge",)),
+    (("--scale-out-bw", "25"), ("--scale-out-bw has no meaning with --merge",)),
+    (("-p", "demo"), ("--preset has no meaning with --merge",)),
+    (("--all",), ("--all has no meaning with --merge",)),
+    (("-n", "0"), ("--limit must be at least 1, got 0",)),
+    (("-n", "4"), ("-n 4", "ranked their best 3")),
+])
+def test_merge_refuses_what_it_cannot_use(shards, args, words):
+    """--merge prints what its shards found: an option it would ignore is refused by name, one line."""
+    one_line_error(invoke("plan", "--merge", shards, *args), *words)
+
+
+def test_merge_takes_how_to_print_it(shards):
+    doc = json.loads(invoke("plan", "--merge", shards, "--json", "-q").stdout)
+    assert len(doc["candidates"]) == 3 and doc["limit"] == 3 and doc["exact"] and doc["proven_gap"] == 0.0
+    two = json.loads(invoke("plan", "--merge", shards, "--json", "-n", 2).stdout)
+    assert two["candidates"] == doc["candidates"][:2] and two["limit"] == 2 and two["exact"]
+
+
+def test_fewer_rows_than_asked_are_said():
+    """A budget spent after one replay ranks one row of the five asked: the table says so, and why,
+    and the document's fewer_rows names the reason; a space with fewer candidates says that."""
+    table = invoke(*QUERY, "--gpus", 8, "-n", 5, "--budget", "0.001k")
+    assert table.exit_code == 0, table.stderr
+    assert "note: 1 row, not the 5 asked (-n 5): --budget ran out before more were replayed" in table.stdout
+    doc = json.loads(invoke(*QUERY, "--gpus", 8, "-n", 5, "--budget", "0.001k", "--json").stdout)
+    assert len(doc["candidates"]) == 1 and doc["fewer_rows"] == "budget" and doc["limit"] == 5 and not doc["exact"]
+    small = ("plan", "-p", "demo", "--gpus", 8, "--tp", 1, "--cp", 1, "--pp", 1, "--dp-mode", "zero3", "--recompute",
+             "none", "--micro-batch", 1, "-q", "-j", 1, "-n", 20)
+    every = json.loads(invoke(*small, "--json").stdout)
+    assert 0 < len(every["candidates"]) < 20 and every["fewer_rows"] == "space" and every["exact"]
+    assert f"note: {len(every['candidates'])} rows, not the 20 asked (-n 20)" in invoke(*small).stdout
+
+
+def test_free_memory_is_never_negative_zero():
+    """A tight candidate a hair over the GPU's memory has headroom -0.04 GB: shown 0.0, not -0.0."""
+    from traceforge.cli import out
+    from traceforge.cli.plan import _gb, print_table
+
+    assert _gb(-40_000_000) == "0.0" and _gb(-60_000_000) == "-0.1" and _gb(0) == "0.0" and _gb(1.26e9) == "1.3"
+    row = {"tp": 1, "cp": 1, "pp": 1, "dp": 8, "ep": 1, "vp": 1, "micro_batch": 1, "num_microbatches": 1,
+           "schedule": "1f1b", "recompute": "none", "dp_mode": "ddp", "shard_size": None, "step_ms": 1.0,
+           "tokens_per_s": 1e6, "tflops_per_gpu": 100.0, "mfu": 0.1, "compute_ms": 0.9, "exposed_ms": {},
+           "bubble_ms": 0.1, "peak_bytes": 85_540_000_000, "headroom_bytes": -40_000_000, "verdict": "tight",
+           "flags": "-p demo"}
+    proof = Proof(limit=1, shown=1, best_ms=1.0, floor_ms=None, kth_ms=1.0, layouts_not_validated=0,
+                  candidates_not_replayed=0, layouts_could_rank=0, candidates_could_rank=0, replayed=1, too_big=0,
+                  budget=None, budget_spent=10, timeout_s=None, stopped_by=None)
+    with out.capture() as captured:
+        print_table("plan", [row], {"considered": 1, "legal": 1, "feasible": 1, "seconds": 0.1, "proof": proof})
+    text = captured.get()
+    assert "-0.0" not in text and "85.5!" in text
+    cells = _table_rows(text)
+    assert cells[1][cells[0].index("free GB")] == "0.0"

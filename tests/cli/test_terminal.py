@@ -186,14 +186,14 @@ def test_check_table_fits(demo_set, tmp_path, columns):
     assert any(r.split()[:3] == ["error", "missing-rank", "3"] for r in rows), rows
 
 
-def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_budget():
+def test_the_counters_time_left_is_the_rate_so_far_and_ends_with_a_timeout():
     from traceforge.base.progress import _eta
 
     # a quarter done in 10 s: the other three quarters take 30 s at that rate
     assert _eta(10.0, 0.25) == ", about 30 s left"
     assert _eta(60.0, 0.25) == ", about 3 min left"  # 180 s
-    # a budget that ends 15 s after the start stops the work 5 s from now, before the rate's 30 s
-    assert _eta(10.0, 0.25, stops_in_s=15.0) == ", at most 5 s left (--budget)"
+    # a timeout 15 s after the start stops the work 5 s from now, before the rate's 30 s
+    assert _eta(10.0, 0.25, stops_in_s=15.0) == ", at most 5 s left (--timeout)"
     assert _eta(10.0, 0.25, stops_in_s=100.0) == ", about 30 s left"
     assert _eta(0.5, 0.25) == "" and _eta(10.0, 0.0) == ""  # no rate yet to go by
 
@@ -307,3 +307,49 @@ def test_long_lines_break_at_words(tmp_path, columns):
     shown, _, _ = run_in_terminal(runs[0][:-1] + ["out2"], columns, tmp_path)
     text = " ".join(line.strip() for line in shown)
     assert "from preset demo: micro_batch=1, dtype=bf16" in text and "gpu=h100" in text
+
+
+PLAN = ["plan", "-p", "demo", "--gpus", "16", "--budget", "1", "--limit", "3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_plan_progress_fits_the_window_and_is_gone_when_the_answer_comes(tmp_path, columns):
+    """The progress line is cut to the window (a longer one wraps, and every redraw leaves a dead
+    line behind) and cleared when the search ends: nothing of it stays on the screen."""
+    shown, written, code = run_in_terminal(PLAN, columns, tmp_path)
+    assert code == 0, shown
+    drawn = [part for line in written for part in line.split("\r") if part.startswith("plan 16 GPUs")]
+    assert drawn, "the progress line was drawn"
+    assert all(len(part) < columns for part in drawn), [p for p in drawn if len(p) >= columns]
+    assert not any("plan 16 GPUs" in line for line in shown), shown[:5]
+    assert any(line.startswith("plan: demo on 16 h100 GPUs") for line in shown[:6]), shown[:6]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_plan_prose_wraps_between_words(tmp_path, columns):
+    """The lines above and below the table (the header, the answer, the notes, the best layout's
+    command) wrap at spaces, never inside a word; the command's lines end in a backslash, so they
+    paste back as the one command --json prints."""
+    import json
+    import shlex
+
+    from cli_runner import invoke
+
+    shown, written, code = run_in_terminal(PLAN, columns, tmp_path)
+    assert code == 0, shown
+    written = [line.split("\r")[-1] for line in written]  # what stays of a line the progress counter began
+    prose = [line for line in shown if line and not line.startswith((" ", "┏", "┃", "┡", "│", "└", "━"))]
+    for line in prose:  # every line on the screen is one the program wrote: the terminal cut none
+        assert line in written, f"cut by the terminal at {columns} columns: {line!r}"
+    at = next(i for i, line in enumerate(shown) if line.startswith("best: "))
+    command = []
+    for line in shown[at:]:
+        command.append(line.removesuffix(" \\"))
+        if not line.endswith(" \\"):
+            break
+    doc = json.loads(invoke(*PLAN, "--json", "-q").stdout)
+    assert shlex.split(" ".join(command).removeprefix("best: ")) == ["traceforge", "generate",
+                                                                    *shlex.split(doc["candidates"][0]["flags"])]
+    assert len(command) > 1 or columns >= 120, "a command this long wraps at 80 and 100 columns"

@@ -177,7 +177,7 @@ def test_a_tiny_budget_still_proves_how_far_an_moe_plan_is_from_the_best():
     the plan proves a gap (a layout without one would leave it unknown)."""
     base = Base("demo", None, MOE_BASE)
     result = search(base, MOE_MODEL, {"dp_mode": "ddp", "recompute": "none"}, LINK, None, top=1, quiet=True,
-                    budget_s=0.0)
+                    budget=1)
     assert result.unsearched > 0 and result.replayed >= 1
     assert result.floor_us is not None and result.floor_us > 0
     assert result.floor_us <= result.candidates[0].estimate.step_us
@@ -311,7 +311,7 @@ def test_a_spent_budget_reports_a_floor_no_candidate_beats():
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
     fixed = {"dp_mode": "ddp", "recompute": "none"}
     everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
-    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=0.0)
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget=1)
     exact = search(base, model, fixed, LINK, None, top=3, quiet=True)
     assert exact.unreplayed == 0 and exact.floor_us is None
     assert cut.replayed >= 1 and cut.unreplayed > 0
@@ -342,12 +342,9 @@ def test_the_plan_table_says_when_the_budget_ran_out(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--budget" in bad.stderr
 
 
-def test_a_spent_budget_with_every_floor_known_says_how_far_from_exact_first(monkeypatch):
+def test_a_spent_budget_with_every_floor_known_says_how_far_from_exact_first():
     from cli_runner import invoke
 
-    import traceforge.search.candidates as search_module
-
-    monkeypatch.setattr(search_module, "FLOORS_SHARE", 1e12)  # every layout's floor, whatever the budget
     result = invoke("plan", "-p", "demo", "--gpus", "8", "--dp-mode", "ddp", "--recompute", "none", "--budget", "1e-9",
                     "-q", "-j", "1", "-n", "2")
     assert result.exit_code == 0, result.stderr
@@ -464,11 +461,12 @@ def _note_replays(monkeypatch) -> list:
     return order
 
 
-def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_certificate(monkeypatch):
-    """Under a budget, a candidate whose replay (its node floor at the seconds per node known so
-    far) would end past the deadline is not started; the next ones in bound order that can end
-    are; the skipped ones stay in the certificate."""
+def test_a_budget_skips_replays_that_cost_more_than_is_left_and_keeps_them_in_the_certificate(monkeypatch):
+    """Under a budget, a candidate whose replay (its node floor, at the ratio of nodes to floor the
+    replays so far have shown) would cost more work than is left is not started; the next ones in
+    bound order that fit are; the skipped ones stay in the certificate."""
     import traceforge.search.candidates as search_module
+    import traceforge.search.work as work_module
 
     base = Base("demo", None, {"order": "megatron", "global_batch": 16})
     model = Model(world=16, gpus_per_node=2, layers=4, heads=8, experts=0, global_batch=16)
@@ -477,14 +475,14 @@ def test_a_budget_skips_replays_that_cannot_end_in_time_and_keeps_them_in_the_ce
     lowest = min(everything.candidates, key=lambda r: (r.bound_us, search_module.sort_key(r.values)))
     threshold = search_module.replay_nodes_floor(lowest.spec, LINK)  # the first in bound order costs too much
     assert min(search_module.replay_nodes_floor(r.spec, LINK) for r in everything.candidates) < threshold
-    budget = 1000.0
-    per_node = budget / (search_module.COST_MARGIN * (threshold - 0.5))
-    monkeypatch.setattr(search_module, "DEFAULT_SECONDS_PER_NODE", per_node)
+    for name in ("LAYOUT", "LEGAL", "FLOOR", "REPLAY"):  # only the replayed nodes count
+        monkeypatch.setattr(work_module, name, 0)
     order = _note_replays(monkeypatch)
-    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=budget)
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget=threshold - 1)
     assert order and order[0].nodes < threshold and order[0].values != lowest.values
-    assert lowest.values not in [item.values for item in order]  # never started: the measured rate came later
+    assert lowest.values not in [item.values for item in order]  # never started
     assert cut.unreplayed >= 1 and cut.floor_us is not None and cut.floor_us <= lowest.bound_us
+    assert cut.proof is not None and not cut.proof.exact and cut.proof.stopped_by == "budget"
     steps = sorted(r.estimate.step_us for r in everything.candidates)
     assert min(cut.candidates[0].estimate.step_us, cut.floor_us) <= steps[0] + 1e-6
 
@@ -500,7 +498,7 @@ def test_when_validation_spends_the_budget_the_cheapest_candidate_is_ranked(monk
     fixed = {"dp_mode": "ddp", "recompute": "none", "tp": 1, "pp": 2}  # micro-batch sizes: 1 or 2 micro-batches
     everything = search(base, model, fixed, LINK, None, top=3, every=True, quiet=True)
     order = _note_replays(monkeypatch)
-    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget_s=1e-9)  # spent while validating
+    cut = search(base, model, fixed, LINK, None, top=3, quiet=True, budget=1)  # spent while bounding
     assert len(order) == 1 and len(cut.candidates) == 1
     layout = ("tp", "cp", "pp", "dp", "ep")
     siblings = [r for r in everything.candidates if all(r.values[k] == order[0].values[k] for k in layout)]

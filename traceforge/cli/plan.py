@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
 import sys
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ from traceforge.cli.options import spec_parameters
 from traceforge.config import load_config_file
 from traceforge.config.dp_modes import GRAD_REDUCE, PARAM_GATHER, modes_where
 from traceforge.machine.cluster import FIELD, Cluster, check_value
+from traceforge.search.proof import FEWER, Proof
+from traceforge.search.work import DEFAULT_BUDGET, parse_budget, units
 from traceforge.write.astra import network_dimensions
 
 # The axes plan varies (search/space.py), and the ones it sets from them unless given.
@@ -55,7 +59,7 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("overhead_gb", float | None, typer.Option(None, "--context-gb", "--overhead-gb", metavar="GB", help="CUDA context and library workspaces per GPU in GB, as 'traceforge memory' takes it (default 1 GiB; --overhead-gb is its former name; see docs/memory.md).")),
         opt("allocator_reserve_pct", float | None, typer.Option(None, "--allocator-reserve-pct", metavar="PCT", help="The caching allocator's reserve as 'traceforge memory' takes it (default 5 % of activations and buffers); a candidate that fits only without it is kept, marked tight.")),
         opt("tp_across_nodes", bool, typer.Option(False, "--tp-across-nodes", help="Also try tensor-parallel groups larger than a node.")),
-        opt("top", int, typer.Option(10, "--limit", "-n", metavar="N", help="Candidates to rank and print (the best N).")),
+        opt("top", int | None, typer.Option(None, "--limit", "-n", metavar="N", help="Candidates to rank and print (the best N; default 10, with --merge the shards' own).")),
         opt("old_top", int | None, typer.Option(None, "--top", "-k", hidden=True, help="Deprecated spelling of --limit.")),
         opt("as_json", bool, typer.Option(False, "--json", help="Print the plan as JSON (counts and, per candidate, the layout, step_ms, TFLOP/s, MFU, peak bytes and the generate flags).")),
         opt("every", bool, typer.Option(False, "--all", help="Replay and list every feasible candidate (slow on big searches).")),
@@ -66,7 +70,8 @@ def _plan_options() -> list[inspect.Parameter]:
         opt("sweep", bool, typer.Option(False, "--sweep", help="Plan once per value of the one machine flag (or --gpus) given as a comma-separated list, e.g. --scale-out-bw 25,50,100; prints the best layout per value.")),
         opt("shard", str | None, typer.Option(None, "--shard", metavar="K/N", help="Search only shard K/N of the layouts (K from 0) into -o DIR; join with --merge.")),
         opt("merge", Path | None, typer.Option(None, "--merge", metavar="DIR", help="Join the shard files in this folder and print the plan.")),
-        opt("budget", float | None, typer.Option(None, "--budget", metavar="SECONDS", help="Seconds the search may run (validating, sizing and replaying) before it stops replaying and says how far from exact its ranking may be (default 55, so that a plan ends within a minute; none with --all; 0: no limit, the top K exact).")),
+        opt("budget", str | None, typer.Option(None, "--budget", metavar="UNITS", help="Work the search may spend before it stops and says how far from exact its ranking is, counted in units of one replayed program node (a layout validated counts 4,000, a candidate sized 50: docs/plan.md), so that the answer depends on the inputs only; k, M, G allowed (default 8M: about a minute on 2 quiet cores; none with --all; 0: no limit, the top K exact). A plain number below 100,000 is read as seconds, the former unit, at 150k units a second.")),
+        opt("timeout", float | None, typer.Option(None, "--timeout", metavar="SECONDS", help="Stop the search after this many seconds of wall clock (default: none). The answer then depends on the machine's speed and load: when it cuts the search short, plan says so on stderr and the JSON says \"reproducible\": false.")),
         opt("jobs", int | None, typer.Option(None, "--jobs", "-j", help="Worker processes (default: all cores; with --ray on a cluster, its CPUs).")),
         opt("ray", str | None, typer.Option(None, "--ray", metavar="local|auto|ADDRESS", help="Run the search's work as Ray tasks (pip install 'traceforge[ray]'), same answer: local starts Ray here with the cores --jobs allows; auto joins the cluster this machine is a node of; ray://HOST:10001 or HOST:6379 names a cluster's head (docs/scale.md).")),
         opt("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress counter on stderr.")),
@@ -118,6 +123,26 @@ def _check_values(lists: dict[str, list[Any]]) -> None:
                 check_value(name, value)
 
 
+# What --merge takes: the shards' query decided everything else (refused by name when given).
+WITH_MERGE = ("merge", "as_json", "top", "old_top", "quiet")
+
+
+def _refuse_with_merge(opts: dict[str, Any], machine: dict[str, Any], spec_flags: dict[str, Any]) -> None:
+    """One line naming the first option given with --merge that has no meaning with it: the shards'
+    own flags decided the search (-n, --json and -q still say how to print the merged plan)."""
+    for p in _plan_options():
+        info = p.default
+        if p.name not in WITH_MERGE and opts[p.name] != info.default:
+            given = info.param_decls[0]
+            break
+    else:
+        given = next((FIELD[k].flag for k, v in machine.items() if v is not None), None)
+        given = given or next((f"--{k.replace('_', '-')}" for k in spec_flags), None)
+    if given is not None:
+        raise UserError(f"{given} has no meaning with --merge, which prints the plan the shard files make (their own "
+                        "flags decided the search): drop it")
+
+
 def plan(**kwargs: Any) -> None:
     """Rank every legal layout of a model on N GPUs by estimated step time.
 
@@ -135,10 +160,20 @@ def plan(**kwargs: Any) -> None:
     resolve_jobs(opts["jobs"])  # a bad --jobs is refused first; workers_for below gives the count
     if opts["shard"] is None:  # a shard's answer is its file; every other run's is stdout
         answer_to_stdout("the plan")
+    limit_flag = "--limit"
+    if opts["old_top"] is not None:  # one name for "how many rows" on every command: --limit
+        if opts["top"] is not None:
+            raise UserError("--top is the old spelling of --limit: give only --limit")
+        opts["top"], limit_flag = opts["old_top"], "--top"
+    if opts["top"] is not None and opts["top"] < 1:
+        raise UserError(f"{limit_flag} must be at least 1, got {opts['top']}")
     if opts["merge"] is not None:
         if opts["ray"] is not None:
             raise UserError("--merge only reads the shard files: drop --ray (give it to each --shard run)")
-        title, gpus, counts, ranked = planner_run.merged(opts["merge"])
+        _refuse_with_merge(opts, machine, spec_flags)
+        if opts["old_top"] is not None:
+            err.print(f"note: --top/-k is deprecated: use --limit {opts['top']}", markup=False)
+        title, gpus, counts, ranked = planner_run.merged(opts["merge"], opts["top"])
         _print_plan(title, gpus, ranked, counts, opts["as_json"])
         return
     for name in NOT_WITH_PLAN:
@@ -146,17 +181,15 @@ def plan(**kwargs: Any) -> None:
             raise UserError(f"--{name.replace('_', '-')} is what plan decides (from --gpus and the layout): drop it")
     if opts["gpus"] is None:
         raise UserError("--gpus N is required: the number of GPUs to lay the model out on")
-    if opts["budget"] is None:  # --all asks for every candidate: no budget unless one is given
-        opts["budget"] = 0.0 if opts["every"] else planner_run.DEFAULT_BUDGET_S
-    if not opts["budget"] >= 0:
-        raise UserError(f"--budget must be 0 (no limit) or more seconds, got {opts['budget']}")
-    limit_flag = "--limit"
-    if opts["old_top"] is not None:  # one name for "how many rows" on every command: --limit (both: cli.check_spellings)
-        opts["top"], limit_flag = opts["old_top"], "--top"
-    if opts["top"] < 1:
-        raise UserError(f"{limit_flag} must be at least 1, got {opts['top']}")
-    if opts["old_top"] is not None:  # after the check: a refusal stays one line
+    budget, budget_note = parse_budget(opts["budget"]) if opts["budget"] is not None else (
+        None if opts["every"] else DEFAULT_BUDGET, None)  # --all asks for every candidate: no budget unless one is given
+    if opts["timeout"] is not None and not opts["timeout"] > 0:
+        raise UserError(f"--timeout must be more than 0 seconds, got {opts['timeout']:g} (leave it out for none)")
+    opts["top"] = 10 if opts["top"] is None else opts["top"]
+    if opts["old_top"] is not None:  # after the checks: a refusal stays one line
         err.print(f"note: --top/-k is deprecated: use --limit {opts['top']}", markup=False)
+    if budget_note:
+        say(budget_note, err)
     if opts["write_top"] is not None and opts["write_top"] < 1:
         raise UserError(f"--write-top must be at least 1, got {opts['write_top']}")
     config = load_config_file(opts["config"]) if opts["config"] else None
@@ -209,7 +242,7 @@ def plan(**kwargs: Any) -> None:
         spec_flags=spec_flags, machine=base_cluster, gpu_memory_gb=opts["gpu_memory_gb"], overhead_gb=opts["overhead_gb"],
         allocator_reserve_pct=opts["allocator_reserve_pct"],
         tp_across_nodes=opts["tp_across_nodes"], top=max(opts["top"], opts["write_top"] or 0), every=opts["every"],
-        budget_s=opts["budget"] or None)
+        budget=budget, timeout_s=opts["timeout"])
     with workers_for(opts["ray"], opts["jobs"]) as jobs:  # on Ray with --ray: connected after every refusal above
         if swept:
             name = swept[0]
@@ -218,10 +251,11 @@ def plan(**kwargs: Any) -> None:
             return
         gpus = lists["gpus"][0]
         if opts["shard"] is not None:
-            target, considered = planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
+            target, considered, proof = planner_run.shard(query, gpus, opts["shard"], opts["out_dir"], jobs, opts["quiet"])
             if not opts["quiet"]:
                 out.print(f"wrote {target}: {considered:,} layouts considered; run 'traceforge plan --merge {opts['out_dir']}' "
                           "once every shard is done", markup=False)
+            _warn_timeout([proof])
             return
         ranked, counts, written = planner_run.plan(query, gpus, jobs, opts["quiet"], opts["write_top"], opts["out_dir"],
                                                    opts["force"], opts["astra_sim"])
@@ -236,17 +270,29 @@ def plan(**kwargs: Any) -> None:
 
 def _print_plan(title: str, gpus: int, ranked: list[dict[str, Any]], counts: dict[str, Any], as_json: bool,
                 assumed: str | None = None) -> None:
-    """A plan's answer: its JSON document, or the table."""
+    """A plan's answer: its JSON document (whose keys carry the proof), or the table."""
     from traceforge.plan_output.rows import json_document
 
+    proof = counts["proof"]
     if as_json:
         print_json(json_document(gpus, counts, ranked))
-        if counts.get("unreplayed") or counts.get("unsearched"):  # the document's keys are fixed: say it on stderr
-            best = ranked[0]["step_ms"] if ranked else float("inf")
-            err.print(f"note: --budget ran out: {_left(counts)}: {_distance(best, counts['floor_ms'])}; the candidates "
-                      "may not be the exact top K; --budget 0 replays until they are", markup=False, soft_wrap=True)
+        if not proof.exact:  # said in the document; a person reading stderr sees it too
+            say(f"note: {_stopped(proof)}: {_left(proof)}: {_distance(proof)}; the candidates may not be the exact top "
+                "K; --budget 0 replays until they are", err)
     else:
         print_table(title, ranked, counts, assumed)
+    _warn_timeout([proof])
+
+
+def _warn_timeout(proofs: list[Any]) -> None:
+    """Loud, on stderr, whatever --json and -q: a search the clock cut short has an answer that
+    depends on the machine (its JSON says "reproducible": false)."""
+    cut = [p for p in proofs if p.timed_out]
+    if cut:
+        some = "" if len(proofs) == 1 else f" ({len(cut)} of {len(proofs)} searches)"
+        say(f"warning: --timeout {cut[0].timeout_s:g} s cut the search short{some}: this answer depends on how fast this "
+            "machine ran, not on its inputs only, and is not reproducible; --budget bounds the search the same way on "
+            "every machine", err)
 
 
 def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any], dict[str, Any]]],
@@ -258,7 +304,8 @@ def _print_sweep(title: str, flag: str, unit: str, best: list[tuple[Any, int, di
         print_json({"sweep": flag, "points": [{"value": v, **json_document(w, c, [r])} for v, w, r, c in best]})
     else:
         print_sweep_table(title, flag, unit, [(v, w, r) for v, w, r, _ in best],
-                          {v: c for v, _, _, c in best if c.get("unreplayed") or c.get("unsearched")})
+                          {v: c["proof"] for v, _, _, c in best if not c["proof"].exact})
+    _warn_timeout([c["proof"] for *_, c in best])
 
 
 plan.__signature__ = inspect.Signature(_plan_options() + _machine_options() + _spec_options())  # type: ignore[attr-defined]
@@ -309,10 +356,11 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     per dimension, pipeline bubble and waiting), throughput and memory."""
     from traceforge.parallel.groups import GROUP_KINDS
 
+    proof = counts["proof"]
     if assumed:
-        out.print(f"{title}: {assumed}", markup=False, soft_wrap=True)
+        say(f"{title}: {assumed}")
     if ranked:
-        out.print(f"answer: {_answer(ranked[0]['step_ms'], counts)}", markup=False, soft_wrap=True)
+        say(f"answer: {_answer(proof)}")
 
     # every group whose communication any row leaves exposed (hsdp's dps/dpr carry its data parallelism)
     kinds = [k for k in GROUP_KINDS if any(r["exposed_ms"].get(k.name, 0.0) > 0 for r in ranked)]
@@ -326,42 +374,85 @@ def print_table(title: str, ranked: list[dict[str, Any]], counts: dict[str, Any]
     cells = []
     for r in ranked:
         mode = r["dp_mode"] + (f":{r['shard_size']}" if r["shard_size"] else "")
-        free = "-" if r["headroom_bytes"] is None else f"{r['headroom_bytes'] / 1e9:.1f}"
+        free = "-" if r["headroom_bytes"] is None else _gb(r["headroom_bytes"])
         cells.append([*(str(r[k]) for k in ("tp", "cp", "pp", "dp", "ep", "vp", "micro_batch", "num_microbatches")),
                       r["schedule"], r["recompute"], mode, _ms(r["step_ms"]), _si(r["tokens_per_s"]),
                       f"{r['tflops_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}", _ms(r["compute_ms"]),
                       *(_ms(r["exposed_ms"].get(d, 0.0)) for d in dims), _ms(r["bubble_ms"]),
-                      f"{r['peak_bytes'] / 1e9:.1f}" + ("!" if r["verdict"] == "tight" else ""), free])
+                      _gb(r["peak_bytes"]) + ("!" if r["verdict"] == "tight" else ""), free])
     merged = merge_ties(cells, range(11))  # a layout cell (tp .. dp mode) may differ, never a figure
     for first, last, row in merged:
         table.add_row(str(first) if first == last else f"{first}-{last}", *row)
     print_whole(table)
     if len(merged) < len(cells):
-        out.print("a/b: consecutive candidates that differ only in that layout value and tie on every figure shown, listed "
-                  "once (e.g. zero1 and dist-opt move the same bytes; --json lists each)", markup=False, soft_wrap=True)
+        say("a/b: consecutive candidates that differ only in that layout value and tie on every figure shown, listed "
+            "once (e.g. zero1 and dist-opt move the same bytes; --json lists each)")
     groups = "; ".join(f"{k.name}: {k.label}" for k in kinds if k.label)  # the groups whose names do not explain themselves
-    out.print("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
-              "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
-              "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "
-              "and waiting for peers; GB = 10^9 bytes" + ("; peak GB ending in !: tight, it fits without the "
-              "allocator's reserve but not with it (docs/memory.md)" if any(r["verdict"] == "tight" for r in ranked) else ""),
-              markup=False, soft_wrap=True)
-    pruned = (f" (in the layouts validated; {counts['pruned']:,} of tp x cp x pp x dp x ep not, their floor above the "
-              "ranked)") if counts.get("pruned") else ""
-    out.print(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory"
-              f"{pruned}; {counts.get('replayed', len(ranked)):,} replayed; {counts['seconds']:.1f} s", markup=False,
-              soft_wrap=True)
-    if counts.get("too_big"):
-        out.print(f"note: {counts['too_big']:,} feasible candidates have more nodes than the replay takes (4,000,000) "
-                  "and were not ranked", markup=False)
-    if counts.get("unreplayed") or counts.get("unsearched"):
-        best = ranked[0]["step_ms"] if ranked else float("inf")
-        out.print(f"note: --budget ran out: {_left(counts)} (their lower bounds start at {_ms(counts['floor_ms'])} ms): "
-                  f"{_distance(best, counts['floor_ms'])}; --budget 0 replays until the ranking is exact",
-                  markup=False, soft_wrap=True)
+    say("vp: model chunks per stage; mb: micro-batch size (sequences); #mb: micro-batches per step; times per "
+        "step, on the critical rank; x-GROUP: that group's communication not hidden by compute (groups "
+        "may overlap one another)" + (f" ({groups})" if groups else "") + "; idle: pipeline bubble "
+        "and waiting for peers; GB = 10^9 bytes" + ("; peak GB ending in !: tight, it fits without the "
+        "allocator's reserve but not with it (docs/memory.md)" if any(r["verdict"] == "tight" for r in ranked) else ""))
+    pruned = (f" (in the layouts validated; {proof.layouts_not_validated - proof.layouts_could_rank:,} of tp x cp x pp x "
+              "dp x ep not, their floor above the ranked)") if proof.layouts_not_validated > proof.layouts_could_rank else ""
+    budget = f" of {units(proof.budget)}" if proof.budget is not None else ""
+    say(f"considered {counts['considered']:,} layouts: {counts['legal']:,} legal, {counts['feasible']:,} fit in memory"
+        f"{pruned}; {proof.replayed:,} replayed; work {units(proof.budget_spent)}{budget}; {counts['seconds']:.1f} s")
+    if proof.too_big:
+        say(f"note: {proof.too_big:,} feasible candidates have more nodes than the replay takes (4,000,000) "
+            "and were not ranked")
+    if proof.fewer_rows:
+        say(f"note: {proof.shown} row{'s' if proof.shown != 1 else ''}, not the {proof.limit} asked (-n {proof.limit}): "
+            f"{FEWER[proof.fewer_rows]}")
+    if not proof.exact:
+        say(f"note: {_stopped(proof)}: {_left(proof)} (their lower bounds start at {_ms(proof.floor_ms or 0.0)} ms): "
+            f"{_distance(proof)}; --budget 0 replays until the ranking is exact")
     if ranked:
-        out.print(f"best: traceforge generate {ranked[0]['flags']}", markup=False, soft_wrap=True)
+        say_command("best: ", f"traceforge generate {ranked[0]['flags']}")
     sys.stdout.flush()
+
+
+def say(text: str, console: Any = out) -> None:
+    """A line of prose (on stdout, or stderr's console): on a terminal wrapped at spaces to the
+    window (never inside a word, as the terminal's own wrap would cut --sequence-parallel), piped
+    or redirected one line."""
+    if console.is_terminal:
+        for line in textwrap.wrap(text, max(20, console.width), break_long_words=False, break_on_hyphens=False) or [""]:
+            console.print(line, markup=False, soft_wrap=True)
+    else:
+        console.print(text, markup=False, soft_wrap=True)
+
+
+def say_command(label: str, command: str) -> None:
+    """label and a shell command: on a terminal wrapped between its arguments (a flag kept with its
+    value), each line but the last ending in a backslash, so the lines paste back as one command;
+    piped or redirected one line."""
+    if not out.is_terminal:
+        out.print(label + command, markup=False, soft_wrap=True)
+        return
+    words = shlex.split(command)
+    parts: list[str] = []
+    for word in words:
+        quoted = shlex.quote(word)
+        if parts and parts[-1].startswith("-") and " " not in parts[-1] and not word.startswith("-"):
+            parts[-1] += " " + quoted  # a flag and its value stay on one line
+        else:
+            parts.append(quoted)
+    width, lines, line = max(20, out.width) - 2, [], label.rstrip() + " "
+    for part in parts:
+        if line.strip() and len(line) + len(part) > width:
+            lines.append(line.rstrip())
+            line = "  "
+        line += part + " "
+    lines.append(line.rstrip())
+    for i, text in enumerate(lines):
+        out.print(text + (" \\" if i < len(lines) - 1 else ""), markup=False, soft_wrap=True)
+
+
+def _gb(size: int) -> str:
+    """Bytes in GB (10^9) to one decimal; never "-0.0": a value that rounds to zero is 0.0."""
+    text = f"{size / 1e9:.1f}"
+    return "0.0" if text == "-0.0" else text
 
 
 def merge_ties(rows: list[list[str]], columns: Iterable[int]) -> list[tuple[int, int, list[str]]]:
@@ -387,36 +478,42 @@ def merge_ties(rows: list[list[str]], columns: Iterable[int]) -> list[tuple[int,
     return merged
 
 
-def _left(counts: dict[str, Any]) -> str:
-    """What a spent budget left that could still rank: candidates unreplayed, layouts unvalidated."""
-    parts = [f"{counts['unreplayed']:,} candidates unreplayed" if counts.get("unreplayed") else "",
-             f"{counts['unsearched']:,} layouts (tp x cp x pp x dp x ep) unvalidated" if counts.get("unsearched") else ""]
+def _stopped(proof: Proof) -> str:
+    """What cut the search short."""
+    return f"--timeout ran out ({proof.timeout_s:g} s)" if proof.timed_out else "--budget ran out"
+
+
+def _left(proof: Proof) -> str:
+    """What a search cut short left that could still rank: candidates unreplayed, layouts unvalidated."""
+    parts = [f"{proof.candidates_could_rank:,} candidates unreplayed" if proof.candidates_could_rank else "",
+             f"{proof.layouts_could_rank:,} layouts (tp x cp x pp x dp x ep) unvalidated" if proof.layouts_could_rank else ""]
     return " and ".join(p for p in parts if p) + " that could still rank"
 
 
-def _answer(best_ms: float, counts: dict[str, Any]) -> str:
+def _answer(proof: Proof) -> str:
     """How far from exact the best shown is, proven by the search's lower bounds."""
-    floor = counts.get("floor_ms")
-    if floor is None:
+    if proof.exact:
         return "exact: every layout left out has a lower bound above the rows shown"
-    if floor >= best_ms:
-        return (f"the best shown is exact (no layout left unreplayed can beat {_ms(floor)} ms); the budget ran out "
-                "before the rows after it were")
-    if floor <= 0:
-        return ("not known how far the best shown is from the best layout: the budget ran out before the layouts "
+    floor, gap, stopped = proof.floor_ms or 0.0, proof.proven_gap, _stopped(proof).replace(" ran out", "")
+    if gap is None:
+        return (f"not known how far the best shown is from the best layout: {stopped} ran out before the layouts "
                 "left had a lower bound (--budget 0: exact)")
-    return (f"the best shown is proven within {100 * (best_ms / floor - 1):.1f} % of the best layout: the budget ran "
+    if gap == 0:
+        return (f"the best shown is exact (no layout left unreplayed can beat {_ms(floor)} ms); {stopped} ran out "
+                "before the rows after it were")
+    return (f"the best shown is proven within {100 * gap:.1f} % of the best layout: {stopped} ran "
             f"out with layouts unreplayed, none faster than {_ms(floor)} ms (--budget 0: exact)")
 
 
-def _distance(best_ms: float, floor_ms: float) -> str:
+def _distance(proof: Proof) -> str:
     """How far the best shown may be from the best of the space, given the unreplayed floor."""
-    if floor_ms >= best_ms:  # no unreplayed candidate can beat it: only the rows after it may move
+    gap = proof.proven_gap
+    if gap == 0:  # no unreplayed candidate can beat it: only the rows after it may move
         return "none of them can beat the best shown, which is exact (the rows after it may not be)"
-    if floor_ms <= 0:
+    if gap is None:
         return "some had no lower bound yet: how far the best shown is from the best is not known"
-    return (f"no layout is faster than {_ms(floor_ms)} ms, the best shown is within "
-            f"{100 * (best_ms / floor_ms - 1):.1f} % of the best")
+    return (f"no layout is faster than {_ms(proof.floor_ms or 0.0)} ms, the best shown is within "
+            f"{100 * gap:.1f} % of the best")
 
 
 def _value(value: Any) -> str:
@@ -424,9 +521,9 @@ def _value(value: Any) -> str:
 
 
 def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, int, dict[str, Any]]],
-                      cut_short: dict[Any, dict[str, Any]] | None = None) -> None:
+                      cut_short: dict[Any, Proof] | None = None) -> None:
     """One row per swept value: its best layout, step, throughput, and the speedup over the first
-    value; cut_short: the counts of the values whose --budget ran out (their best may not be)."""
+    value; cut_short: the proofs of the values whose search was cut short (their best may not be)."""
     table = Table(title=title)
     first_value, _, first = best[0]
     for col in (f"{flag} {unit}".strip(), "best layout", "step ms", "tokens/s", "TFLOP/s", "MFU %", "peak GB", f"speedup vs {_value(first_value)}"):
@@ -436,15 +533,12 @@ def print_sweep_table(title: str, flag: str, unit: str, best: list[tuple[Any, in
         layout = (f"tp{r['tp']} cp{r['cp']} pp{r['pp']} dp{r['dp']} ep{r['ep']} vp{r['vp']} mb{r['micro_batch']} "
                   f"{r['schedule']} {r['recompute']} {mode}")
         table.add_row(_value(value), layout, _ms(r["step_ms"]), _si(r["tokens_per_s"]), f"{r['tflops_per_gpu']:.0f}",
-                      f"{100 * r['mfu']:.1f}", f"{r['peak_bytes'] / 1e9:.1f}", f"{first['step_ms'] / r['step_ms']:.2f}x")
+                      f"{100 * r['mfu']:.1f}", _gb(r["peak_bytes"]), f"{first['step_ms'] / r['step_ms']:.2f}x")
     print_whole(table, SWEEP_FIT)
-    out.print(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
-              "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv",
-              markup=False, soft_wrap=True)
-    for value, c in (cut_short or {}).items():
-        step = next(r["step_ms"] for v, _, r in best if v == value)
-        out.print(f"note: at {flag} {_value(value)} --budget ran out: {_left(c)}: "
-                  f"{_distance(step, c['floor_ms'])}; --budget 0 makes it exact", markup=False, soft_wrap=True)
+    say(f"speedup: the best step time at {flag} {_value(first_value)} / this value's best, same global batch; "
+        "mb: micro-batch size; each value's 'traceforge generate' flags: --json or sweep.csv")
+    for value, proof in (cut_short or {}).items():
+        say(f"note: at {flag} {_value(value)} {_stopped(proof)}: {_left(proof)}: {_distance(proof)}; --budget 0 makes it exact")
     sys.stdout.flush()
 
 

@@ -70,8 +70,11 @@ def rank_rows(all_rows: list[dict[str, Any]], top: int | None) -> list[dict[str,
 
 
 def json_document(gpus: int, counts: Mapping[str, Any], ranked: list[dict[str, Any]]) -> dict[str, Any]:
+    """The --json document: the counts, the proof of how far from exact it is (search/proof.py:
+    exact, floor_ms, proven_gap, ... in docs/plan.md), the candidates."""
     return {"gpus": gpus, "considered": counts["considered"], "legal": counts["legal"], "feasible": counts["feasible"],
-            "seconds": round(counts["seconds"], 3), "candidates": [{k: r[k] for k in JSON_KEYS} for r in ranked]}
+            "seconds": round(counts["seconds"], 3), **counts["proof"].document(),
+            "candidates": [{k: r[k] for k in JSON_KEYS} for r in ranked]}
 
 
 def family(r: Mapping[str, Any]) -> str:

@@ -23,10 +23,11 @@ from traceforge.plan_output.rows import json_document, rank_rows, rows
 from traceforge.plan_output.shard import SHARD_FILE, merge_shards, shard_document, shard_file_name
 from traceforge.plan_output.write import is_plan_output, sweep_csv, write_sweep_plot, write_top
 from traceforge.search.candidates import Base, PlanResult, check_feasible, search
+from traceforge.search.proof import Proof
+from traceforge.search.proof import merged as merge_proofs
 from traceforge.search.space import Model, count, walk
+from traceforge.search.work import DEFAULT_BUDGET
 from traceforge.write.astra import AstraOptions, write_astra_bundle
-
-DEFAULT_BUDGET_S = 55.0  # plan --budget's default: with starting up, the replays in flight and the output, a plan ends within a minute
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Query:
     tp_across_nodes: bool = False
     top: int = 10
     every: bool = False
-    budget_s: float | None = DEFAULT_BUDGET_S  # seconds of searching; None: replay until the top K is exact
+    budget: int | None = DEFAULT_BUDGET  # work units (search/work.py); None: replay until the top K is exact
+    timeout_s: float | None = None  # a wall-clock cap (the answer then depends on the machine); None: none
 
     def base(self) -> Base:
         # Megatron's rank order (pp outermost), what its recipes run, unless the user picks one.
@@ -102,9 +104,10 @@ def run_search(query: Query, gpus: int, jobs: int, quiet: bool, shard: tuple[int
     # A rank among all candidates (until_us, the published-layout check) must be exact: no budget.
     # NCCL's model times the candidates' collectives when it has tables for the GPU.
     link = replace(cluster, gpu=str(raw["gpu"]))
+    exact = until_us is not None
     result = search(query.base(), model, query.spec_flags, link, memory, query.top,
-                    query.every, jobs, shard, quiet, until_us, None if until_us is not None else query.budget_s,
-                    overhead, reserve)
+                    query.every, jobs, shard, quiet, until_us, None if exact else query.budget,
+                    overhead, reserve, None if exact else query.timeout_s)
     if shard is None:
         if not result.considered:
             raise UserError(_why_none_considered(query, model))
@@ -186,10 +189,9 @@ def _why_none_legal(query: Query, model: Model, considered: int, budget: int = 2
 
 
 def _counts(result: PlanResult) -> dict[str, Any]:
+    """The search's counts and its proof (what the table's notes and the JSON document read)."""
     return {"considered": result.considered, "legal": result.legal, "feasible": result.feasible,
-            "seconds": result.seconds, "replayed": result.replayed, "too_big": result.too_big,
-            "unreplayed": result.unreplayed, "unsearched": result.unsearched, "pruned": result.pruned,
-            "floor_ms": None if result.floor_us is None else result.floor_us / 1e3}
+            "seconds": result.seconds, "proof": result.proof}
 
 
 def title(query: Query, gpus: int | None) -> str:
@@ -270,7 +272,10 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
         except UserError as exc:
             raise UserError(f"{flag} {value}: {exc}") from None
         top = rank_rows(q.rows(result), 1)[0]
-        best.append((value, world, top, _counts(result)))
+        counts = _counts(result)
+        assert result.proof is not None
+        counts["proof"] = result.proof.showing(1, top["step_ms"])  # a point shows its best only
+        best.append((value, world, top, counts))
     heading = f"{title(query, None if name == 'gpus' else gpus)}: best layout per {flag}"
     unit = "" if name == "gpus" else FIELD[name].unit
     if out_dir is not None:
@@ -282,25 +287,32 @@ def sweep(query: Query, name: str, values: list[Any], gpus: int, jobs: int, quie
 
 # -- shard and merge ------------------------------------------------------------------------
 
-def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, quiet: bool) -> tuple[Path, int]:
-    """Search shard K/N of the layouts into its file in out_dir: (the file, the layouts considered)."""
+def shard(query: Query, gpus: int, text: str, out_dir: Path | None, jobs: int, quiet: bool) -> tuple[Path, int, Proof]:
+    """Search shard K/N of the layouts into its file in out_dir: (the file, the layouts considered, its proof)."""
     if out_dir is None:
         raise UserError("--shard K/N needs -o DIR: the folder every shard writes its file into")
     k, n = parse_shard(text)
     result = run_search(query, gpus, jobs, quiet, (k, n))
     ranked = rank_rows(query.rows(result), None if query.every else query.top)
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {key: v for key, v in _counts(result).items() if key not in ("replayed", "too_big", "unreplayed", "floor_ms")}
+    assert result.proof is not None
+    counts = {**{key: v for key, v in _counts(result).items() if key != "proof"}, "proof": result.proof.shard()}
     text_doc = shard_document(k, n, query.to_json(gpus), counts, ranked)
     target = write_output_file(out_dir / shard_file_name(k, n), text_doc, is_ours=lambda p: bool(SHARD_FILE.match(p.name)))
-    return target, result.considered
+    return target, result.considered, result.proof
 
 
-def merged(directory: Path) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
-    """The plan the shard files in a folder make together: (title, GPUs, counts, ranked rows)."""
-    query, counts, all_rows = merge_shards(directory)
+def merged(directory: Path, limit: int | None = None) -> tuple[str, int, dict[str, Any], list[dict[str, Any]]]:
+    """The plan the shard files in a folder make together: (title, GPUs, counts, ranked rows);
+    limit: the best this many (-n), at most the shards' own K."""
+    query, counts, all_rows, proofs = merge_shards(directory)
     keep = None if query.get("every") else int(query.get("top", 10))
     ranked = rank_rows(all_rows, keep)
+    if limit is not None:
+        if keep is not None and limit > keep:
+            raise UserError(f"-n {limit}: the shards in {directory} ranked their best {keep} each (their -n): give at most "
+                            f"{keep}, or rerun the shards with -n {limit}")
+        ranked = ranked[:limit]
     gpus = int(query.get("gpus", 0))
     if not ranked:
         raise UserError(f"the shards in {directory} found no feasible layout ({counts['legal']:,} legal of "
@@ -308,4 +320,8 @@ def merged(directory: Path) -> tuple[str, int, dict[str, Any], list[dict[str, An
     config = query.get("config")
     config = config if isinstance(config, dict) else {}
     name = query.get("preset") or config.get("preset") or "demo"  # as the shards' own title
+    k = limit or keep  # the rows asked for (None: --all)
+    ordered = rank_rows(all_rows, None)
+    kth = ordered[k - 1]["step_ms"] if k is not None and len(ordered) >= k else None
+    counts["proof"] = merge_proofs(proofs, k, len(ranked), ranked[0]["step_ms"], kth)
     return f"plan: {name} on {gpus:,} GPUs (merged shards)", gpus, counts, ranked

@@ -15,9 +15,10 @@ from typing import Any
 
 from traceforge.base.errors import UserError
 from traceforge.base.files import Fields, read_json
+from traceforge.search.proof import BUDGET, SHARD_KEYS, TIMEOUT
 
 SHARD_FILE = re.compile(r"^plan-shard-(?P<k>[0-9]+)-of-(?P<n>[0-9]+)\.json$", re.ASCII)
-FORMAT = "traceforge plan shard 1"
+FORMAT = "traceforge plan shard 2"  # 2: each shard's proof (search/proof.py), which a merge combines
 
 
 def shard_file_name(k: int, n: int) -> str:
@@ -53,6 +54,23 @@ def _check_rows(rows: list, path: Path) -> None:
         f.mapping(row.get("values"), f"rows[{i}].values")
 
 
+def _check_proof(proof: object, path: Path) -> dict[str, Any]:
+    """A shard's proof (Proof.shard()), every key checked: a forged one is one line, never a KeyError."""
+    f = Fields(path, "rerun that shard")
+    doc = f.mapping(proof, "proof")
+    for key in SHARD_KEYS:
+        value = doc.get(key)
+        if key in ("best_ms", "floor_ms", "kth_ms", "timeout_s"):
+            if value is not None:
+                f.number(value, f"proof.{key}", 0.0, 1e18)
+        elif key == "stopped_by":
+            if value not in (None, BUDGET, TIMEOUT):
+                f.fail(f"proof.{key}", value, f"null, {BUDGET!r} or {TIMEOUT!r}")
+        elif value is not None or key not in ("limit", "budget"):
+            f.whole(value, f"proof.{key}", 1 if key == "limit" else 0)
+    return doc
+
+
 def _read(path: Path) -> dict[str, Any]:
     doc = read_json(path, "plan shard file", "rerun that shard")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
@@ -61,11 +79,12 @@ def _read(path: Path) -> dict[str, Any]:
         if not isinstance(doc.get(key), (int, float)) or isinstance(doc.get(key), bool) or doc[key] < 0:
             raise UserError(f"{path}: {key} is not a count: rerun that shard")
     _check_rows(doc["rows"], path)
+    _check_proof(doc.get("proof"), path)
     return doc
 
 
-def merge_shards(directory: Path) -> tuple[Mapping[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    """(query, summed counts, every shard's rows) of a complete set of shard files."""
+def merge_shards(directory: Path) -> tuple[Mapping[str, Any], dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(query, summed counts, every shard's rows, every shard's proof) of a complete set of shard files."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory} is not a directory: give the folder the 'plan --shard K/N -o DIR' runs wrote into")
@@ -91,4 +110,4 @@ def merge_shards(directory: Path) -> tuple[Mapping[str, Any], dict[str, Any], li
                             "rerun it with the same flags")
     counts: dict[str, Any] = {key: sum(d[key] for d in docs) for key in ("considered", "legal", "feasible", "seconds")}
     rows = [r for d in docs for r in d["rows"]]
-    return query, counts, rows
+    return query, counts, rows, [d["proof"] for d in docs]

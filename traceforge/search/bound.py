@@ -62,6 +62,7 @@ class Piece:
     backward: float
     nodes: int = 0  # ops one micro-batch records through it, forward and backward (a floor for MoE)
     backward_input: float = 0.0  # the backward without its weight-gradient GEMMs (a zero-bubble I pass)
+    recorded: int = 0  # ops its recordings made (forward, backward, input-gradient backward): what it cost
 
 
 def _floor(ops: list[Op], sizes: dict[str, int], link: Cluster) -> float:
@@ -82,22 +83,23 @@ def _floor(ops: list[Op], sizes: dict[str, int], link: Cluster) -> float:
 
 
 def _record(spec: LayerRun, link: Cluster, emit, only_compute: bool = False, input_only: bool = False
-            ) -> tuple[float, int]:
-    """(floor, ops recorded); only_compute: count compute ops only (an MoE layer's transfers
-    depend on the routing of each micro-batch, its computes do not); input_only: the weight-
-    gradient GEMMs kept aside, as a zero-bubble schedule's input-gradient pass records them."""
+            ) -> tuple[float, int, int]:
+    """(floor, ops counted, ops recorded); only_compute: count compute ops only (an MoE layer's
+    transfers depend on the routing of each micro-batch, its computes do not); input_only: the
+    weight-gradient GEMMs kept aside, as a zero-bubble schedule's input-gradient pass records them."""
     b = ProgramBuilder(0, layer_group_sizes(spec))
     if input_only:
         b.split_backward = []
     emit(b)
     ops = b.program.ops
     nodes = sum(op.type == NodeType.COMP for op in ops) if only_compute else len(ops)
-    return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes
+    return max(0.0, _floor(ops, b.group_sizes, link) - ROUNDING_US), nodes, len(ops)
 
 
 def _piece(spec: LayerRun, link: Cluster, fwd, bwd, only_compute: bool = False) -> Piece:
-    (f, f_nodes), (b, b_nodes) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
-    return Piece(f, b, f_nodes + b_nodes, _record(spec, link, bwd, input_only=True)[0])
+    (f, f_nodes, f_ops), (b, b_nodes, b_ops) = _record(spec, link, fwd, only_compute), _record(spec, link, bwd, only_compute)
+    b_input, _, i_ops = _record(spec, link, bwd, input_only=True)
+    return Piece(f, b, f_nodes + b_nodes, b_input, f_ops + b_ops + i_ops)
 
 
 def _pieces(spec: LayerRun, link: Cluster) -> dict[str, Piece]:
@@ -152,6 +154,14 @@ def _record_pieces(spec: LayerRun, link: Cluster) -> dict[str, Piece]:
 
 # Memoised on the layer's run (one_microbatch's) and the link: all a recording reads.
 _layer_pieces = functools.lru_cache(maxsize=4096)(_record_pieces)
+
+
+def recordings(runs: list[LayerRun], link: Cluster) -> tuple[tuple[LayerRun, int], ...]:
+    """The layer recordings the floors of `runs` read, each as (its memo's key, the ops recorded to
+    make it): what those floors cost the first time, whichever process or memo makes them (the
+    search charges each key once, search/work.py)."""
+    return tuple((key, sum(p.recorded for p in _layer_pieces(key, link).values()))
+                 for key in dict.fromkeys(one_microbatch(run) for run in runs))
 
 
 def replay_nodes_floor(spec: LayerRun, link: Cluster) -> int:

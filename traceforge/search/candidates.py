@@ -12,7 +12,6 @@ import dataclasses
 import heapq
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -23,12 +22,14 @@ from traceforge.config import LayerRun, Spec, spec_builder
 from traceforge.machine.cluster import Cluster
 from traceforge.memory.report import DOES_NOT_FIT, Band
 from traceforge.model.flops import model_flops_per_step
-from traceforge.search.bound import FLOOR_PROBE, layout_floor, replay_nodes_floor, step_lower_bound
+from traceforge.search.bound import FLOOR_PROBE, layout_floor, recordings, replay_nodes_floor, step_lower_bound
 from traceforge.search.estimate import Estimate, estimate
 from traceforge.search.fits import memory_band
 from traceforge.search.progress import SearchProgress
+from traceforge.search.proof import BUDGET, TIMEOUT, Proof
 from traceforge.search.ring_floor import ring_layout_floor
 from traceforge.search.space import LEVELS, Model, _layouts, _micro_batches, layout_counts, walk
+from traceforge.search.work import Work
 from traceforge.timing.engine import REPLAY_NODE_LIMIT, ReplayTooBig
 
 
@@ -95,6 +96,7 @@ class PlanResult:
     candidates: list[Ranked] = field(default_factory=list)
     smallest_peak: int | None = None  # the least memory any legal candidate needs
     gpu_memory_bytes: int = 0
+    proof: Proof | None = None  # how far from exact the answer is (search/proof.py)
 
 
 class Candidate(NamedTuple):
@@ -233,81 +235,76 @@ def probes(builder: Callable[..., Spec], model: Model, fixed: Mapping[str, Any],
     return runs, not runs and not refused
 
 
-def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, bool]:
-    """(a floor of a top-level layout, whether it is the recorded one): with record False, a
-    layout with a p2p ring gets its ring's floor alone (ring_floor.py: a cost model per micro-batch
-    size instead of thousands of recorded ops), the others their recorded floor."""
+def _layout_floor(layout: dict[str, Any], record: bool = True) -> tuple[float, bool, tuple[tuple[Any, int], ...]]:
+    """(a floor of a top-level layout, whether it is the recorded one, the layer recordings it
+    read: what it cost, work.Work.floor): with record False, a layout with a p2p ring gets its
+    ring's floor alone (ring_floor.py: a cost model per micro-batch size instead of thousands of
+    recorded ops), the others their recorded floor."""
     assert _job is not None
     runs, empty = probes(_job.builder, _job.model, _job.fixed, layout)
     if empty:
-        return EMPTY, True  # no candidate to validate, nor to rank
+        return EMPTY, True, ()  # no candidate to validate, nor to rank
     ring = ring_layout_floor(runs, layout["pp"])
     if ring > 0 and not record:
-        return ring, False
-    return max(ring, layout_floor(runs, layout["pp"], _job.link)), True  # both never above a candidate's bound
+        return ring, False, ()
+    floor = max(ring, layout_floor(runs, layout["pp"], _job.link))  # both never above a candidate's bound
+    return floor, True, recordings(runs, _job.link)
 
 
 EMPTY = float("inf")  # the floor of a layout without a legal candidate: never validated once one ranks
 
 
-def _group_floors(task: tuple[bool, list[dict[str, Any]]]) -> list[tuple[float, bool]]:
-    """_layout_floor of layouts that share their layer recordings (one tp, cp and ep), in one
-    worker, whose memo then records each layer once for them all."""
-    record, group = task
-    return [_layout_floor(layout, record) for layout in group]
+def _group_floors(group: list[dict[str, Any]]) -> list[tuple[float, bool, tuple[tuple[Any, int], ...]]]:
+    """The first floors (_layout_floor, record False) of layouts that share their layer recordings
+    (one tp, cp and ep), in one worker, whose memo then records each layer once for them all."""
+    return [_layout_floor(layout, False) for layout in group]
 
 
-def _floor_groups(tops: list[dict[str, Any]], which: list[int]) -> list[list[int]]:
-    """The layouts `which` (indices into tops) in groups of one (tp, cp, ep), cheapest first: a
-    long context-parallel ring records thousands of transfers per layer, so the largest cp last."""
+def _floor_groups(tops: list[dict[str, Any]]) -> list[list[int]]:
+    """The layouts (indices into tops) in groups of one (tp, cp, ep), cheapest first: a long
+    context-parallel ring records thousands of transfers per layer, so the largest cp last."""
     groups: dict[tuple, list[int]] = {}
-    for i in sorted(which, key=lambda i: tops[i]["cp"]):
+    for i in sorted(range(len(tops)), key=lambda i: tops[i]["cp"]):
         groups.setdefault((tops[i]["tp"], tops[i]["cp"], tops[i]["ep"]), []).append(i)
     return list(groups.values())
 
 
 def search(base: Base, model: Model, fixed: Mapping[str, Any], link: Cluster, gpu_memory: int | None,
            top: int, every: bool = False, jobs: int = 1, shard: tuple[int, int] | None = None,
-           quiet: bool = False, until_us: float | None = None, budget_s: float | None = None,
-           overhead_bytes: int | None = None, reserve: float | None = None) -> PlanResult:
+           quiet: bool = False, until_us: float | None = None, budget: int | None = None,
+           overhead_bytes: int | None = None, reserve: float | None = None, timeout_s: float | None = None) -> PlanResult:
     """until_us: also replay every candidate whose bound is below it (and keep them all), so the
     rank of a layout of that step among all candidates is exact (the published-run check).
-    budget_s: stop once the search has run this many seconds, bounding, validating and sizing
-    included (and one candidate is ranked); the result then says how many candidates and
-    layouts could still have ranked and the lowest step they could reach."""
+    budget: the work (search/work.py) the search may spend, floors, validating, sizing and
+    replaying included, before it stops (once one candidate is ranked); the result then says
+    how many candidates and layouts could still have ranked and the lowest step they could
+    reach. Every decision the budget drives depends on the work counted and a fixed order only,
+    so the answer is the same with any --jobs, on any machine. timeout_s: a wall-clock cap, the
+    one thing that makes an answer depend on the machine: the result says when it cut the search."""
     global _job
     started = time.perf_counter()
+    timeout_at = None if timeout_s is None else started + timeout_s
     _job = _Job(base, model, fixed, link, gpu_memory, overhead_bytes, reserve)
     builder = _job.builder
     result = PlanResult(model.world, gpu_memory_bytes=gpu_memory or 0)
     tops = layouts(model, fixed, shard)
-    progress = SearchProgress(model.world, len(tops), quiet, None if budget_s is None else started + budget_s)
-    deadline = None if budget_s is None else started + budget_s
-    floors: list[float | None] = [None] * len(tops)
+    work = Work(budget)
+    progress = SearchProgress(model.world, len(tops), quiet, work, timeout_s)
     # Every layout gets a floor before anything is validated, so that whenever the budget ends the
-    # plan can say how far its best is from the best layout: first the recorded floor of each layout
-    # without a ring and the cheap ring floor of each layout with one (ring_floor.py; not bounded by
-    # the budget: seconds at 16,384 GPUs), then, within FLOORS_SHARE of a budget, the recorded floors
-    # of the ring layouts, smallest cp first, each raising the ring's floor.
-    recorded = [False] * len(tops)
-    for record in (False, True):
-        groups = _floor_groups(tops, [i for i in range(len(tops)) if not recorded[i]])
-
-        def tasks(record: bool = record, groups: list[list[int]] = groups) -> Iterator[tuple[bool, list[dict[str, Any]]]]:
-            for group in groups:
-                if record and budget_s is not None and time.perf_counter() > started + FLOORS_SHARE * budget_s:
-                    return
-                yield record, [tops[i] for i in group]
-
-        found = fan_out(_group_floors, tasks(), jobs, shared=_shared())
-        for group, answers in zip(groups, found, strict=False):
-            for i, (floor, exact) in zip(group, answers, strict=True):
-                floors[i], recorded[i] = max(floor, floors[i] or 0.0), exact
-                if not record:
-                    progress.bounded()
+    # plan can say how far its best is from the best layout: the recorded floor of each layout
+    # without a ring and the cheap ring floor of each layout with one (ring_floor.py); a ring
+    # layout's recorded floor is made when it comes first in the queue (_branch_and_bound).
+    floors: list[tuple[float, bool]] = [(0.0, False)] * len(tops)
+    groups = _floor_groups(tops)
+    found = fan_out(_group_floors, ([tops[i] for i in g] for g in groups), jobs, shared=_shared())
+    for group, answers in zip(groups, found, strict=True):  # in order: each recording charged once, the same way
+        for i, (floor, recorded, read) in zip(group, answers, strict=True):
+            floors[i] = (floor, recorded)
+            work.charge(work.floor(read))
+            progress.bounded()
     sizes = {id(layout): n for layout, n in zip(tops, layout_counts(model, fixed, tops), strict=True)}  # candidates per layout
-    state = _branch_and_bound(builder, list(zip(floors, tops, strict=True)), sizes, top, every, until_us, jobs,
-                              deadline, budget_s, progress)
+    state = _branch_and_bound(builder, [(f, r, t) for (f, r), t in zip(floors, tops, strict=True)], sizes, top, every,
+                              until_us, jobs, work, timeout_at, progress)
     progress.close()
     result.considered = sum(sizes.values())
     result.legal, result.smallest_peak = state.legal, state.smallest_peak
@@ -322,59 +319,106 @@ def search(base: Base, model: Model, fixed: Mapping[str, Any], link: Cluster, gp
     result.unreplayed, result.unsearched = len(could_rank), len(unsearched)
     result.pruned = len(tops) - state.expanded - len(unsearched)
     result.floor_us = min(could_rank + unsearched) if could_rank or unsearched else None
+    left = [c.bound for c in state.left] + [f for f, _ in state.left_layouts if f != EMPTY]
+    result.proof = Proof(
+        limit=None if every or until_us is not None else top, shown=len(result.candidates),
+        best_ms=result.candidates[0].step_ms if result.candidates else None,
+        floor_ms=min(left) / 1e3 if left else None, kth_ms=None if limit == float("inf") else limit / 1e3,
+        layouts_not_validated=len(tops) - state.expanded,
+        candidates_not_replayed=state.feasible - state.replayed - state.too_big_replayed,
+        layouts_could_rank=len(unsearched), candidates_could_rank=len(could_rank), replayed=state.replayed,
+        too_big=result.too_big, budget=budget, budget_spent=work.spent, timeout_s=timeout_s,
+        stopped_by=state.stopped_by if could_rank or unsearched else None)
     result.seconds = time.perf_counter() - started
     return result
 
 
-FLOORS_SHARE = 0.4  # of a budget, at most, for the layouts' floors (a layout without one leaves the answer unknown)
-
-
 # -- phase 2: replay in bound order ---------------------------------------------------------
 
-# Seconds one node of a candidate's replay floor costs to build and replay, until replays of this
-# search have measured it (about 11 µs per floor node for the 405B candidates on the 2-core
-# machine the planner was written on; kept above that, to err on passing over a replay): with a
-# budget, a replay that cannot end before the deadline is not started.
-DEFAULT_SECONDS_PER_NODE = 20e-6
-# Only replays of at least this many floor nodes measure the rate: a replay of 2,000 nodes takes
-# 0.4 s (100 times the per-node rate of one of 2,000,000), which would pass over every large one.
-RATE_MIN_NODES = 50_000
-# Seconds validating, sizing and bounding one candidate of a layout costs until this search has
-# measured it (an MoE candidate at 256 GPUs about 0.5 ms on the 2-core machine; a dense one less).
-DEFAULT_SECONDS_PER_CANDIDATE = 1e-3
-# A replay's cost is its floor at the mean seconds per node so far; one candidate's own rate
-# varies around that mean (its floor is 70-95 % of its nodes; a ring's transfers cost more than
-# compute), so a replay is started only if it would end in time at this multiple of its cost.
-COST_MARGIN = 1.5
-
-
-def _replay(item: Candidate) -> tuple[Estimate | None, float]:
-    """One candidate's estimate (None past the replay's node limit) and the seconds it took
-    (in a worker process)."""
+def _replay(item: Candidate) -> Estimate | None:
+    """One candidate's estimate (None past the replay's node limit)."""
     assert _job is not None
-    started = time.perf_counter()
     try:
-        est: Estimate | None = estimate(_job.builder(item.values), _job.link)
+        return estimate(_job.builder(item.values), _job.link)
     except ReplayTooBig:  # millions of nodes: not ranked, counted
-        est = None
-    return est, time.perf_counter() - started
+        return None
 
 
-SKIPPED = "skipped"  # a task a worker took too late to end before the deadline
+REFINE, VALIDATE, REPLAY = "refine", "validate", "replay"  # a task's kind: a layout's recorded floor, its validation, a replay
+NOOP = ("noop", None)  # what a worker is handed when no task is known yet
 
 
-def _task(task: tuple[str, Any, float | None]) -> tuple[Any, float]:
-    """A worker's task: validate, size and bound one layout's candidates, or replay one; unless
-    it starts after `start_by` (time.time() seconds: one clock for every process and, within
-    NTP's milliseconds, every machine of a Ray cluster): tasks are handed out ahead of the
-    answers, so one may be taken after the deadline it was sent for."""
-    kind, item, start_by = task
-    if start_by is not None and time.time() > start_by:
-        return SKIPPED, 0.0
-    if kind == "layout":
-        started = time.perf_counter()
-        return _filter_layout(item[1]), time.perf_counter() - started
-    return _replay(item)
+def _task(task: tuple[Any, Any]) -> tuple[Any, tuple[str, Any]]:
+    """A worker's task, (its name, the answer or the exception it raised): name[0] is its kind."""
+    name, item = task
+    try:
+        if name[0] == REFINE:
+            return name, ("ok", _layout_floor(item.layout))
+        if name[0] == VALIDATE:
+            return name, ("ok", _filter_layout(item.layout))
+        if name[0] == REPLAY:
+            return name, ("ok", _replay(item))
+        return name, ("ok", None)
+    except Exception as exc:  # raised where the search takes the answer: a task run ahead may never be
+        return name, ("error", exc)
+
+
+class _Runner:
+    """Runs the search's tasks one at a time, in the order its decisions make: the answer of each
+    is taken before the next is decided, as in one process, so the answer never depends on the
+    order in which worker processes finish. With workers, the idle ones run ahead on the tasks
+    `ahead` names (the first of the queue that the decisions so far would start), kept until the
+    search asks for them or ends; a task run ahead changes no decision, only the time it takes."""
+
+    def __init__(self, jobs: int, ahead: Callable[[], Iterator[tuple[Any, Any]]]):
+        self.jobs, self.ahead = jobs, ahead
+        self.sent: set[Any] = set()
+        self.done: dict[Any, tuple[str, Any]] = {}
+        self.wanted: tuple[Any, Any] | None = None
+        self.results: Iterator[tuple[Any, tuple[str, Any]]] | None = None
+
+    def _feed(self) -> Iterator[tuple[Any, Any]]:
+        while True:
+            task = self.wanted if self.wanted is not None and self.wanted[0] not in self.sent else None
+            if task is None:
+                task = next((t for t in self.ahead() if t[0] not in self.sent), NOOP)
+            if task is not NOOP:
+                self.sent.add(task[0])
+            yield task
+
+    def run(self, task: tuple[Any, Any]) -> Any:
+        if self.jobs == 1:
+            answer = _task(task)[1]
+        else:
+            name = task[0]
+            if name not in self.done:
+                if self.results is None:
+                    self.results = fan_out(_task, self._feed(), self.jobs, shared=_shared())
+                self.wanted = task
+                try:
+                    while name not in self.done:
+                        got, reply = next(self.results)
+                        if got != NOOP[0]:
+                            self.done[got] = reply
+                finally:
+                    self.wanted = None
+            answer = self.done.pop(name)
+        if answer[0] == "error":
+            raise answer[1]
+        return answer[1]
+
+    def close(self) -> None:
+        if self.results is not None:
+            self.results.close()  # type: ignore[attr-defined]  # a generator: kills the workers
+
+
+@dataclass
+class _Top:
+    """A top-level layout in the queue: its floor, and whether it is the recorded one."""
+
+    floor: float
+    layout: dict[str, Any]
+    recorded: bool
 
 
 @dataclass
@@ -391,38 +435,38 @@ class _State:
     too_big: list[float] = field(default_factory=list)  # bounds of feasible candidates past the node limit
     smallest_peak: int | None = None
     expanded: int = 0  # layouts validated
-    left: list[Candidate] = field(default_factory=list)  # candidates the deadline left unreplayed
+    left: list[Candidate] = field(default_factory=list)  # candidates the search left unreplayed
     left_layouts: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # layouts it left unvalidated
-    replay_rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, floor nodes
-    validate_rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # seconds, candidates considered
+    nodes: list[int] = field(default_factory=lambda: [0, 0])  # nodes replayed, their floors' sum
+    stopped_by: str | None = None  # BUDGET or TIMEOUT, when one ended the search
 
     def kth(self) -> float | None:
         return -self.best[0] if len(self.best) >= self.top else None
 
-    def seconds_per_node(self) -> float:
-        seconds, nodes = self.replay_rate
-        return seconds / nodes if nodes else DEFAULT_SECONDS_PER_NODE
-
-    def seconds_per_candidate(self) -> float:
-        seconds, n = self.validate_rate
-        return seconds / n if n else DEFAULT_SECONDS_PER_CANDIDATE
+    def replay_cost(self, c: Candidate) -> int:
+        """What replaying c is expected to cost: its node floor at the ratio of nodes replayed to
+        their floors so far (1 before the first: MoE programs hold 2-3 times their floor)."""
+        replayed, floors = self.nodes
+        return Work.replay(c.nodes * replayed // floors if floors else c.nodes)
 
 
-def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float | None, dict[str, Any]]],
-                      sizes: dict[int, int], top: int, every: bool, until_us: float | None, jobs: int, deadline: float | None,
-                      budget_s: float | None, progress: SearchProgress) -> _State:
-    """Layouts (with their floors) and candidates in one queue by bound: a layout is validated
-    (its candidates join the queue, each at least its layout's floor) when it comes first, a
-    candidate replayed; it ends when the next bound is above the K-th best replayed step, so no
-    layout whose floor is above it is validated at all.
+def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float, bool, dict[str, Any]]],
+                      sizes: dict[int, int], top: int, every: bool, until_us: float | None, jobs: int, work: Work,
+                      timeout_at: float | None, progress: SearchProgress) -> _State:
+    """Layouts (with their floors) and candidates in one queue by bound: a layout whose floor is
+    not the recorded one gets it when it comes first (its ring's floor is a cost model's: most
+    never come first), a layout with its recorded floor is validated when it comes first (its
+    candidates join the queue, each at least its layout's floor), a candidate replayed; it ends
+    when the next bound is above the K-th best replayed step, so no layout whose floor is above
+    it is validated at all.
 
-    With a deadline (perf_counter seconds; budget_s: the whole budget) nothing is started past
-    it once one candidate is ranked, and nothing whose cost (a replay: its node floor at the
-    seconds per node measured so far; a layout: its candidates at the seconds per candidate
-    measured so far; times COST_MARGIN) would end past it: those are left for the certificate
-    (their bounds), in favour of the next ones in bound order that can still end. Layouts
-    without a floor (the budget stopped the floors) come after the queue. Until one candidate
-    fits, every layout is validated; if no replay can end in time, the cheapest is replayed."""
+    With a budget it also ends once the work spent reaches it (and one candidate is ranked); a
+    replay whose expected cost (state.replay_cost) is more than the work left is not started,
+    in favour of the next ones in bound order, and is left for the certificate (its bound), as
+    is everything still queued. Until a layout has given a candidate that fits, layouts are
+    validated whatever the budget; if no candidate found can be replayed within it, the
+    cheapest (fewest replay nodes) is replayed anyway, so a plan always ranks one. The clock
+    (timeout_at, perf_counter seconds) is read only to stop, once one candidate is ranked."""
     state = _State(top)
     queue: list[tuple[float, int, tuple, int]] = []  # (bound, 0 layout / 1 candidate, key, id)
     items: dict[int, Any] = {}
@@ -433,107 +477,122 @@ def _branch_and_bound(builder: Callable[..., Spec], layouts: list[tuple[float | 
         items[i] = item
         heapq.heappush(queue, (bound, kind, key, i))
 
-    unbounded: deque[dict[str, Any]] = deque()  # layouts without a floor: after the queue, 0 in the certificate
-    for floor, layout in layouts:
-        if floor is None:
-            unbounded.append(layout)
-        else:
-            push(floor, 0, sort_key(layout), (floor, layout))
-    sent: deque[tuple[str, Any, float | None]] = deque()
+    for floor, recorded, layout in layouts:
+        push(floor, 0, sort_key(layout), _Top(floor, layout, recorded))
 
-    def cost(kind: int, item: Any) -> float:
-        if kind == 0:
-            return sizes[id(item[1])] * state.seconds_per_candidate()
-        return item.nodes * state.seconds_per_node()
-
-    def leave(kind: int, item: Any) -> None:
-        (state.left_layouts if kind == 0 else state.left).append(item)
-
-    def in_bound_order() -> Iterator[tuple[str, Any, float | None]]:
-        # Workers take tasks ahead of the results; each is checked against the K-th best step
-        # known when it is taken, so a few more than needed may be done, never fewer.
-        while True:
-            if queue and not stop(queue[0][0]):
-                _, kind, _, i = heapq.heappop(queue)
-                item = items.pop(i)
-            elif unbounded and not out_of_time():
-                kind, item = 0, (0.0, unbounded.popleft())
-            else:
-                return  # pruned by the K-th best, or out of time: what is queued is reported by its bound
-            start_by = None
-            # until a layout has given a candidate, layouts are validated whatever the time
-            if deadline is not None and (kind == 1 or state.feasible):
-                start_by = deadline - COST_MARGIN * cost(kind, item)
-                if time.perf_counter() > start_by:
-                    leave(kind, item)
-                    continue
-            task = ("layout" if kind == 0 else "replay", item,
-                    None if start_by is None else time.time() + start_by - time.perf_counter())  # (see _task)
-            sent.append(task)
-            yield task
-
-    def stop(bound: float) -> bool:
+    def pruned(bound: float) -> bool:
         kth = state.kth()
-        if not every and kth is not None and bound > max(kth, until_us or 0.0):
-            return True  # strictly: a candidate whose step ties the K-th may still rank before it
-        return out_of_time()
+        # strictly: a candidate whose step ties the K-th may still rank before it
+        return not every and kth is not None and bound > max(kth, until_us or 0.0)
 
-    def out_of_time() -> bool:
-        return deadline is not None and bool(state.ranked) and time.perf_counter() > deadline
+    def task(kind: int, key: tuple, item: Any) -> tuple[Any, Any] | None:
+        """The task that takes a queued item on, or None when the budget passes over it."""
+        if kind == 1:
+            return None if state.replay_cost(item) > work.left() else ((REPLAY, key), item)
+        if state.feasible and work.exhausted():  # until a candidate fits, layouts are validated whatever the budget
+            return None
+        return ((VALIDATE if item.recorded else REFINE, key), item)
 
-    while True:
-        tasks = in_bound_order()
-        results = fan_out(_task, tasks, jobs, shared=_shared())
-        for answer, seconds in results:
-            name, item, _ = sent.popleft()
-            if isinstance(answer, str) and answer == SKIPPED:  # (a copy, from a worker process)
-                leave(0 if name == "layout" else 1, item)
-            elif name == "layout":
-                floor, _ = item
-                _take_share(state, answer, seconds)
+    def ahead() -> Iterator[tuple[Any, Any]]:
+        """The tasks the decisions so far would start next, in queue order (the workers' guess)."""
+        if state.ranked and work.exhausted():
+            return
+        for bound, kind, key, i in _in_order(queue):
+            if pruned(bound):
+                return
+            t = task(kind, key, items[i])
+            if t is not None:
+                yield t
+
+    runner = _Runner(jobs, ahead)
+    try:
+        while True:
+            if not queue:
+                if state.ranked or not state.left:
+                    break
+                # none could be replayed within the budget: the cheapest is, so a plan ranks one
+                first = min(state.left, key=lambda c: (c.nodes, c.bound, c.key))
+                state.left.remove(first)
+                _take_replay(state, builder, first, runner.run(((REPLAY, first.key), first)), work)
+                progress.update(state, len(queue))
+                continue
+            bound, kind, key, i = queue[0]
+            if pruned(bound):
+                break
+            if state.ranked and work.exhausted():
+                state.stopped_by = BUDGET
+                break
+            if state.ranked and timeout_at is not None and time.perf_counter() > timeout_at:
+                state.stopped_by = TIMEOUT
+                break
+            heapq.heappop(queue)
+            item = items.pop(i)
+            t = task(kind, key, item)
+            if t is None:  # passed over: left for the certificate
+                state.stopped_by = BUDGET
+                if kind == 1:
+                    state.left.append(item)
+                else:
+                    state.left_layouts.append((item.floor, item.layout))
+                continue
+            answer = runner.run(t)
+            if t[0][0] == REFINE:
+                floor, _, read = answer
+                work.charge(work.floor(read))
+                floor = max(floor, item.floor)
+                push(floor, 0, key, _Top(floor, item.layout, True))
+            elif t[0][0] == VALIDATE:
+                _take_share(state, answer, work)
                 for c in answer.feasible:  # each at least its layout's floor (equal but for rounding)
-                    push(max(c.bound, floor), 1, c.key, c._replace(bound=max(c.bound, floor)))
+                    push(max(c.bound, item.floor), 1, c.key, c._replace(bound=max(c.bound, item.floor)))
             else:
-                _take_replay(state, builder, item, answer, seconds)
+                _take_replay(state, builder, item, answer, work)
             progress.update(state, len(queue))
-        if not state.ranked and not queue and not unbounded and state.left:
-            # none could end in time: the cheapest candidate is replayed anyway, so a plan ranks one
-            first = min(state.left, key=lambda c: (c.nodes, c.bound, c.key))
-            state.left.remove(first)
-            push(first.bound, 1, first.key, first)
-            deadline = None
-            continue
-        if (not queue or stop(queue[0][0])) and (not unbounded or out_of_time()):
-            break  # else validated layouts added candidates after the tasks ran out: another round
+    finally:
+        runner.close()
     for entry in queue:
-        leave(entry[1], items[entry[3]])
-    state.left_layouts += [(0.0, layout) for layout in unbounded]
+        item = items[entry[3]]
+        if entry[1] == 1:
+            state.left.append(item)
+        else:
+            state.left_layouts.append((item.floor, item.layout))
     state.ranked.sort(key=lambda r: (r.estimate.step_us, sort_key(r.values)))
     if not (every or until_us is not None):
         state.ranked = state.ranked[:top]
     return state
 
 
-def _take_share(state: _State, share: _Share, seconds: float) -> None:
+def _in_order(heap: list[tuple]) -> Iterator[tuple]:
+    """A heap's entries in increasing order, lazily (the first k in O(k log k), the heap untouched)."""
+    if not heap:
+        return
+    frontier = [(heap[0], 0)]
+    while frontier:
+        entry, i = heapq.heappop(frontier)
+        yield entry
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < len(heap):
+                heapq.heappush(frontier, (heap[child], child))
+
+
+def _take_share(state: _State, share: _Share, work: Work) -> None:
     state.expanded += 1
     state.legal += share.legal
     state.feasible += len(share.feasible)
     state.too_big += share.too_big
-    state.validate_rate[0] += seconds
-    state.validate_rate[1] += share.considered
+    work.charge(Work.validation(share.legal))
     if share.smallest_peak is not None:
         state.smallest_peak = share.smallest_peak if state.smallest_peak is None else min(state.smallest_peak,
                                                                                           share.smallest_peak)
 
 
-def _take_replay(state: _State, builder: Callable[..., Spec], item: Candidate, est: Estimate | None,
-                 seconds: float) -> None:
-    if item.nodes >= RATE_MIN_NODES:  # a small replay's time is mostly building its programs, not its nodes
-        state.replay_rate[0] += seconds
-        state.replay_rate[1] += item.nodes
+def _take_replay(state: _State, builder: Callable[..., Spec], item: Candidate, est: Estimate | None, work: Work) -> None:
+    work.charge(Work.replay(item.nodes if est is None else est.nodes))
     if est is None:
         state.too_big_replayed += 1
         return
+    state.nodes[0] += est.nodes
+    state.nodes[1] += item.nodes
     if est.stalled:
         raise UserError(f"the replay of a legal candidate stalled ({est.stalled} nodes never ran): "
                         "please report this spec: " + ", ".join(f"{k}={v}" for k, v in item.values.items()))
@@ -543,6 +602,7 @@ def _take_replay(state: _State, builder: Callable[..., Spec], item: Candidate, e
         heapq.heappush(state.best, -est.step_us)
     elif -est.step_us > state.best[0]:
         heapq.heapreplace(state.best, -est.step_us)
+
 
 
 def check_feasible(result: PlanResult, model: Model) -> None:

@@ -28,6 +28,7 @@ class Estimate:
     idle_us: float  # the rest: pipeline bubble and waiting for peers
     classes: int  # rank classes replayed
     stalled: int  # nodes that never ran (0 for every legal spec)
+    nodes: int = 0  # nodes replayed: every rank class's program (what the replay cost, search/work.py)
 
 
 def estimate(spec: Spec, link: Cluster) -> Estimate:
@@ -53,4 +54,5 @@ def estimate(spec: Spec, link: Cluster) -> Estimate:
             comm.setdefault(dim or "other", []).append((s, f))
     busy = _union(compute)
     exposed = {dim: (_measure(_union(iv)) - _overlap(busy, _union(iv))) * per for dim, iv in sorted(comm.items())}
-    return Estimate(critical.total, critical.compute, exposed, critical.idle, len(result.reps), len(result.stalled))
+    nodes = sum(len(programs.program(rank)) for rank in result.reps)
+    return Estimate(critical.total, critical.compute, exposed, critical.idle, len(result.reps), len(result.stalled), nodes)
