@@ -34,7 +34,7 @@ OPS_PER_UNIT = 2
 
 # plan's default --budget: with 2 worker processes on a quiet 2-core machine a preset's default plan
 # ends in about a minute (docs/plan.md, Speed).
-DEFAULT_BUDGET = 8_000_000
+DEFAULT_BUDGET = 6_000_000
 # The former --budget SECONDS: a value below this many units is read as seconds (no budget of units
 # that small is worth giving: one layout's validation costs thousands), at SECONDS_RATE units a second.
 SECONDS_BELOW = 100_000
