@@ -7,21 +7,22 @@ exits 130 before anything heavy is imported, and the command line puts Python's 
 is loaded (cli.main), where every command turns Ctrl-C into one line itself.
 """
 
-import contextlib
+import _signal  # signal's C core: imported at once, where `signal` first builds its enums (milliseconds a Ctrl-C can land in)
 import os
-import signal
 
 
 def _interrupted_while_loading(signum: int, frame: object) -> None:
-    with contextlib.suppress(OSError):  # stderr closed: the exit code still says it
+    try:  # noqa: SIM105 (contextlib is one more import inside the window this handler covers)
         os.write(2, b"traceforge: interrupted\n")
+    except OSError:  # stderr closed: the exit code still says it
+        pass
     os._exit(130)  # nothing was written yet: nothing to clean up
 
 
 def main() -> None:
     # A SIGINT the caller ignores (a background job) stays ignored.
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted_while_loading)
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _interrupted_while_loading)
     from traceforge.cli import main as run
 
     run()

@@ -77,8 +77,11 @@ def test_a_sweep_on_ray_is_the_pools_json(local_ray):
     here, there = invoke(*args), invoke(*args, "--ray", "local")
     assert here.exit_code == 0 and there.exit_code == 0, there.stderr
     assert _masked(there.stdout) == _masked(here.stdout)
+    proof = ["exact", "floor_ms", "proven_gap", "layouts_not_validated", "candidates_not_replayed", "layouts_could_rank",
+             "candidates_could_rank", "replayed", "too_big", "budget", "budget_spent", "timeout_s", "timed_out",
+             "reproducible", "limit", "fewer_rows"]
     assert [list(p) for p in json.loads(there.stdout)["points"]] == [["value", "gpus", "considered", "legal", "feasible",
-                                                                     "seconds", "candidates"]] * 2
+                                                                     "seconds", *proof, "candidates"]] * 2
 
 
 def test_a_plan_shard_and_write_top_on_ray_are_the_pools(local_ray, tmp_path):
