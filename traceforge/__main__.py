@@ -7,7 +7,7 @@ exits 130 before anything heavy is imported, and the command line puts Python's 
 is loaded (cli.main), where every command turns Ctrl-C into one line itself.
 """
 
-import _signal  # signal's C core: imported at once, where `signal` first builds its enums (milliseconds a Ctrl-C can land in)
+import _signal  # type: ignore[import-not-found]  # no stub: signal's C core: imported at once, where `signal` first builds its enums (milliseconds a Ctrl-C can land in)
 import os
 
 
